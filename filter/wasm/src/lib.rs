@@ -1,0 +1,1 @@
+//! The proxy-wasm HTTP filter Envoy loads.
