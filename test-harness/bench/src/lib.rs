@@ -1,0 +1,13 @@
+//! Load generator, benchmark scenarios, report and demo for wasm-llm-router.
+//!
+//! The benchmark decides whether the product works: the same seeded open-loop workload is sent
+//! through the same real Envoy to fresh emulated pods under Envoy's own balancers and under the
+//! filter, and the report compares them against the targets of the issue.
+
+pub mod arrivals;
+pub mod client;
+pub mod loadgen;
+pub mod report;
+pub mod sse;
+pub mod stats;
+pub mod workload;

@@ -1,0 +1,129 @@
+//! The open-loop load generator: fires every request of a workload at its own time.
+//!
+//! One dispatcher task sleeps until each arrival and spawns the request; it never waits on a
+//! response, so a slow router cannot slow the arrivals down. The run is bounded: requests still
+//! open `drain` after the last arrival are cut and counted as timeouts.
+
+use crate::client::{http_client, ms, send, Outcome};
+use crate::workload::RequestSpec;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+/// How to run a workload.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Full URL of the endpoint, e.g. `http://127.0.0.1:10000/v1/chat/completions`.
+    pub url: String,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+    /// How long to wait for open requests after the last arrival.
+    pub drain: Duration,
+    /// Upper bound on any single request.
+    pub request_timeout: Duration,
+}
+
+/// One request's measurement plus what was asked.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Index in the workload.
+    pub id: u64,
+    /// Model or adapter asked for.
+    pub model: String,
+    /// Scheduled send time, ms from the start.
+    pub at_ms: f64,
+    /// How late the dispatcher actually sent it, ms (load-generator health).
+    pub lag_ms: f64,
+    /// What came back.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+/// All samples of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// One per request of the workload, in workload order.
+    pub samples: Vec<Sample>,
+    /// From the start to the last completion (or cut), seconds.
+    pub wall_s: f64,
+}
+
+/// Errors building a run.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The URL did not parse.
+    #[error("invalid URL {url}: {reason}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// Parser message.
+        reason: String,
+    },
+}
+
+/// Run a workload against `opts.url` and collect every sample.
+pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, LoadError> {
+    let uri: hyper::Uri = opts
+        .url
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| LoadError::Url {
+            url: opts.url.clone(),
+            reason: e.to_string(),
+        })?;
+    let client = http_client();
+    let headers = Arc::new(opts.headers.clone());
+    let start = Instant::now() + Duration::from_millis(50);
+    let last_at = reqs.iter().map(|r| r.at).max().unwrap_or_default();
+    let cut = start + last_at + opts.drain;
+    let mut set = JoinSet::new();
+    for r in reqs {
+        let when = start + r.at;
+        tokio::time::sleep_until(when.into()).await;
+        let lag = Instant::now().saturating_duration_since(when);
+        let (client, uri, headers) = (client.clone(), uri.clone(), headers.clone());
+        let body = r.body.clone();
+        let (id, model, at) = (r.id, r.model.clone(), r.at);
+        let deadline = (Instant::now() + opts.request_timeout).min(cut);
+        set.spawn(async move {
+            let sent = Instant::now();
+            let outcome =
+                match tokio::time::timeout_at(deadline.into(), send(&client, &uri, body, &headers))
+                    .await
+                {
+                    Ok(o) => o,
+                    Err(_) => Outcome {
+                        error: Some("timeout".to_string()),
+                        e2e_ms: ms(sent.elapsed()),
+                        ..Outcome::default()
+                    },
+                };
+            Sample {
+                id,
+                model,
+                at_ms: ms(at),
+                lag_ms: ms(lag),
+                outcome,
+            }
+        });
+    }
+    let mut samples = Vec::with_capacity(reqs.len());
+    while let Some(res) = set.join_next().await {
+        match res {
+            Ok(s) => samples.push(s),
+            Err(e) => samples.push(Sample {
+                id: u64::MAX,
+                model: String::new(),
+                at_ms: 0.0,
+                lag_ms: 0.0,
+                outcome: Outcome {
+                    error: Some(format!("task failed: {e}")),
+                    ..Outcome::default()
+                },
+            }),
+        }
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    samples.sort_by_key(|s| s.id);
+    Ok(RunResult { samples, wall_s })
+}

@@ -1,0 +1,528 @@
+//! Seeded request sequences: what each scenario sends, decided entirely before the run.
+//!
+//! A workload is a list of [`RequestSpec`]s (arrival offset, model or adapter, prompt, max_tokens,
+//! the exact request body). It depends only on the [`WorkloadSpec`] and its seed, so every router
+//! is measured against byte-identical traffic.
+
+use crate::arrivals::Arrival;
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::json;
+use std::time::Duration;
+
+/// Characters per token, as the emulator counts them.
+pub const CHARS_PER_TOKEN: u32 = 4;
+
+/// An inclusive range sampled uniformly.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Range {
+    /// Smallest value.
+    pub lo: u32,
+    /// Largest value.
+    pub hi: u32,
+}
+
+impl Range {
+    /// A range `lo..=hi` (swapped if given backwards).
+    pub const fn new(lo: u32, hi: u32) -> Self {
+        if lo <= hi {
+            Range { lo, hi }
+        } else {
+            Range { lo: hi, hi: lo }
+        }
+    }
+    fn sample(&self, rng: &mut StdRng) -> u32 {
+        rng.random_range(self.lo..=self.hi)
+    }
+    /// The mean of the range.
+    pub fn mean(&self) -> f64 {
+        (f64::from(self.lo) + f64::from(self.hi)) / 2.0
+    }
+}
+
+/// What the prompts look like.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Prompts {
+    /// Independent single-turn chats (no shared prefix beyond chance).
+    Independent {
+        /// Prompt length in tokens.
+        prompt_tokens: Range,
+        /// `max_tokens` of each request.
+        max_tokens: Range,
+    },
+    /// Multi-turn conversations (each turn resends the whole history) mixed with document
+    /// Q&A (many questions about a few long documents): long common prefixes.
+    SharedPrefix {
+        /// Conversations open at any time; a finished one is replaced by a new one.
+        conversations: usize,
+        /// Turns per conversation before it is replaced.
+        max_turns: u32,
+        /// Length of the system prompt every conversation shares, tokens.
+        system_tokens: u32,
+        /// New user text per turn, tokens.
+        turn_tokens: Range,
+        /// The assistant reply that the next turn carries in its history, tokens.
+        reply_tokens: u32,
+        /// Documents asked about.
+        documents: usize,
+        /// Length of each document, tokens.
+        document_tokens: u32,
+        /// Share of requests that are document questions (0..=1).
+        document_share: f64,
+        /// `max_tokens` of each request.
+        max_tokens: Range,
+    },
+    /// Requests for LoRA adapters over one base model, popularity following a Zipf law.
+    Lora {
+        /// Number of adapters (`adapter-00` ...).
+        adapters: usize,
+        /// Zipf exponent of adapter popularity (0 = uniform).
+        zipf_s: f64,
+        /// Share of requests for the base model itself.
+        base_share: f64,
+        /// Prompt length in tokens.
+        prompt_tokens: Range,
+        /// `max_tokens` of each request.
+        max_tokens: Range,
+    },
+}
+
+/// Everything that determines a workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkloadSpec {
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Arrival process.
+    pub arrival: Arrival,
+    /// No arrival at or after this offset.
+    pub horizon: Duration,
+    /// At most this many requests.
+    pub max_requests: usize,
+    /// The base model name.
+    pub model: String,
+    /// Prompt shape.
+    pub prompts: Prompts,
+}
+
+/// One request of a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestSpec {
+    /// Index in the workload.
+    pub id: u64,
+    /// When to send it, from the start of the run.
+    pub at: Duration,
+    /// The `model` field (base model or adapter).
+    pub model: String,
+    /// `max_tokens` asked for.
+    pub max_tokens: u32,
+    /// Characters of prompt text in the body.
+    pub prompt_chars: usize,
+    /// The exact JSON body (streaming chat completion with usage).
+    pub body: Bytes,
+}
+
+/// The name of adapter `i`.
+pub fn adapter_name(i: usize) -> String {
+    format!("adapter-{i:02}")
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "model",
+    "router",
+    "cache",
+    "token",
+    "prefix",
+    "request",
+    "latency",
+    "pod",
+    "queue",
+    "batch",
+    "decode",
+    "prefill",
+    "adapter",
+    "gateway",
+    "envoy",
+    "metric",
+    "kernel",
+    "tensor",
+    "layer",
+    "attention",
+    "weight",
+    "memory",
+    "block",
+    "stream",
+    "answer",
+    "question",
+    "summary",
+    "report",
+    "data",
+    "value",
+    "system",
+    "user",
+    "policy",
+    "score",
+    "load",
+    "fleet",
+    "cluster",
+    "node",
+    "service",
+    "result",
+    "error",
+    "window",
+    "context",
+    "document",
+    "section",
+    "table",
+    "figure",
+    "river",
+    "mountain",
+    "city",
+    "market",
+    "garden",
+    "engine",
+    "signal",
+    "network",
+    "language",
+    "history",
+    "science",
+    "music",
+    "light",
+    "water",
+    "energy",
+    "travel",
+];
+
+/// Deterministic filler text of about `chars` characters.
+pub fn text(rng: &mut StdRng, chars: usize) -> String {
+    let mut s = String::with_capacity(chars + 16);
+    while s.len() < chars {
+        let w = WORDS[rng.random_range(0..WORDS.len())];
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(w);
+    }
+    s.truncate(chars);
+    s
+}
+
+fn tokens_to_chars(tokens: u32) -> usize {
+    (tokens as usize) * (CHARS_PER_TOKEN as usize)
+}
+
+fn chat_body(model: &str, messages: &[(String, String)], max_tokens: u32) -> Bytes {
+    let msgs: Vec<serde_json::Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    let v = json!({
+        "model": model,
+        "messages": msgs,
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    Bytes::from(v.to_string())
+}
+
+struct Conversation {
+    id: u64,
+    turns: u32,
+    history: Vec<(String, String)>,
+}
+
+/// Build the workload of a spec. Pure: the same spec gives the same requests.
+pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
+    let mut arrival_rng = StdRng::seed_from_u64(spec.seed);
+    let times = spec
+        .arrival
+        .times(&mut arrival_rng, spec.horizon, spec.max_requests);
+    // A separate stream for content so prompt shapes do not depend on the arrival process.
+    let mut rng = StdRng::seed_from_u64(spec.seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut out = Vec::with_capacity(times.len());
+    match &spec.prompts {
+        Prompts::Independent {
+            prompt_tokens,
+            max_tokens,
+        } => {
+            for (i, at) in times.into_iter().enumerate() {
+                let n = prompt_tokens.sample(&mut rng);
+                let prompt = format!("[{i}] {}", text(&mut rng, tokens_to_chars(n)));
+                let mt = max_tokens.sample(&mut rng);
+                let msgs = vec![("user".to_string(), prompt)];
+                out.push(RequestSpec {
+                    id: i as u64,
+                    at,
+                    model: spec.model.clone(),
+                    max_tokens: mt,
+                    prompt_chars: msgs[0].1.len(),
+                    body: chat_body(&spec.model, &msgs, mt),
+                });
+            }
+        }
+        Prompts::SharedPrefix {
+            conversations,
+            max_turns,
+            system_tokens,
+            turn_tokens,
+            reply_tokens,
+            documents,
+            document_tokens,
+            document_share,
+            max_tokens,
+        } => {
+            let system = format!(
+                "You are a helpful assistant. {}",
+                text(&mut rng, tokens_to_chars(*system_tokens))
+            );
+            let docs: Vec<String> = (0..(*documents).max(1))
+                .map(|d| {
+                    format!(
+                        "Document {d}: {}",
+                        text(&mut rng, tokens_to_chars(*document_tokens))
+                    )
+                })
+                .collect();
+            let mut next_conv = 0u64;
+            let new_conv = |next: &mut u64| {
+                let c = Conversation {
+                    id: *next,
+                    turns: 0,
+                    history: vec![("system".to_string(), system.clone())],
+                };
+                *next += 1;
+                c
+            };
+            let mut convs: Vec<Conversation> = (0..(*conversations).max(1))
+                .map(|_| new_conv(&mut next_conv))
+                .collect();
+            for (i, at) in times.into_iter().enumerate() {
+                let mt = max_tokens.sample(&mut rng);
+                let msgs = if rng.random::<f64>() < *document_share {
+                    let d = rng.random_range(0..docs.len());
+                    let qn = turn_tokens.sample(&mut rng);
+                    let q = text(&mut rng, tokens_to_chars(qn));
+                    vec![
+                        ("system".to_string(), system.clone()),
+                        (
+                            "user".to_string(),
+                            format!("{}\n\nQuestion {i}: {q}", docs[d]),
+                        ),
+                    ]
+                } else {
+                    let k = rng.random_range(0..convs.len());
+                    if convs[k].turns >= *max_turns {
+                        convs[k] = new_conv(&mut next_conv);
+                    }
+                    let c = &mut convs[k];
+                    let un = turn_tokens.sample(&mut rng);
+                    let user = format!(
+                        "[conversation {} turn {}] {}",
+                        c.id,
+                        c.turns,
+                        text(&mut rng, tokens_to_chars(un))
+                    );
+                    c.history.push(("user".to_string(), user));
+                    let msgs = c.history.clone();
+                    // The reply the client would append before its next turn.
+                    let reply = text(&mut rng, tokens_to_chars(*reply_tokens));
+                    c.history.push(("assistant".to_string(), reply));
+                    c.turns += 1;
+                    msgs
+                };
+                let prompt_chars = msgs.iter().map(|(_, c)| c.len()).sum();
+                out.push(RequestSpec {
+                    id: i as u64,
+                    at,
+                    model: spec.model.clone(),
+                    max_tokens: mt,
+                    prompt_chars,
+                    body: chat_body(&spec.model, &msgs, mt),
+                });
+            }
+        }
+        Prompts::Lora {
+            adapters,
+            zipf_s,
+            base_share,
+            prompt_tokens,
+            max_tokens,
+        } => {
+            let n = (*adapters).max(1);
+            let weights: Vec<f64> = (1..=n).map(|r| 1.0 / (r as f64).powf(*zipf_s)).collect();
+            let total: f64 = weights.iter().sum();
+            // A fixed random permutation so adapter-00 is not always the most popular.
+            let mut order: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                let j = rng.random_range(0..=i);
+                order.swap(i, j);
+            }
+            for (i, at) in times.into_iter().enumerate() {
+                let model = if rng.random::<f64>() < *base_share {
+                    spec.model.clone()
+                } else {
+                    let mut x = rng.random::<f64>() * total;
+                    let mut pick = n - 1;
+                    for (r, w) in weights.iter().enumerate() {
+                        if x < *w {
+                            pick = r;
+                            break;
+                        }
+                        x -= w;
+                    }
+                    adapter_name(order[pick])
+                };
+                let pn = prompt_tokens.sample(&mut rng);
+                let p = format!("[{i}] {}", text(&mut rng, tokens_to_chars(pn)));
+                let mt = max_tokens.sample(&mut rng);
+                let msgs = vec![("user".to_string(), p)];
+                out.push(RequestSpec {
+                    id: i as u64,
+                    at,
+                    max_tokens: mt,
+                    prompt_chars: msgs[0].1.len(),
+                    body: chat_body(&model, &msgs, mt),
+                    model,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(prompts: Prompts, seed: u64) -> WorkloadSpec {
+        WorkloadSpec {
+            seed,
+            arrival: Arrival::Poisson { rate: 10.0 },
+            horizon: Duration::from_secs(20),
+            max_requests: 500,
+            model: "m".into(),
+            prompts,
+        }
+    }
+
+    fn all_kinds() -> Vec<Prompts> {
+        vec![
+            Prompts::Independent {
+                prompt_tokens: Range::new(10, 100),
+                max_tokens: Range::new(5, 50),
+            },
+            Prompts::SharedPrefix {
+                conversations: 4,
+                max_turns: 5,
+                system_tokens: 50,
+                turn_tokens: Range::new(10, 30),
+                reply_tokens: 20,
+                documents: 2,
+                document_tokens: 200,
+                document_share: 0.5,
+                max_tokens: Range::new(5, 50),
+            },
+            Prompts::Lora {
+                adapters: 8,
+                zipf_s: 1.0,
+                base_share: 0.1,
+                prompt_tokens: Range::new(10, 100),
+                max_tokens: Range::new(5, 50),
+            },
+        ]
+    }
+
+    #[test]
+    fn same_seed_same_workload_other_seed_other_workload() {
+        for p in all_kinds() {
+            let a = generate(&spec(p.clone(), 42));
+            let b = generate(&spec(p.clone(), 42));
+            let c = generate(&spec(p, 43));
+            assert!(!a.is_empty());
+            assert_eq!(a, b);
+            assert_ne!(a, c);
+        }
+    }
+
+    #[test]
+    fn bodies_are_streaming_chat_requests_with_usage() {
+        for p in all_kinds() {
+            for r in generate(&spec(p, 1)) {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                assert_eq!(v["model"], r.model.as_str());
+                assert_eq!(v["stream"], true);
+                assert_eq!(v["stream_options"]["include_usage"], true);
+                assert_eq!(v["max_tokens"], r.max_tokens);
+                assert!(v["messages"].as_array().unwrap().len() >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn conversation_turns_extend_their_history() {
+        let p = Prompts::SharedPrefix {
+            conversations: 2,
+            max_turns: 10,
+            system_tokens: 50,
+            turn_tokens: Range::new(10, 30),
+            reply_tokens: 20,
+            documents: 1,
+            document_tokens: 100,
+            document_share: 0.0,
+            max_tokens: Range::new(5, 10),
+        };
+        let w = generate(&spec(p, 9));
+        // Every later turn of a conversation starts with the whole previous request's messages.
+        let msgs = |r: &RequestSpec| -> Vec<serde_json::Value> {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            v["messages"].as_array().unwrap().clone()
+        };
+        let mut extended = 0;
+        for (i, a) in w.iter().enumerate() {
+            let ma = msgs(a);
+            if let Some(b) = w[i + 1..].iter().find(|b| {
+                let mb = msgs(b);
+                mb.len() == ma.len() + 2 && mb[1]["content"] == ma[1]["content"]
+            }) {
+                assert_eq!(msgs(b)[..ma.len()], ma[..]);
+                extended += 1;
+            }
+        }
+        assert!(extended > w.len() / 2, "{extended} of {}", w.len());
+    }
+
+    #[test]
+    fn lora_uses_many_adapters_with_skewed_popularity() {
+        let p = Prompts::Lora {
+            adapters: 16,
+            zipf_s: 1.0,
+            base_share: 0.0,
+            prompt_tokens: Range::new(10, 20),
+            max_tokens: Range::new(5, 10),
+        };
+        let mut s = spec(p, 5);
+        s.max_requests = 5000;
+        s.horizon = Duration::from_secs(1000);
+        let w = generate(&s);
+        let mut counts = std::collections::HashMap::new();
+        for r in &w {
+            *counts.entry(r.model.clone()).or_insert(0usize) += 1;
+        }
+        assert_eq!(counts.len(), 16);
+        let max = *counts.values().max().unwrap();
+        let min = *counts.values().min().unwrap();
+        assert!(max > 5 * min, "max {max} min {min}");
+    }
+
+    #[test]
+    fn text_has_the_asked_length() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for n in [0, 1, 10, 1000, 200_000] {
+            assert_eq!(text(&mut rng, n).len(), n);
+        }
+    }
+}
