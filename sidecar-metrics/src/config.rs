@@ -1,0 +1,646 @@
+//! The sidecar's configuration file (YAML or TOML) and its validation.
+//!
+//! A bad file must say which field is wrong and why before anything starts: serde reports the
+//! path of a type error (`pools[0].discovery: unknown variant ...`), and [`Config::validate`]
+//! checks what types cannot (ranges, `ip:port` shapes, unique names, exactly one secret source),
+//! naming the field the same way.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use llm_router_snapshot::Engine;
+use serde::Deserialize;
+
+/// Demo configuration used by `run` when neither `--config` nor `--pool` is given.
+pub const DEFAULT_CONFIG_YAML: &str = include_str!("default-config.yaml");
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid YAML for this schema: {message}")]
+    Yaml { path: String, message: String },
+    #[error("config file {path} is not valid TOML for this schema: {message}")]
+    Toml { path: String, message: String },
+    #[error("config field `{field}`: {reason}")]
+    Invalid { field: String, reason: String },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub push: PushConfig,
+    #[serde(default)]
+    pub scrape: ScrapeConfig,
+    /// Push even an unchanged snapshot this often (ms), so the filter can tell we are alive.
+    #[serde(default = "d_heartbeat")]
+    pub heartbeat_ms: u64,
+    /// A pod whose last successful scrape is older than this (ms) is reported `stale`.
+    #[serde(default = "d_stale")]
+    pub pod_stale_after_ms: u64,
+    /// Address of the sidecar's own `/metrics` and `/healthz`.
+    #[serde(default = "d_listen")]
+    pub listen: String,
+    #[serde(default)]
+    pub log: LogConfig,
+    pub pools: Vec<PoolConfig>,
+}
+
+fn d_heartbeat() -> u64 {
+    1000
+}
+fn d_stale() -> u64 {
+    1000
+}
+fn d_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+
+/// Where and how snapshots are pushed.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PushConfig {
+    /// The Envoy listener, `host:port` (loopback in every supported deployment).
+    pub address: String,
+    #[serde(default = "d_push_path")]
+    pub path: String,
+    /// The shared secret, inline …
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// … or from this environment variable …
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// … or from this file (trailing newline trimmed).
+    #[serde(default)]
+    pub secret_file: Option<String>,
+    #[serde(default = "d_push_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn d_push_path() -> String {
+    "/__llm_router/snapshot".into()
+}
+fn d_push_timeout() -> u64 {
+    1000
+}
+
+/// How pods are scraped.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScrapeConfig {
+    #[serde(default = "d_interval")]
+    pub interval_ms: u64,
+    /// Each round waits `interval × (1 ± jitter)`; 0 disables jitter.
+    #[serde(default = "d_jitter")]
+    pub jitter: f64,
+    #[serde(default = "d_scrape_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default = "d_max_bytes")]
+    pub max_response_bytes: usize,
+    /// Scrapes in flight at once.
+    #[serde(default = "d_concurrency")]
+    pub concurrency: usize,
+    #[serde(default = "d_metrics_path")]
+    pub path: String,
+}
+
+fn d_interval() -> u64 {
+    50
+}
+fn d_jitter() -> f64 {
+    0.1
+}
+fn d_scrape_timeout() -> u64 {
+    1000
+}
+fn d_max_bytes() -> usize {
+    4 * 1024 * 1024
+}
+fn d_concurrency() -> usize {
+    128
+}
+fn d_metrics_path() -> String {
+    "/metrics".into()
+}
+
+impl Default for ScrapeConfig {
+    fn default() -> Self {
+        ScrapeConfig {
+            interval_ms: d_interval(),
+            jitter: d_jitter(),
+            timeout_ms: d_scrape_timeout(),
+            max_response_bytes: d_max_bytes(),
+            concurrency: d_concurrency(),
+            path: d_metrics_path(),
+        }
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// An `EnvFilter` directive, e.g. `info` or `sidecar_metrics=debug`; `RUST_LOG` wins.
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// One pool of interchangeable pods behind one Envoy cluster.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    pub cluster: String,
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// `vllm`, `sglang`, `trtllm`, `triton`, `tgi`, `llamacpp`; absent = detect from the names.
+    #[serde(default)]
+    pub engine: Option<String>,
+    /// Overrides `scrape.path` for this pool.
+    #[serde(default)]
+    pub metrics_path: Option<String>,
+    pub discovery: Discovery,
+}
+
+impl PoolConfig {
+    /// The configured engine (validated by [`Config::validate`]).
+    pub fn engine(&self) -> Option<Engine> {
+        self.engine.as_deref().and_then(Engine::from_name)
+    }
+}
+
+/// Where a pool's pods come from. Written as a map with exactly one key:
+/// `discovery: {static: [...]}`, `{dns: {...}}` or `{kubernetes: {...}}`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(try_from = "DiscoveryRaw")]
+pub enum Discovery {
+    /// Fixed `ip:port` list.
+    Static(Vec<String>),
+    /// A name (e.g. a headless Service) whose A/AAAA records are the pods, re-resolved.
+    Dns(DnsConfig),
+    /// EndpointSlices of a Service (or matching a label selector), watched via the API server.
+    Kubernetes(KubeConfig),
+}
+
+/// The file form of [`Discovery`] (serde_yaml 0.9 reads enums only from YAML tags).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DiscoveryRaw {
+    #[serde(default, rename = "static")]
+    static_: Option<Vec<String>>,
+    #[serde(default)]
+    dns: Option<DnsConfig>,
+    #[serde(default)]
+    kubernetes: Option<KubeConfig>,
+}
+
+impl TryFrom<DiscoveryRaw> for Discovery {
+    type Error = String;
+
+    fn try_from(r: DiscoveryRaw) -> Result<Self, String> {
+        match (r.static_, r.dns, r.kubernetes) {
+            (Some(s), None, None) => Ok(Discovery::Static(s)),
+            (None, Some(d), None) => Ok(Discovery::Dns(d)),
+            (None, None, Some(k)) => Ok(Discovery::Kubernetes(k)),
+            _ => Err("give exactly one of `static`, `dns`, `kubernetes`".into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DnsConfig {
+    pub name: String,
+    pub port: u16,
+    #[serde(default = "d_dns_interval")]
+    pub interval_ms: u64,
+    /// `ip:port` of the DNS server to ask; absent = the system resolver configuration.
+    #[serde(default)]
+    pub nameserver: Option<String>,
+}
+
+fn d_dns_interval() -> u64 {
+    5000
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KubeConfig {
+    /// Absent = the pod's own namespace (in-cluster), else `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The Service whose EndpointSlices list the pods (`kubernetes.io/service-name=<service>`).
+    #[serde(default)]
+    pub service: Option<String>,
+    /// Or any label selector on EndpointSlices.
+    #[serde(default)]
+    pub label_selector: Option<String>,
+    /// The EndpointSlice port to use: a number or a port name; absent = the first port.
+    #[serde(default)]
+    pub port: Option<PortRef>,
+    /// API server access; absent = in-cluster service-account credentials.
+    #[serde(default)]
+    pub api: Option<KubeApi>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum PortRef {
+    Number(u16),
+    Name(String),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KubeApi {
+    /// `https://host:port` (or `http://` for a local stand-in).
+    pub server: String,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub token_file: Option<String>,
+    /// PEM CA bundle for the server certificate.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+}
+
+impl Config {
+    /// Reads a YAML (`.yaml`/`.yml`) or TOML (`.toml`) file; other extensions try YAML then TOML.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let p = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let cfg = match ext.as_str() {
+            "toml" => Config::from_toml(&text, &p)?,
+            "yaml" | "yml" => Config::from_yaml(&text, &p)?,
+            _ => Config::from_yaml(&text, &p)
+                .or_else(|y| Config::from_toml(&text, &p).map_err(|_| y))?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_yaml(text: &str, path: &str) -> Result<Config, ConfigError> {
+        serde_yaml::from_str(text).map_err(|e| ConfigError::Yaml {
+            path: path.into(),
+            message: e.to_string(),
+        })
+    }
+
+    pub fn from_toml(text: &str, path: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Toml {
+            path: path.into(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The embedded demo configuration.
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        let c = Config::from_yaml(DEFAULT_CONFIG_YAML, "<embedded default>")?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks everything serde cannot; each error names the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let addr_ok = |s: &str| s.parse::<SocketAddr>().is_ok() || host_port(s).is_some();
+        if !addr_ok(&self.push.address) {
+            return Err(invalid(
+                "push.address",
+                format!("{:?} is not host:port", self.push.address),
+            ));
+        }
+        if !self.push.path.starts_with('/') {
+            return Err(invalid("push.path", "must start with '/'"));
+        }
+        let sources = [
+            &self.push.secret,
+            &self.push.secret_env,
+            &self.push.secret_file,
+        ]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+        if sources != 1 {
+            return Err(invalid(
+                "push.secret",
+                format!("give exactly one of secret, secret_env, secret_file (found {sources})"),
+            ));
+        }
+        if self.push.timeout_ms == 0 {
+            return Err(invalid("push.timeout_ms", "must be > 0"));
+        }
+        let s = &self.scrape;
+        if s.interval_ms == 0 {
+            return Err(invalid("scrape.interval_ms", "must be > 0"));
+        }
+        if !(0.0..1.0).contains(&s.jitter) {
+            return Err(invalid(
+                "scrape.jitter",
+                format!("{} is not in [0, 1)", s.jitter),
+            ));
+        }
+        if s.timeout_ms == 0 {
+            return Err(invalid("scrape.timeout_ms", "must be > 0"));
+        }
+        if s.max_response_bytes < 1024 {
+            return Err(invalid(
+                "scrape.max_response_bytes",
+                "must be at least 1024",
+            ));
+        }
+        if s.concurrency == 0 {
+            return Err(invalid("scrape.concurrency", "must be > 0"));
+        }
+        if !s.path.starts_with('/') {
+            return Err(invalid("scrape.path", "must start with '/'"));
+        }
+        if self.heartbeat_ms == 0 {
+            return Err(invalid("heartbeat_ms", "must be > 0"));
+        }
+        if self.pod_stale_after_ms == 0 {
+            return Err(invalid("pod_stale_after_ms", "must be > 0"));
+        }
+        if self.listen.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "listen",
+                format!("{:?} is not ip:port", self.listen),
+            ));
+        }
+        if self.pools.is_empty() {
+            return Err(invalid("pools", "at least one pool is needed"));
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            let f = |k: &str| format!("pools[{i}].{k}");
+            if p.name.is_empty() || p.name.len() > 1000 {
+                return Err(invalid(f("name"), "must be 1..1000 bytes"));
+            }
+            if self.pools.iter().take(i).any(|q| q.name == p.name) {
+                return Err(invalid(
+                    f("name"),
+                    format!("pool {:?} is defined twice", p.name),
+                ));
+            }
+            if p.cluster.is_empty() {
+                return Err(invalid(f("cluster"), "must not be empty"));
+            }
+            if let Some(e) = &p.engine {
+                if Engine::from_name(e).is_none() {
+                    return Err(invalid(
+                        f("engine"),
+                        format!(
+                            "unknown engine {e:?} (vllm, sglang, trtllm, triton, tgi, llamacpp)"
+                        ),
+                    ));
+                }
+            }
+            if let Some(mp) = &p.metrics_path {
+                if !mp.starts_with('/') {
+                    return Err(invalid(f("metrics_path"), "must start with '/'"));
+                }
+            }
+            match &p.discovery {
+                Discovery::Static(list) => {
+                    for (j, a) in list.iter().enumerate() {
+                        if a.parse::<SocketAddr>().is_err() {
+                            return Err(invalid(
+                                f(&format!("discovery.static[{j}]")),
+                                format!("{a:?} is not ip:port"),
+                            ));
+                        }
+                    }
+                }
+                Discovery::Dns(d) => {
+                    if d.name.is_empty() {
+                        return Err(invalid(f("discovery.dns.name"), "must not be empty"));
+                    }
+                    if d.interval_ms == 0 {
+                        return Err(invalid(f("discovery.dns.interval_ms"), "must be > 0"));
+                    }
+                    if let Some(ns) = &d.nameserver {
+                        if ns.parse::<SocketAddr>().is_err() {
+                            return Err(invalid(
+                                f("discovery.dns.nameserver"),
+                                format!("{ns:?} is not ip:port"),
+                            ));
+                        }
+                    }
+                }
+                Discovery::Kubernetes(k) => {
+                    if k.service.is_some() == k.label_selector.is_some() {
+                        return Err(invalid(
+                            f("discovery.kubernetes"),
+                            "give exactly one of service, label_selector",
+                        ));
+                    }
+                    if let Some(api) = &k.api {
+                        if !(api.server.starts_with("https://")
+                            || api.server.starts_with("http://"))
+                        {
+                            return Err(invalid(
+                                f("discovery.kubernetes.api.server"),
+                                "must start with https:// (or http:// for a local test server)",
+                            ));
+                        }
+                        if api.token.is_some() && api.token_file.is_some() {
+                            return Err(invalid(
+                                f("discovery.kubernetes.api"),
+                                "give at most one of token, token_file",
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The push secret from whichever source the file names.
+    pub fn resolve_secret(&self) -> Result<String, ConfigError> {
+        if let Some(s) = &self.push.secret {
+            return Ok(s.clone());
+        }
+        if let Some(var) = &self.push.secret_env {
+            return std::env::var(var).map_err(|_| {
+                invalid(
+                    "push.secret_env",
+                    format!("environment variable {var} is not set"),
+                )
+            });
+        }
+        if let Some(file) = &self.push.secret_file {
+            return std::fs::read_to_string(file)
+                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+                .map_err(|e| invalid("push.secret_file", format!("cannot read {file}: {e}")));
+        }
+        Err(invalid("push.secret", "no secret configured"))
+    }
+
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.scrape.interval_ms)
+    }
+}
+
+/// Splits `host:port` (host may be a name) when it is not a plain socket address.
+pub fn host_port(s: &str) -> Option<(&str, u16)> {
+    let (h, p) = s.rsplit_once(':')?;
+    let port = p.parse::<u16>().ok()?;
+    (!h.is_empty() && !h.contains('/')).then_some((h, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = r#"
+push:
+  address: 127.0.0.1:10000
+  secret: s3cret
+pools:
+  - name: llama
+    cluster: pool_llama
+    models: [m1]
+    discovery:
+      static: ["127.0.0.1:9001", "127.0.0.1:9002"]
+  - name: qwen
+    cluster: pool_qwen
+    engine: sglang
+    discovery:
+      dns: {name: qwen.svc, port: 8000, nameserver: "127.0.0.1:5353"}
+  - name: k
+    cluster: pool_k
+    discovery:
+      kubernetes: {namespace: ns, service: vllm, port: http}
+"#;
+
+    #[test]
+    fn yaml_with_defaults() {
+        let c = Config::from_yaml(YAML, "t.yaml").expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(c.scrape.interval_ms, 50);
+        assert_eq!(c.heartbeat_ms, 1000);
+        assert_eq!(c.push.path, "/__llm_router/snapshot");
+        assert_eq!(c.pools.len(), 3);
+        assert_eq!(
+            c.pools[0].discovery,
+            Discovery::Static(vec!["127.0.0.1:9001".into(), "127.0.0.1:9002".into()])
+        );
+        assert_eq!(c.pools[1].engine(), Some(Engine::Sglang));
+        match &c.pools[2].discovery {
+            Discovery::Kubernetes(k) => assert_eq!(k.port, Some(PortRef::Name("http".into()))),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(c.resolve_secret().expect("secret"), "s3cret");
+    }
+
+    #[test]
+    fn toml_equivalent() {
+        let t = r#"
+heartbeat_ms = 500
+[push]
+address = "127.0.0.1:10000"
+secret_env = "LLMR_TEST_SECRET_NOT_SET_ANYWHERE"
+[scrape]
+interval_ms = 100
+[[pools]]
+name = "llama"
+cluster = "pool_llama"
+models = ["m1"]
+[pools.discovery]
+static = ["127.0.0.1:9001"]
+[[pools]]
+name = "k"
+cluster = "c"
+[pools.discovery.kubernetes]
+label_selector = "app=vllm"
+port = 8000
+"#;
+        let c = Config::from_toml(t, "t.toml").expect("parses");
+        c.validate().expect("valid");
+        assert_eq!((c.heartbeat_ms, c.scrape.interval_ms), (500, 100));
+        match &c.pools[1].discovery {
+            Discovery::Kubernetes(k) => assert_eq!(k.port, Some(PortRef::Number(8000))),
+            other => panic!("{other:?}"),
+        }
+        let e = c.resolve_secret().expect_err("env not set");
+        assert!(e.to_string().contains("push.secret_env"), "{e}");
+    }
+
+    fn err_of(yaml: &str) -> String {
+        match Config::from_yaml(yaml, "bad.yaml").and_then(|c| c.validate().map(|_| c)) {
+            Ok(c) => panic!("accepted: {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let e = err_of(&YAML.replace("127.0.0.1:9002", "localhost"));
+        assert!(
+            e.contains("pools[0].discovery.static[1]") && e.contains("not ip:port"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace("engine: sglang", "engine: foo"));
+        assert!(
+            e.contains("pools[1].engine") && e.contains("unknown engine"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace("secret: s3cret", "secret: a\n  secret_env: B"));
+        assert!(
+            e.contains("push.secret") && e.contains("exactly one"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace("cluster: pool_qwen", "clustr: pool_qwen"));
+        assert!(e.contains("pools[1]") && e.contains("clustr"), "{e}");
+        let e = err_of(&YAML.replace("static:", "statik:"));
+        assert!(
+            e.contains("pools[0].discovery") && e.contains("statik"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace("name: qwen", "name: llama"));
+        assert!(e.contains("pools[1].name") && e.contains("twice"), "{e}");
+        let e = err_of(&YAML.replace("service: vllm", "service: vllm, label_selector: a=b"));
+        assert!(e.contains("pools[2].discovery.kubernetes"), "{e}");
+        let e = err_of(&format!("{YAML}scrape: {{interval_ms: 0}}\n"));
+        assert!(e.contains("scrape.interval_ms"), "{e}");
+        let e = err_of("push: {address: 127.0.0.1:1, secret: x}\npools: []\n");
+        assert!(e.contains("`pools`"), "{e}");
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let c = Config::embedded_default().expect("valid");
+        assert!(!c.pools.is_empty());
+    }
+}

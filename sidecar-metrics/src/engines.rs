@@ -1,0 +1,458 @@
+//! Turns one pod's `/metrics` text into the load figures the snapshot carries, per engine.
+//!
+//! Each engine names the same ideas differently (see shared PRIOR-ART.md): queue, running batch,
+//! KV-cache use, cache geometry and LoRA residency. One pass over the text collects every name we
+//! know from every engine (the names do not overlap), then the engine — configured, or detected
+//! from the metric-name prefixes — decides which of them count. Several series of one gauge (data
+//! parallel engines, several models in one Triton) are summed for counts and the highest is taken
+//! for KV use, so a pod is never reported less loaded than its busiest part.
+
+use std::collections::BTreeSet;
+
+use llm_router_snapshot::{Engine, LoraState};
+use serde::Serialize;
+
+use crate::prom::{self, Line, LineError, Sample};
+
+/// The normalised state of one pod, as `parse` prints it and the snapshot stores it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PodMetrics {
+    #[serde(serialize_with = "ser_engine")]
+    pub engine: Engine,
+    /// True when the engine came from the metric names rather than the configuration.
+    pub engine_detected: bool,
+    pub waiting: u32,
+    pub running: u32,
+    pub kv_usage: Option<f32>,
+    pub block_size: u32,
+    pub num_blocks: u32,
+    #[serde(serialize_with = "ser_lora")]
+    pub lora: Option<LoraState>,
+    /// `model_name` (or Triton `model`) label values seen on the load gauges.
+    pub models: Vec<String>,
+    /// Load figures this text did not carry (reported as 0 / unknown).
+    pub missing: Vec<&'static str>,
+    /// Lines that were not valid exposition format and were skipped.
+    #[serde(serialize_with = "ser_errors")]
+    pub bad_lines: Vec<LineError>,
+}
+
+fn ser_engine<S: serde::Serializer>(e: &Engine, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(e.name())
+}
+
+fn ser_lora<S: serde::Serializer>(l: &Option<LoraState>, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct L<'a> {
+        running: &'a [String],
+        waiting: &'a [String],
+        max_loras: u16,
+    }
+    l.as_ref()
+        .map(|l| L {
+            running: &l.running,
+            waiting: &l.waiting,
+            max_loras: l.max_loras,
+        })
+        .serialize(s)
+}
+
+fn ser_errors<S: serde::Serializer>(e: &[LineError], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(e.iter().map(|e| e.to_string()))
+}
+
+/// Why a text gives no usable pod state.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum NormaliseError {
+    #[error("no metric of a known model server (vLLM, SGLang, TensorRT-LLM, Triton, TGI, llama.cpp) found{}", bad_hint(*.bad_lines, *.first_bad))]
+    UnknownEngine {
+        bad_lines: usize,
+        first_bad: Option<usize>,
+    },
+    #[error("{engine} metrics found, but none of the load gauges it should export ({expected})")]
+    NoLoadGauges {
+        engine: &'static str,
+        expected: &'static str,
+    },
+}
+
+fn bad_hint(n: usize, first: Option<usize>) -> String {
+    match first {
+        Some(l) if n > 0 => format!(" ({n} malformed lines, the first at line {l})"),
+        _ => String::new(),
+    }
+}
+
+/// Metric names the normaliser reads (every engine at once; the sets are disjoint).
+fn wanted(name: &str) -> bool {
+    matches!(
+        name,
+        "vllm:num_requests_waiting"
+            | "vllm:num_requests_running"
+            | "vllm:kv_cache_usage_perc"
+            | "vllm:gpu_cache_usage_perc"
+            | "vllm:cache_config_info"
+            | "vllm:lora_requests_info"
+            | "sglang:num_queue_reqs"
+            | "sglang:num_running_reqs"
+            | "sglang:token_usage"
+            | "sglang:cache_config_info"
+            | "trtllm_num_requests_waiting"
+            | "trtllm_num_requests_running"
+            | "trtllm_kv_cache_utilization"
+            | "trtllm_kv_cache_tokens_per_block"
+            | "trtllm_kv_cache_max_blocks"
+            | "nv_trt_llm_request_metrics"
+            | "nv_trt_llm_kv_cache_block_metrics"
+            | "nv_inference_pending_request_count"
+            | "tgi_queue_size"
+            | "tgi_batch_current_size"
+            | "llamacpp:requests_deferred"
+            | "llamacpp:requests_processing"
+    )
+}
+
+/// The engine a metric name belongs to, by prefix.
+pub fn engine_of(name: &str) -> Option<Engine> {
+    let b = name.as_bytes();
+    // Cheap first-byte dispatch: this runs on every line of every scrape when detecting.
+    match b.first()? {
+        b'v' if name.starts_with("vllm:") => Some(Engine::Vllm),
+        b's' if name.starts_with("sglang:") => Some(Engine::Sglang),
+        b't' if name.starts_with("trtllm_") => Some(Engine::TrtllmServe),
+        b't' if name.starts_with("tgi_") => Some(Engine::Tgi),
+        b'n' if name.starts_with("nv_trt_llm_") || name.starts_with("nv_inference_") => {
+            Some(Engine::TritonTrtllm)
+        }
+        b'l' if name.starts_with("llamacpp:") => Some(Engine::LlamaCpp),
+        _ => None,
+    }
+}
+
+/// A gauge summed over its series, remembering whether it was seen at all.
+#[derive(Default, Clone, Copy)]
+struct Sum {
+    seen: bool,
+    total: f64,
+}
+
+impl Sum {
+    fn add(&mut self, v: f64) {
+        self.seen = true;
+        if v.is_finite() && v > 0.0 {
+            self.total += v;
+        }
+    }
+    fn count(self) -> Option<u32> {
+        // `as` saturates: a absurd count becomes u32::MAX rather than wrapping.
+        self.seen.then(|| self.total.round() as u32)
+    }
+}
+
+/// The highest value over series (for KV use), clamped to [0, 1].
+#[derive(Default, Clone, Copy)]
+struct Max {
+    value: Option<f64>,
+}
+
+impl Max {
+    fn add(&mut self, v: f64) {
+        if v.is_nan() {
+            return;
+        }
+        let v = v.clamp(0.0, 1.0);
+        self.value = Some(self.value.map_or(v, |m| m.max(v)));
+    }
+}
+
+#[derive(Default)]
+struct Acc {
+    votes: [u32; 7],
+    vllm_waiting: Sum,
+    vllm_running: Sum,
+    vllm_kv_new: Max,
+    vllm_kv_old: Max,
+    vllm_block: (u32, u32),
+    vllm_lora: Option<(f64, LoraState)>,
+    sgl_waiting: Sum,
+    sgl_running: Sum,
+    sgl_kv: Max,
+    sgl_block: (u32, u32),
+    trt_waiting: Sum,
+    trt_running: Sum,
+    trt_kv: Max,
+    trt_block_size: Option<u32>,
+    trt_blocks: Option<u32>,
+    triton_waiting: Sum,
+    triton_running: Sum,
+    triton_pending: Sum,
+    triton_kv: Max,
+    triton_block_size: Option<u32>,
+    triton_blocks: Option<u32>,
+    tgi_waiting: Sum,
+    tgi_running: Sum,
+    llama_waiting: Sum,
+    llama_running: Sum,
+    models: BTreeSet<String>,
+}
+
+fn engine_index(e: Engine) -> usize {
+    Engine::ALL.iter().position(|x| *x == e).unwrap_or(0)
+}
+
+/// Reads a label holding an unsigned integer ("16", "81767"); "None" or garbage gives 0.
+fn label_u32(s: &Sample<'_>, key: &str) -> u32 {
+    s.label(key)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(0)
+}
+
+/// A non-negative gauge value as u32 (saturating), None for NaN.
+fn value_u32(v: f64) -> Option<u32> {
+    (!v.is_nan()).then(|| v.max(0.0).round() as u32)
+}
+
+fn adapters(list: Option<std::borrow::Cow<'_, str>>) -> Vec<String> {
+    list.map(|l| {
+        l.split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+impl Acc {
+    fn sample(&mut self, s: &Sample<'_>, collect_models: bool) {
+        let v = s.value;
+        if collect_models {
+            if let Some(m) = s.label("model_name").or_else(|| s.label("model")) {
+                if !self.models.contains(m.as_ref()) {
+                    self.models.insert(m.into_owned());
+                }
+            }
+        }
+        match s.name {
+            "vllm:num_requests_waiting" => self.vllm_waiting.add(v),
+            "vllm:num_requests_running" => self.vllm_running.add(v),
+            "vllm:kv_cache_usage_perc" => self.vllm_kv_new.add(v),
+            "vllm:gpu_cache_usage_perc" => self.vllm_kv_old.add(v),
+            "vllm:cache_config_info" => {
+                self.vllm_block = (label_u32(s, "block_size"), label_u32(s, "num_gpu_blocks"))
+            }
+            "vllm:lora_requests_info" => {
+                // The value is the time the series was last updated: the newest one is current.
+                if self.vllm_lora.as_ref().is_some_and(|(t, _)| *t >= v) || v.is_nan() {
+                    return;
+                }
+                let max = s
+                    .label("max_lora")
+                    .and_then(|m| m.trim().parse::<u32>().ok())
+                    .unwrap_or(0)
+                    .min(u32::from(u16::MAX - 1)) as u16;
+                let state = LoraState {
+                    running: adapters(s.label("running_lora_adapters")),
+                    waiting: adapters(s.label("waiting_lora_adapters")),
+                    max_loras: max,
+                };
+                self.vllm_lora = Some((v, state));
+            }
+            "sglang:num_queue_reqs" => self.sgl_waiting.add(v),
+            "sglang:num_running_reqs" => self.sgl_running.add(v),
+            "sglang:token_usage" => self.sgl_kv.add(v),
+            "sglang:cache_config_info" => {
+                self.sgl_block = (label_u32(s, "page_size"), label_u32(s, "num_pages"))
+            }
+            "trtllm_num_requests_waiting" => self.trt_waiting.add(v),
+            "trtllm_num_requests_running" => self.trt_running.add(v),
+            "trtllm_kv_cache_utilization" => self.trt_kv.add(v),
+            "trtllm_kv_cache_tokens_per_block" => self.trt_block_size = value_u32(v),
+            "trtllm_kv_cache_max_blocks" => self.trt_blocks = value_u32(v),
+            "nv_trt_llm_request_metrics" => match s.label("request_type").as_deref() {
+                Some("waiting") => self.triton_waiting.add(v),
+                Some("scheduled") => self.triton_running.add(v),
+                _ => {}
+            },
+            "nv_trt_llm_kv_cache_block_metrics" => {
+                match s.label("kv_cache_block_type").as_deref() {
+                    Some("fraction") => self.triton_kv.add(v),
+                    Some("tokens_per") => self.triton_block_size = value_u32(v),
+                    Some("max") => self.triton_blocks = value_u32(v),
+                    _ => {}
+                }
+            }
+            "nv_inference_pending_request_count" => self.triton_pending.add(v),
+            "tgi_queue_size" => self.tgi_waiting.add(v),
+            "tgi_batch_current_size" => self.tgi_running.add(v),
+            "llamacpp:requests_deferred" => self.llama_waiting.add(v),
+            "llamacpp:requests_processing" => self.llama_running.add(v),
+            _ => {}
+        }
+    }
+
+    fn vote(&mut self, name: &str) {
+        if let Some(e) = engine_of(name) {
+            if let Some(v) = self.votes.get_mut(engine_index(e)) {
+                *v += 1;
+            }
+        }
+    }
+
+    /// The engine with the most names in the text; ties go to the earlier engine in wire order.
+    fn detected(&self) -> Option<Engine> {
+        let mut best: Option<(Engine, u32)> = None;
+        for (e, &n) in Engine::ALL.iter().zip(&self.votes) {
+            if n > 0 && best.is_none_or(|(_, b)| n > b) {
+                best = Some((*e, n));
+            }
+        }
+        best.map(|(e, _)| e)
+    }
+}
+
+/// Options for [`normalise`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// The configured engine; `None` (or `Some(Unknown)`) detects it from the names.
+    pub engine: Option<Engine>,
+    /// Collect model names and every bad line (the `parse` command); the scrape loop skips it.
+    pub detailed: bool,
+}
+
+/// Reads one pod's exposition text.
+pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError> {
+    let configured = opts.engine.filter(|e| *e != Engine::Unknown);
+    let mut acc = Acc::default();
+    let mut bad_lines = Vec::new();
+    let mut bad_count = 0usize;
+    let detect = configured.is_none();
+    let detailed = opts.detailed;
+    prom::for_each_line(
+        text,
+        |name| {
+            // In detailed mode every sample is checked so that every bad line is reported.
+            detailed || wanted(name)
+        },
+        |line| match line {
+            Line::Sample(s) => {
+                if detect {
+                    acc.vote(s.name);
+                }
+                if wanted(s.name) {
+                    acc.sample(&s, detailed);
+                }
+            }
+            Line::Meta { name } => {
+                if detect {
+                    acc.vote(name)
+                }
+            }
+            Line::Skip | Line::Eof => {}
+        },
+        |e| {
+            bad_count += 1;
+            if detailed || bad_lines.is_empty() {
+                bad_lines.push(e);
+            }
+        },
+    );
+    // In fast mode skipped samples are not voted on; detection still sees every HELP/TYPE line
+    // and every wanted sample, which is enough for all known engines.
+    let engine = match configured.or_else(|| acc.detected()) {
+        Some(e) => e,
+        None => {
+            return Err(NormaliseError::UnknownEngine {
+                bad_lines: bad_count,
+                first_bad: bad_lines.first().map(|e| e.line),
+            })
+        }
+    };
+    let mut m = PodMetrics {
+        engine,
+        engine_detected: configured.is_none(),
+        waiting: 0,
+        running: 0,
+        kv_usage: None,
+        block_size: 0,
+        num_blocks: 0,
+        lora: None,
+        models: acc.models.iter().cloned().collect(),
+        missing: Vec::new(),
+        bad_lines,
+    };
+    let (waiting, running, kv, expected): (Option<u32>, Option<u32>, Option<f64>, &'static str) =
+        match engine {
+            Engine::Vllm => {
+                (m.block_size, m.num_blocks) = acc.vllm_block;
+                m.lora = acc.vllm_lora.take().map(|(_, l)| l);
+                (
+                    acc.vllm_waiting.count(),
+                    acc.vllm_running.count(),
+                    acc.vllm_kv_new.value.or(acc.vllm_kv_old.value),
+                    "vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc",
+                )
+            }
+            Engine::Sglang => {
+                (m.block_size, m.num_blocks) = acc.sgl_block;
+                (
+                    acc.sgl_waiting.count(),
+                    acc.sgl_running.count(),
+                    acc.sgl_kv.value,
+                    "sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage",
+                )
+            }
+            Engine::TrtllmServe => {
+                m.block_size = acc.trt_block_size.unwrap_or(0);
+                m.num_blocks = acc.trt_blocks.unwrap_or(0);
+                (
+                    acc.trt_waiting.count(),
+                    acc.trt_running.count(),
+                    acc.trt_kv.value,
+                    "trtllm_num_requests_waiting, trtllm_num_requests_running, trtllm_kv_cache_utilization",
+                )
+            }
+            Engine::TritonTrtllm => {
+                m.block_size = acc.triton_block_size.unwrap_or(0);
+                m.num_blocks = acc.triton_blocks.unwrap_or(0);
+                (
+                    acc.triton_waiting.count().or(acc.triton_pending.count()),
+                    acc.triton_running.count(),
+                    acc.triton_kv.value,
+                    "nv_trt_llm_request_metrics{request_type=\"waiting\"|\"scheduled\"}, nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}, nv_inference_pending_request_count",
+                )
+            }
+            Engine::Tgi => (
+                acc.tgi_waiting.count(),
+                acc.tgi_running.count(),
+                None,
+                "tgi_queue_size, tgi_batch_current_size",
+            ),
+            Engine::LlamaCpp => (
+                acc.llama_waiting.count(),
+                acc.llama_running.count(),
+                None,
+                "llamacpp:requests_deferred, llamacpp:requests_processing",
+            ),
+            Engine::Unknown => (None, None, None, "none"),
+        };
+    if waiting.is_none() && running.is_none() && kv.is_none() {
+        return Err(NormaliseError::NoLoadGauges {
+            engine: engine.name(),
+            expected,
+        });
+    }
+    m.kv_usage = kv.map(|k| k as f32);
+    if waiting.is_none() {
+        m.missing.push("waiting");
+    }
+    if running.is_none() {
+        m.missing.push("running");
+    }
+    if kv.is_none() {
+        m.missing.push("kv_usage");
+    }
+    m.waiting = waiting.unwrap_or(0);
+    m.running = running.unwrap_or(0);
+    Ok(m)
+}

@@ -1,0 +1,8 @@
+//! `sidecar-metrics`: scrapes every model-server pod's Prometheus `/metrics`, normalises each
+//! engine's names into the fleet [`llm_router_snapshot::Snapshot`], and pushes it into the proxy
+//! whenever the fleet changed or a heartbeat is due. The binary (`src/main.rs`) is a thin shell
+//! around these modules so tests and benchmarks can drive the same code.
+
+pub mod config;
+pub mod engines;
+pub mod prom;
