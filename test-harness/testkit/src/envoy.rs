@@ -1,0 +1,814 @@
+//! Runs a real Envoy for tests, benchmarks and the demo: [`EnvoySpec`] renders a bootstrap
+//! (pools as STATIC clusters, the router under test, a JSON access log), writes it to a fresh
+//! folder under `<target>/testlogs/`, starts Envoy on loopback ports it picks itself (`:0`,
+//! reported back through `--admin-address-path` and the admin API) and waits until it serves.
+//! [`EnvoyProcess`] reads stats, per-host request counts and the access log, and stops Envoy
+//! by PID on drop.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::http::blocking_get;
+use crate::paths::{envoy_binary, filter_wasm, testlog_dir};
+use crate::process::ChildGuard;
+
+/// Request header the filter sets to pick the cluster (pool); routes match on it.
+pub const CLUSTER_HEADER: &str = "x-llm-router-cluster";
+/// Request header the filter sets to pick endpoints inside the cluster (override_host source).
+pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+/// Timeout for one admin API call.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One pool of model-server pods: one Envoy cluster with STATIC endpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    /// Pool name (as in the plugin configuration).
+    pub name: String,
+    /// Envoy cluster name.
+    pub cluster: String,
+    /// The pods, `127.0.0.1:PORT`.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl PoolSpec {
+    /// A pool named `name` served by cluster `cluster`.
+    pub fn new(
+        name: impl Into<String>,
+        cluster: impl Into<String>,
+        endpoints: Vec<SocketAddr>,
+    ) -> Self {
+        PoolSpec {
+            name: name.into(),
+            cluster: cluster.into(),
+            endpoints,
+        }
+    }
+}
+
+/// Who picks the endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Router {
+    /// The llm-router Wasm filter (`allow_on_headers_stop_iteration`) with clusters using the
+    /// `override_host` policy (fallback round robin), as the project ships it.
+    #[default]
+    Filter,
+    /// Plain Envoy round robin, no filter (benchmark baseline).
+    RoundRobin,
+    /// Plain Envoy least request (power of two choices), no filter (benchmark baseline).
+    LeastRequest,
+    /// `override_host` clusters without the filter: the client sets
+    /// `x-gateway-destination-endpoint` itself (tests of the Envoy side alone).
+    OverrideHost,
+}
+
+impl Router {
+    /// Short lower-case label (`filter`, `round_robin`, `least_request`, `override_host`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Router::Filter => "filter",
+            Router::RoundRobin => "round_robin",
+            Router::LeastRequest => "least_request",
+            Router::OverrideHost => "override_host",
+        }
+    }
+}
+
+/// Everything needed to run one Envoy.
+#[derive(Debug, Clone)]
+pub struct EnvoySpec {
+    /// Label used in log folder names (default `envoy`).
+    pub name: String,
+    /// The pools; the first one is the catch-all route's cluster. At least one.
+    pub pools: Vec<PoolSpec>,
+    /// Who picks the endpoint.
+    pub router: Router,
+    /// Envoy worker threads (`--concurrency`, default 2).
+    pub concurrency: u32,
+    /// Plugin configuration JSON for [`Router::Filter`]. `Null` (default) means
+    /// [`EnvoySpec::default_plugin_config`].
+    pub plugin_config: Value,
+    /// The filter module; `None` means [`filter_wasm()`].
+    pub wasm_path: Option<PathBuf>,
+    /// Listener port on 127.0.0.1; 0 (default) lets Envoy pick a free one.
+    pub listen_port: u16,
+    /// Admin port on 127.0.0.1; 0 (default) lets Envoy pick a free one.
+    pub admin_port: u16,
+    /// Envoy log level; `None` means `$ENVOY_LOG_LEVEL`, else `warning`.
+    pub log_level: Option<String>,
+    /// `--component-log-level` (e.g. `wasm:debug`); `None` means `$ENVOY_COMPONENT_LOG_LEVEL`.
+    pub component_log_level: Option<String>,
+    /// Route retries on `connect-failure,reset,refused-stream` (default 2).
+    pub num_retries: u32,
+    /// Upstream connect timeout (default 1 s).
+    pub connect_timeout: Duration,
+    /// How long [`EnvoySpec::start`] waits for Envoy to serve (default 30 s).
+    pub ready_timeout: Duration,
+    /// More command-line arguments for Envoy.
+    pub extra_args: Vec<String>,
+}
+
+impl Default for EnvoySpec {
+    fn default() -> Self {
+        EnvoySpec {
+            name: "envoy".into(),
+            pools: Vec::new(),
+            router: Router::Filter,
+            concurrency: 2,
+            plugin_config: Value::Null,
+            wasm_path: None,
+            listen_port: 0,
+            admin_port: 0,
+            log_level: None,
+            component_log_level: None,
+            num_retries: 2,
+            connect_timeout: Duration::from_secs(1),
+            ready_timeout: Duration::from_secs(30),
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+impl EnvoySpec {
+    /// A spec for `router` with no pools yet.
+    pub fn new(router: Router) -> Self {
+        EnvoySpec {
+            name: format!("envoy-{}", router.label()),
+            router,
+            ..EnvoySpec::default()
+        }
+    }
+
+    /// Adds a pool (builder style).
+    pub fn pool(
+        mut self,
+        name: impl Into<String>,
+        cluster: impl Into<String>,
+        endpoints: Vec<SocketAddr>,
+    ) -> Self {
+        self.pools.push(PoolSpec::new(name, cluster, endpoints));
+        self
+    }
+
+    /// Sets the plugin configuration (builder style).
+    pub fn plugin_config(mut self, config: Value) -> Self {
+        self.plugin_config = config;
+        self
+    }
+
+    /// Sets `--concurrency` (builder style).
+    pub fn concurrency(mut self, workers: u32) -> Self {
+        self.concurrency = workers;
+        self
+    }
+
+    /// The plugin configuration used when none is given: every pool serves one model named
+    /// after the pool, snapshot secret `change-me`, everything else at the filter's defaults.
+    pub fn default_plugin_config(&self) -> Value {
+        let pools: Vec<Value> = self
+            .pools
+            .iter()
+            .map(|p| json!({"name": p.name, "cluster": p.cluster, "models": [p.name]}))
+            .collect();
+        json!({"pools": pools, "snapshot": {"secret": "change-me"}})
+    }
+
+    /// The plugin configuration actually used.
+    pub fn effective_plugin_config(&self) -> Value {
+        if self.plugin_config.is_null() {
+            self.default_plugin_config()
+        } else {
+            self.plugin_config.clone()
+        }
+    }
+
+    /// The header the routes match on: the plugin configuration's `cluster_header` or
+    /// [`CLUSTER_HEADER`].
+    pub fn cluster_header(&self) -> String {
+        self.plugin_config
+            .get("cluster_header")
+            .and_then(Value::as_str)
+            .unwrap_or(CLUSTER_HEADER)
+            .to_string()
+    }
+
+    /// The override_host source header: the plugin configuration's `endpoint_header` or
+    /// [`ENDPOINT_HEADER`].
+    pub fn endpoint_header(&self) -> String {
+        self.plugin_config
+            .get("endpoint_header")
+            .and_then(Value::as_str)
+            .unwrap_or(ENDPOINT_HEADER)
+            .to_string()
+    }
+
+    /// The bootstrap as JSON. `wasm` is the module path (used by [`Router::Filter`] only),
+    /// `access_log` the access log file.
+    pub fn bootstrap(&self, wasm: &Path, access_log: &Path) -> Result<Value> {
+        let first = self.pools.first().ok_or_else(|| Error::Format {
+            what: format!("EnvoySpec {}", self.name),
+            reason: "needs at least one pool".into(),
+        })?;
+        let retry = json!({"retry_on": "connect-failure,reset,refused-stream", "num_retries": self.num_retries});
+        let routes = json!([
+            {
+                "match": {"prefix": "/", "headers": [{"name": self.cluster_header(), "present_match": true}]},
+                "route": {"cluster_header": self.cluster_header(), "timeout": "0s", "retry_policy": retry},
+            },
+            {
+                "match": {"prefix": "/"},
+                "route": {"cluster": first.cluster, "timeout": "0s", "retry_policy": retry},
+            },
+        ]);
+        let mut http_filters = Vec::new();
+        if self.router == Router::Filter {
+            http_filters.push(wasm_http_filter(wasm, &self.effective_plugin_config())?);
+        }
+        http_filters.push(json!({
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+        }));
+        let hcm = json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "ingress",
+            "codec_type": "AUTO",
+            "access_log": [access_log_config(access_log)],
+            "route_config": {
+                "name": "llm_router",
+                "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": routes}],
+            },
+            "http_filters": http_filters,
+        });
+        let clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
+        Ok(json!({
+            "admin": {"address": socket_address("127.0.0.1", self.admin_port)},
+            "static_resources": {
+                "listeners": [{
+                    "name": "llm_router",
+                    "address": socket_address("127.0.0.1", self.listen_port),
+                    "filter_chains": [{"filters": [{
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": hcm,
+                    }]}],
+                }],
+                "clusters": clusters,
+            },
+        }))
+    }
+
+    fn cluster(&self, pool: &PoolSpec) -> Value {
+        let endpoints: Vec<Value> = pool
+            .endpoints
+            .iter()
+            .map(
+                |a| json!({"endpoint": {"address": socket_address(&a.ip().to_string(), a.port())}}),
+            )
+            .collect();
+        let mut cluster = json!({
+            "name": pool.cluster,
+            "type": "STATIC",
+            "connect_timeout": format!("{}s", self.connect_timeout.as_secs_f64()),
+            "load_assignment": {"cluster_name": pool.cluster, "endpoints": [{"lb_endpoints": endpoints}]},
+            // Benchmarks push far more concurrent requests than Envoy's default limits (1024).
+            "circuit_breakers": {"thresholds": [{
+                "max_connections": 100_000, "max_pending_requests": 100_000,
+                "max_requests": 100_000, "max_retries": 10_000,
+            }]},
+        });
+        match self.router {
+            Router::Filter | Router::OverrideHost => {
+                cluster["load_balancing_policy"] = override_host_policy(&self.endpoint_header());
+            }
+            Router::RoundRobin => cluster["lb_policy"] = json!("ROUND_ROBIN"),
+            Router::LeastRequest => cluster["lb_policy"] = json!("LEAST_REQUEST"),
+        }
+        cluster
+    }
+
+    /// The bootstrap rendered as YAML (see [`EnvoySpec::bootstrap`]).
+    pub fn render_yaml(&self, wasm: &Path, access_log: &Path) -> Result<String> {
+        let doc = self.bootstrap(wasm, access_log)?;
+        let yaml = serde_yaml::to_string(&doc).map_err(|e| Error::Format {
+            what: "Envoy bootstrap YAML".into(),
+            reason: e.to_string(),
+        })?;
+        Ok(format!(
+            "# Generated by testkit for {} (router: {}). Not hand-edited.\n{yaml}",
+            self.name,
+            self.router.label()
+        ))
+    }
+
+    /// The module path this spec uses: [`EnvoySpec::wasm_path`] or [`filter_wasm()`]. Only
+    /// required (and checked) for [`Router::Filter`].
+    pub fn resolve_wasm(&self) -> Result<PathBuf> {
+        match (&self.wasm_path, self.router) {
+            (Some(path), _) => Ok(path.clone()),
+            (None, Router::Filter) => filter_wasm(),
+            (None, _) => Ok(PathBuf::from("/nonexistent/unused.wasm")),
+        }
+    }
+
+    /// Writes `envoy.yaml` into `dir` (access log `dir/access.log`); returns the config path.
+    pub fn write_config(&self, dir: &Path) -> Result<PathBuf> {
+        let wasm = self.resolve_wasm()?;
+        let yaml = self.render_yaml(&wasm, &dir.join("access.log"))?;
+        let path = dir.join("envoy.yaml");
+        std::fs::write(&path, yaml).map_err(|e| Error::io("write", &path, e))?;
+        Ok(path)
+    }
+
+    /// Starts Envoy and waits until it serves (blocking; see [`EnvoySpec::start`]).
+    pub fn start_blocking(&self) -> Result<EnvoyProcess> {
+        let dir = testlog_dir(&self.name)?;
+        let config_path = self.write_config(&dir)?;
+        let log_path = dir.join("envoy.log");
+        let admin_address_path = dir.join("admin-address.txt");
+        let access_log_path = dir.join("access.log");
+        let mut cmd = Command::new(envoy_binary()?);
+        cmd.arg("-c")
+            .arg(&config_path)
+            .arg("--concurrency")
+            .arg(self.concurrency.max(1).to_string())
+            // No shared memory at all, so any number of Envoys can run side by side
+            // (the alternative, --use-dynamic-base-id, still allocates a base id each).
+            .arg("--disable-hot-restart")
+            .arg("--log-level")
+            .arg(log_level(self.log_level.as_deref()))
+            .arg("--admin-address-path")
+            .arg(&admin_address_path)
+            .arg("--file-flush-interval-msec")
+            .arg("50");
+        if let Some(components) = self.component_log_level.clone().or_else(|| {
+            std::env::var("ENVOY_COMPONENT_LOG_LEVEL")
+                .ok()
+                .filter(|s| !s.is_empty())
+        }) {
+            cmd.arg("--component-log-level").arg(components);
+        }
+        cmd.args(&self.extra_args);
+        let guard = ChildGuard::spawn_logged(&self.name, cmd, &log_path)?;
+        let mut process = EnvoyProcess {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            guard,
+            dir,
+            config_path,
+            log_path,
+            access_log_path,
+        };
+        process.wait_ready(&admin_address_path, self.ready_timeout)?;
+        Ok(process)
+    }
+
+    /// Starts Envoy and waits (without blocking the runtime) until its admin `/ready` says
+    /// `LIVE` and its listener accepts connections. On failure the error carries Envoy's log
+    /// tail and Envoy is stopped.
+    pub async fn start(&self) -> Result<EnvoyProcess> {
+        let spec = self.clone();
+        tokio::task::spawn_blocking(move || spec.start_blocking())
+            .await
+            .map_err(|e| Error::Format {
+                what: "Envoy start task".into(),
+                reason: e.to_string(),
+            })?
+    }
+}
+
+fn log_level(explicit: Option<&str>) -> String {
+    explicit
+        .map(str::to_string)
+        .or_else(|| {
+            std::env::var("ENVOY_LOG_LEVEL")
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "warning".to_string())
+}
+
+fn socket_address(address: &str, port: u16) -> Value {
+    json!({"socket_address": {"address": address, "port_value": port}})
+}
+
+/// The `override_host` load-balancing policy reading `header`, falling back to round robin.
+pub fn override_host_policy(header: &str) -> Value {
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [{"header": header}],
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.round_robin",
+                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"},
+            }}]},
+        },
+    }}]})
+}
+
+/// The Wasm HTTP filter entry for the llm-router module at `wasm` with `plugin_config`.
+pub fn wasm_http_filter(wasm: &Path, plugin_config: &Value) -> Result<Value> {
+    let configuration = serde_json::to_string(plugin_config).map_err(|e| Error::Format {
+        what: "plugin configuration".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(json!({
+        "name": "envoy.filters.http.wasm",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "llm-router",
+                "root_id": "llm-router",
+                "allow_on_headers_stop_iteration": true,
+                "vm_config": {
+                    "vm_id": "llm-router",
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm.to_string_lossy()}},
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": configuration,
+                },
+            },
+        },
+    }))
+}
+
+fn access_log_config(path: &Path) -> Value {
+    json!({
+        "name": "envoy.access_loggers.file",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": path.to_string_lossy(),
+            "log_format": {"json_format": {
+                "start": "%START_TIME%",
+                "method": "%REQ(:METHOD)%",
+                "path": "%REQ(:PATH)%",
+                "code": "%RESPONSE_CODE%",
+                "flags": "%RESPONSE_FLAGS%",
+                "duration_ms": "%DURATION%",
+                "upstream_host": "%UPSTREAM_HOST%",
+                "cluster": "%UPSTREAM_CLUSTER%",
+                "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+                "endpoint_header": "%REQ(X-GATEWAY-DESTINATION-ENDPOINT)%",
+                "cluster_header": "%REQ(X-LLM-ROUTER-CLUSTER)%",
+                "served": "%RESP(X-GATEWAY-DESTINATION-ENDPOINT-SERVED)%",
+                "dropped_reason": "%RESP(X-LLM-ROUTER-DROPPED-REASON)%",
+                "bytes_received": "%BYTES_RECEIVED%",
+                "bytes_sent": "%BYTES_SENT%",
+            }},
+        },
+    })
+}
+
+/// Runs `envoy --mode validate -c FILE`; returns Envoy's output on success.
+pub fn validate_config(path: &Path) -> Result<String> {
+    let envoy = envoy_binary()?;
+    let output = Command::new(&envoy)
+        .arg("--mode")
+        .arg("validate")
+        .arg("-c")
+        .arg(path)
+        .arg("--disable-hot-restart")
+        .arg("--log-level")
+        .arg("warning")
+        .output()
+        .map_err(|source| Error::Spawn {
+            program: envoy.clone(),
+            source,
+        })?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(Error::CommandFailed {
+            command: format!("{} --mode validate -c {}", envoy.display(), path.display()),
+            status: output.status.to_string(),
+            output: text,
+        })
+    }
+}
+
+/// One line of the access log (fields missing in the line are empty / 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccessLogEntry {
+    /// Request method.
+    pub method: String,
+    /// Request path.
+    pub path: String,
+    /// Response code (0 if none was sent).
+    pub code: u16,
+    /// Envoy response flags (`-` if none).
+    pub flags: String,
+    /// Total duration in ms.
+    pub duration_ms: u64,
+    /// The upstream host that served the request (`ip:port`), empty if none.
+    pub upstream_host: String,
+    /// The upstream cluster, empty if none.
+    pub cluster: String,
+    /// The request's `x-gateway-destination-endpoint` as the router saw it.
+    pub endpoint_header: String,
+    /// The response's `x-llm-router-dropped-reason`.
+    pub dropped_reason: String,
+    /// The whole line as JSON.
+    pub raw: Value,
+}
+
+impl AccessLogEntry {
+    /// Parses one JSON access-log line.
+    pub fn parse(line: &str) -> Option<Self> {
+        let raw: Value = serde_json::from_str(line).ok()?;
+        let text = |key: &str| match raw.get(key) {
+            Some(Value::String(s)) if s != "-" => s.clone(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        };
+        let number = |key: &str| match raw.get(key) {
+            Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+            Some(Value::String(s)) => s.parse().unwrap_or(0),
+            _ => 0,
+        };
+        Some(AccessLogEntry {
+            method: text("method"),
+            path: text("path"),
+            code: u16::try_from(number("code")).unwrap_or(0),
+            flags: text("flags"),
+            duration_ms: number("duration_ms"),
+            upstream_host: text("upstream_host"),
+            cluster: text("cluster"),
+            endpoint_header: text("endpoint_header"),
+            dropped_reason: text("dropped_reason"),
+            raw,
+        })
+    }
+}
+
+/// A running Envoy; stopped (SIGTERM, then SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct EnvoyProcess {
+    /// The HTTP listener (send traffic here).
+    pub listen_addr: SocketAddr,
+    /// The admin API.
+    pub admin_addr: SocketAddr,
+    /// The process itself.
+    pub guard: ChildGuard,
+    /// The folder holding config and logs.
+    pub dir: PathBuf,
+    /// The bootstrap file Envoy runs.
+    pub config_path: PathBuf,
+    /// Envoy's own log (stdout and stderr).
+    pub log_path: PathBuf,
+    /// The JSON access log.
+    pub access_log_path: PathBuf,
+}
+
+impl EnvoyProcess {
+    fn wait_ready(&mut self, admin_address_path: &Path, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut reason = String::from("admin address file not written yet");
+        while start.elapsed() < timeout {
+            self.guard.check_running()?;
+            match self.probe(admin_address_path) {
+                Ok(()) => return Ok(()),
+                Err(why) => reason = why,
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Err(Error::NotReady {
+            name: self.guard.name().to_string(),
+            waited_ms: start.elapsed().as_millis(),
+            reason,
+            log: self.log_path.clone(),
+            tail: self.guard.log_tail(40),
+        })
+    }
+
+    fn probe(&mut self, admin_address_path: &Path) -> std::result::Result<(), String> {
+        let text = std::fs::read_to_string(admin_address_path)
+            .map_err(|_| "admin address file not written yet")?;
+        self.admin_addr = text
+            .trim()
+            .parse()
+            .map_err(|e| format!("admin address {text:?}: {e}"))?;
+        let (status, body) =
+            blocking_get(self.admin_addr, "/ready", ADMIN_TIMEOUT).map_err(|e| e.to_string())?;
+        if status != 200 || body.trim() != "LIVE" {
+            return Err(format!("/ready answered {status} {:?}", body.trim()));
+        }
+        let (_, listeners) = blocking_get(self.admin_addr, "/listeners?format=json", ADMIN_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        self.listen_addr = listener_address(&listeners)
+            .ok_or_else(|| format!("no listener address in {listeners}"))?;
+        TcpStream::connect_timeout(&self.listen_addr, ADMIN_TIMEOUT)
+            .map_err(|e| format!("listener {} does not accept: {e}", self.listen_addr))?;
+        Ok(())
+    }
+
+    /// The Envoy process id.
+    pub fn pid(&self) -> u32 {
+        self.guard.pid()
+    }
+
+    /// `http://<listener><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.listen_addr, path)
+    }
+
+    /// The last `lines` lines of Envoy's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.guard.log_tail(lines)
+    }
+
+    /// Stops Envoy now (SIGTERM, then SIGKILL) and returns its exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.guard.stop()
+    }
+
+    /// GET on the admin API (blocking, short); returns status and body.
+    pub fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        blocking_get(self.admin_addr, path, ADMIN_TIMEOUT)
+    }
+
+    /// Every counter and gauge (`/stats`, histograms left out).
+    pub fn stats(&self) -> Result<BTreeMap<String, u64>> {
+        let (_, body) = self.admin_get("/stats")?;
+        Ok(parse_stats(&body))
+    }
+
+    /// One counter or gauge by its full name (e.g. `cluster.pool_a.upstream_rq_total`);
+    /// `None` if Envoy has no such stat.
+    pub fn counter(&self, name: &str) -> Result<Option<u64>> {
+        Ok(self.stats()?.get(name).copied())
+    }
+
+    /// Requests each host of `cluster` has received (`rq_total` from `/clusters`).
+    pub fn host_rq_totals(&self, cluster: &str) -> Result<BTreeMap<SocketAddr, u64>> {
+        let (_, body) = self.admin_get("/clusters")?;
+        Ok(parse_host_rq_totals(&body, cluster))
+    }
+
+    /// The access log so far (lines that are not JSON are skipped).
+    pub fn access_log(&self) -> Vec<AccessLogEntry> {
+        std::fs::read_to_string(&self.access_log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(AccessLogEntry::parse)
+            .collect()
+    }
+
+    /// Waits (bounded by `timeout`) until the access log has at least `n` entries; Envoy
+    /// writes it asynchronously.
+    pub fn wait_access_log(&self, n: usize, timeout: Duration) -> Result<Vec<AccessLogEntry>> {
+        let start = Instant::now();
+        loop {
+            let entries = self.access_log();
+            if entries.len() >= n {
+                return Ok(entries);
+            }
+            if start.elapsed() >= timeout {
+                return Err(Error::NotReady {
+                    name: format!("access log {}", self.access_log_path.display()),
+                    waited_ms: start.elapsed().as_millis(),
+                    reason: format!("{} of {n} entries", entries.len()),
+                    log: self.log_path.clone(),
+                    tail: self.log_tail(20),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Requests per upstream host according to the access log.
+    pub fn upstream_counts(&self) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for entry in self.access_log() {
+            if !entry.upstream_host.is_empty() {
+                *counts.entry(entry.upstream_host).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+}
+
+fn listener_address(json_text: &str) -> Option<SocketAddr> {
+    let doc: Value = serde_json::from_str(json_text).ok()?;
+    let socket = doc
+        .get("listener_statuses")?
+        .get(0)?
+        .get("local_address")?
+        .get("socket_address")?;
+    let ip = socket.get("address")?.as_str()?;
+    let port = socket.get("port_value")?.as_u64()?;
+    format!("{ip}:{port}").parse().ok()
+}
+
+/// Parses Envoy's text `/stats` (`name: value` lines); histogram lines are skipped.
+pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|line| {
+            let (name, value) = line.rsplit_once(": ")?;
+            Some((name.trim().to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Parses `/clusters` lines `cluster::ip:port::rq_total::N` for one cluster.
+pub fn parse_host_rq_totals(text: &str, cluster: &str) -> BTreeMap<SocketAddr, u64> {
+    let prefix = format!("{cluster}::");
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (host, rest) = rest.split_once("::")?;
+            let value = rest.strip_prefix("rq_total::")?;
+            Some((host.parse().ok()?, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_stats_and_cluster_hosts() {
+        let stats = "cluster.a.upstream_rq_total: 7\nserver.live: 1\ncluster.a.upstream_rq_time: P0(nan,1) P25(nan,2)\n";
+        let parsed = parse_stats(stats);
+        assert_eq!(parsed.get("cluster.a.upstream_rq_total"), Some(&7));
+        assert_eq!(parsed.get("server.live"), Some(&1));
+        assert!(!parsed.contains_key("cluster.a.upstream_rq_time"));
+        let clusters = "pool_a::127.0.0.1:9001::rq_total::5\npool_a::127.0.0.1:9001::cx_active::1\n\
+                        pool_a::127.0.0.1:9002::rq_total::3\npool_ab::127.0.0.1:9003::rq_total::9\n";
+        let hosts = parse_host_rq_totals(clusters, "pool_a");
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(hosts[&"127.0.0.1:9001".parse().unwrap()], 5);
+        assert_eq!(hosts[&"127.0.0.1:9002".parse().unwrap()], 3);
+    }
+
+    #[test]
+    fn parses_access_log_lines() {
+        let line = r#"{"code":200,"upstream_host":"127.0.0.1:9","duration_ms":3,"flags":"-","dropped_reason":null}"#;
+        let entry = AccessLogEntry::parse(line).unwrap();
+        assert_eq!(entry.code, 200);
+        assert_eq!(entry.upstream_host, "127.0.0.1:9");
+        assert_eq!(entry.duration_ms, 3);
+        assert_eq!(entry.flags, "");
+        assert_eq!(entry.dropped_reason, "");
+        assert!(AccessLogEntry::parse("not json").is_none());
+    }
+
+    #[test]
+    fn filter_bootstrap_has_the_required_settings() {
+        let spec = EnvoySpec::new(Router::Filter)
+            .pool("a", "pool_a", vec!["127.0.0.1:9001".parse().unwrap()])
+            .pool("b", "pool_b", vec!["127.0.0.1:9002".parse().unwrap()]);
+        let doc = spec
+            .bootstrap(Path::new("/x/f.wasm"), Path::new("/x/access.log"))
+            .unwrap();
+        let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        let wasm = &hcm["http_filters"][0]["typed_config"]["config"];
+        assert_eq!(wasm["allow_on_headers_stop_iteration"], json!(true));
+        assert_eq!(wasm["vm_config"]["runtime"], json!("envoy.wasm.runtime.v8"));
+        assert_eq!(
+            wasm["vm_config"]["code"]["local"]["filename"],
+            json!("/x/f.wasm")
+        );
+        let plugin: Value =
+            serde_json::from_str(wasm["configuration"]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(plugin["pools"][1]["cluster"], json!("pool_b"));
+        let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
+        assert_eq!(routes[0]["route"]["cluster_header"], json!(CLUSTER_HEADER));
+        assert_eq!(routes[1]["route"]["cluster"], json!("pool_a"));
+        let cluster = &doc["static_resources"]["clusters"][1];
+        let policy = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+        assert_eq!(
+            policy["name"],
+            json!("envoy.load_balancing_policies.override_host")
+        );
+        assert_eq!(
+            policy["typed_config"]["override_host_sources"][0]["header"],
+            json!(ENDPOINT_HEADER)
+        );
+        let rr = EnvoySpec::new(Router::RoundRobin).pool("a", "pool_a", vec![]);
+        let doc = rr.bootstrap(Path::new("/x"), Path::new("/y")).unwrap();
+        let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"];
+        assert_eq!(hcm["http_filters"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            doc["static_resources"]["clusters"][0]["lb_policy"],
+            json!("ROUND_ROBIN")
+        );
+        assert!(EnvoySpec::new(Router::RoundRobin)
+            .bootstrap(Path::new("/x"), Path::new("/y"))
+            .is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! Helpers to run real Envoy, model-sim and the sidecar in tests, benchmarks and the demo.
+//!
+//! - Paths: [`workspace_root`], [`target_dir`], [`envoy_binary`], [`filter_wasm`], [`bin`],
+//!   [`free_port`].
+//! - Processes: [`ChildGuard`] (killed by PID on drop, output in `<target>/testlogs/`).
+//! - Envoy: [`EnvoySpec`] → [`EnvoyProcess`] (config generation, start, readiness, stats,
+//!   access log), [`validate_config`].
+//! - HTTP: [`post_json`], [`post_bytes`], [`get`], [`request`] and the in-process
+//!   [`EchoBackend`].
+
+mod echo;
+mod envoy;
+mod error;
+mod http;
+mod paths;
+mod process;
+
+pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
+pub use envoy::{
+    override_host_policy, parse_host_rq_totals, parse_stats, validate_config, wasm_http_filter,
+    AccessLogEntry, EnvoyProcess, EnvoySpec, PoolSpec, Router, CLUSTER_HEADER, ENDPOINT_HEADER,
+};
+pub use error::{Error, Result};
+pub use http::{
+    blocking_get, get, post_bytes, post_json, request, request_with_timeout, HttpResponse,
+    DEFAULT_TIMEOUT,
+};
+pub use paths::{
+    bin, envoy_binary, file_tail, filter_wasm, free_port, target_dir, testlog_dir, workspace_root,
+};
+pub use process::{pid_alive, ChildGuard, DEFAULT_GRACE};
