@@ -1,1 +1,28 @@
-//! The routing decision: snapshot + request -> ranked pods or a rejection. No proxy-wasm.
+//! The routing decision of wasm-llm-router, as plain Rust.
+//!
+//! Snapshot + request → ranked pods or a rejection. Nothing here knows proxy-wasm: shared state
+//! is reached through the [`store::SharedStore`] trait, time and randomness are passed in. The
+//! same code is tested natively, runs inside the Wasm filter under wasmtime, and inside Envoy.
+//!
+//! - [`config`]: the plugin configuration, validated at load.
+//! - [`request`]: one pass over an OpenAI / Anthropic body → model, stream, prompt pieces.
+//! - [`prefix`]: chained block hashes and the shared, bounded prefix index.
+//! - [`inflight`]: this proxy's in-flight requests per pod, shared by all workers.
+//! - [`score`]: scorers, saturation and ranking.
+//! - [`router`]: the decision for one request.
+//! - [`reject`]: OpenAI-style error replies.
+
+pub mod config;
+pub mod inflight;
+pub mod prefix;
+pub mod reject;
+pub mod request;
+pub mod router;
+pub mod score;
+pub mod store;
+
+pub use config::Config;
+pub use reject::Rejection;
+pub use request::{parse, ApiKind, ParsedRequest, RequestError};
+pub use router::{Context, Fleet, RouteMode, Routed, Router};
+pub use store::{MemoryStore, SharedStore, StoreError};

@@ -212,11 +212,26 @@ pub enum DecodeError {
     BadMagic,
     UnsupportedVersion(u16),
     UnsupportedFlags(u16),
-    Truncated { at: usize, wanted: &'static str },
-    TrailingBytes { at: usize, extra: usize },
-    TooMany { what: &'static str, count: usize, max: usize },
-    BadUtf8 { at: usize },
-    BadEnum { what: &'static str, value: u8 },
+    Truncated {
+        at: usize,
+        wanted: &'static str,
+    },
+    TrailingBytes {
+        at: usize,
+        extra: usize,
+    },
+    TooMany {
+        what: &'static str,
+        count: usize,
+        max: usize,
+    },
+    BadUtf8 {
+        at: usize,
+    },
+    BadEnum {
+        what: &'static str,
+        value: u8,
+    },
     Invalid(String),
 }
 
@@ -225,17 +240,26 @@ impl fmt::Display for DecodeError {
         match self {
             DecodeError::BadMagic => write!(f, "not a snapshot: magic bytes are not \"LRSN\""),
             DecodeError::UnsupportedVersion(v) => {
-                write!(f, "snapshot version {v} is not supported (this build reads {VERSION})")
+                write!(
+                    f,
+                    "snapshot version {v} is not supported (this build reads {VERSION})"
+                )
             }
             DecodeError::UnsupportedFlags(v) => write!(f, "unknown snapshot flags {v:#06x}"),
             DecodeError::Truncated { at, wanted } => {
                 write!(f, "snapshot truncated at byte {at} while reading {wanted}")
             }
             DecodeError::TrailingBytes { at, extra } => {
-                write!(f, "{extra} unexpected bytes after the snapshot end at byte {at}")
+                write!(
+                    f,
+                    "{extra} unexpected bytes after the snapshot end at byte {at}"
+                )
             }
             DecodeError::TooMany { what, count, max } => {
-                write!(f, "snapshot has {count} {what}, more than the limit of {max}")
+                write!(
+                    f,
+                    "snapshot has {count} {what}, more than the limit of {max}"
+                )
             }
             DecodeError::BadUtf8 { at } => write!(f, "string at byte {at} is not UTF-8"),
             DecodeError::BadEnum { what, value } => write!(f, "unknown {what} value {value}"),
@@ -263,7 +287,9 @@ impl Snapshot {
     /// Serialises the snapshot. Fails when it would not pass [`Snapshot::decode`].
     pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
         self.validate().map_err(|e| EncodeError(e.to_string()))?;
-        let mut w = Writer { out: Vec::with_capacity(64 + self.pools.len() * 256) };
+        let mut w = Writer {
+            out: Vec::with_capacity(64 + self.pools.len() * 256),
+        };
         w.out.extend_from_slice(&MAGIC);
         w.u16(VERSION);
         w.u16(0);
@@ -341,11 +367,15 @@ impl Snapshot {
             for _ in 0..pod_count {
                 let address = r.str8("pod address")?;
                 let engine_b = r.u8("engine")?;
-                let engine = Engine::from_wire(engine_b)
-                    .ok_or(DecodeError::BadEnum { what: "engine", value: engine_b })?;
+                let engine = Engine::from_wire(engine_b).ok_or(DecodeError::BadEnum {
+                    what: "engine",
+                    value: engine_b,
+                })?;
                 let health_b = r.u8("health")?;
-                let health = Health::from_wire(health_b)
-                    .ok_or(DecodeError::BadEnum { what: "health", value: health_b })?;
+                let health = Health::from_wire(health_b).ok_or(DecodeError::BadEnum {
+                    what: "health",
+                    value: health_b,
+                })?;
                 let failures = r.u16("failures")?;
                 let scraped_at_ms = r.u64("scraped_at_ms")?;
                 let waiting = r.u32("waiting")?;
@@ -373,7 +403,11 @@ impl Snapshot {
                     }
                     None
                 } else {
-                    Some(LoraState { running: running_adapters, waiting: waiting_adapters, max_loras })
+                    Some(LoraState {
+                        running: running_adapters,
+                        waiting: waiting_adapters,
+                        max_loras,
+                    })
                 };
                 pods.push(Pod {
                     address,
@@ -389,12 +423,24 @@ impl Snapshot {
                     lora,
                 });
             }
-            pools.push(Pool { name, cluster, models, pods });
+            pools.push(Pool {
+                name,
+                cluster,
+                models,
+                pods,
+            });
         }
         if r.pos != bytes.len() {
-            return Err(DecodeError::TrailingBytes { at: r.pos, extra: bytes.len() - r.pos });
+            return Err(DecodeError::TrailingBytes {
+                at: r.pos,
+                extra: bytes.len() - r.pos,
+            });
         }
-        let snap = Snapshot { generation, created_ms, pools };
+        let snap = Snapshot {
+            generation,
+            created_ms,
+            pools,
+        };
         snap.validate()?;
         Ok(snap)
     }
@@ -404,7 +450,11 @@ impl Snapshot {
     pub fn validate(&self) -> Result<(), DecodeError> {
         let bad = |m: String| Err(DecodeError::Invalid(m));
         if self.pools.len() > MAX_POOLS {
-            return Err(DecodeError::TooMany { what: "pools", count: self.pools.len(), max: MAX_POOLS });
+            return Err(DecodeError::TooMany {
+                what: "pools",
+                count: self.pools.len(),
+                max: MAX_POOLS,
+            });
         }
         for (i, pool) in self.pools.iter().enumerate() {
             if pool.name.is_empty() {
@@ -432,17 +482,26 @@ impl Snapshot {
                     ));
                 }
                 if seen.contains(&pod.address.as_str()) {
-                    return bad(format!("pool {:?}: pod {} appears twice", pool.name, pod.address));
+                    return bad(format!(
+                        "pool {:?}: pod {} appears twice",
+                        pool.name, pod.address
+                    ));
                 }
                 seen.push(&pod.address);
                 if let Some(kv) = pod.kv_usage {
                     if !(0.0..=1.0).contains(&kv) {
-                        return bad(format!("pod {}: KV use {kv} is outside [0, 1]", pod.address));
+                        return bad(format!(
+                            "pod {}: KV use {kv} is outside [0, 1]",
+                            pod.address
+                        ));
                     }
                 }
                 if let Some(l) = &pod.lora {
                     if l.max_loras == LORA_UNKNOWN {
-                        return bad(format!("pod {}: max_loras {} is reserved", pod.address, l.max_loras));
+                        return bad(format!(
+                            "pod {}: max_loras {} is reserved",
+                            pod.address, l.max_loras
+                        ));
                     }
                 }
             }
@@ -460,7 +519,13 @@ impl Snapshot {
                     && a.models == b.models
                     && a.pods.len() == b.pods.len()
                     && a.pods.iter().zip(&b.pods).all(|(p, q)| {
-                        Pod { scraped_at_ms: 0, ..p.clone() } == Pod { scraped_at_ms: 0, ..q.clone() }
+                        Pod {
+                            scraped_at_ms: 0,
+                            ..p.clone()
+                        } == Pod {
+                            scraped_at_ms: 0,
+                            ..q.clone()
+                        }
                     })
             })
     }
@@ -532,12 +597,17 @@ impl<'a> Reader<'a> {
                 self.pos += n;
                 Ok(s)
             }
-            None => Err(DecodeError::Truncated { at: self.pos, wanted }),
+            None => Err(DecodeError::Truncated {
+                at: self.pos,
+                wanted,
+            }),
         }
     }
     fn array<const N: usize>(&mut self, wanted: &'static str) -> Result<[u8; N], DecodeError> {
         let at = self.pos;
-        self.take(N, wanted)?.try_into().map_err(|_| DecodeError::Truncated { at, wanted })
+        self.take(N, wanted)?
+            .try_into()
+            .map_err(|_| DecodeError::Truncated { at, wanted })
     }
     fn u8(&mut self, wanted: &'static str) -> Result<u8, DecodeError> {
         Ok(u8::from_le_bytes(self.array(wanted)?))
@@ -554,14 +624,20 @@ impl<'a> Reader<'a> {
     fn count(&mut self, what: &'static str, max: usize) -> Result<usize, DecodeError> {
         let n = usize::from(self.u16(what)?);
         if n > max {
-            return Err(DecodeError::TooMany { what, count: n, max });
+            return Err(DecodeError::TooMany {
+                what,
+                count: n,
+                max,
+            });
         }
         Ok(n)
     }
     fn string(&mut self, n: usize, wanted: &'static str) -> Result<String, DecodeError> {
         let at = self.pos;
         let bytes = self.take(n, wanted)?;
-        std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| DecodeError::BadUtf8 { at })
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::BadUtf8 { at })
     }
     fn str8(&mut self, wanted: &'static str) -> Result<String, DecodeError> {
         let n = usize::from(self.u8(wanted)?);

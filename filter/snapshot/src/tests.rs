@@ -1,6 +1,11 @@
 //! Byte-level tests of the snapshot format: one hand-annotated encoding, round trips, and every
 //! way a push can be malformed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 
 use super::*;
 
@@ -23,7 +28,11 @@ fn one_pod() -> Snapshot {
                 kv_usage: Some(0.5),
                 block_size: 16,
                 num_blocks: 1000,
-                lora: Some(LoraState { running: vec!["a".into()], waiting: vec![], max_loras: 4 }),
+                lora: Some(LoraState {
+                    running: vec!["a".into()],
+                    waiting: vec![],
+                    max_loras: 4,
+                }),
             }],
         }],
     }
@@ -96,7 +105,10 @@ fn trailing_bytes_are_rejected() {
     b.push(0);
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::TrailingBytes { at: ONE_POD_BYTES.len(), extra: 1 }
+        DecodeError::TrailingBytes {
+            at: ONE_POD_BYTES.len(),
+            extra: 1
+        }
     );
 }
 
@@ -112,7 +124,10 @@ fn header_errors_say_what_is_wrong() {
     assert!(e.to_string().contains("version 2"));
     let mut b = ONE_POD_BYTES.to_vec();
     b[6] = 1;
-    assert_eq!(Snapshot::decode(&b).unwrap_err(), DecodeError::UnsupportedFlags(1));
+    assert_eq!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::UnsupportedFlags(1)
+    );
 }
 
 #[test]
@@ -122,14 +137,19 @@ fn bad_values_are_rejected() {
     let mut b = ONE_POD_BYTES.to_vec();
     b[kv_at] = 0x11;
     b[kv_at + 1] = 0x27; // 10001
-    assert!(matches!(Snapshot::decode(&b).unwrap_err(), DecodeError::Invalid(m) if m.contains("10001")));
+    assert!(
+        matches!(Snapshot::decode(&b).unwrap_err(), DecodeError::Invalid(m) if m.contains("10001"))
+    );
     // Unknown engine byte.
     let engine_at = ONE_POD_BYTES.iter().position(|&x| x == b'0').unwrap() + 1;
     let mut b = ONE_POD_BYTES.to_vec();
     b[engine_at] = 99;
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::BadEnum { what: "engine", value: 99 }
+        DecodeError::BadEnum {
+            what: "engine",
+            value: 99
+        }
     );
     // An address that is not ip:port.
     let mut s = one_pod();
@@ -139,15 +159,26 @@ fn bad_values_are_rejected() {
     let mut s = one_pod();
     let pod = s.pools[0].pods[0].clone();
     s.pools[0].pods.push(pod);
-    assert!(s.validate().unwrap_err().to_string().contains("appears twice"));
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("appears twice"));
     let mut s = one_pod();
     let pool = s.pools[0].clone();
     s.pools.push(pool);
-    assert!(s.validate().unwrap_err().to_string().contains("appears twice"));
+    assert!(s
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("appears twice"));
     // Non-UTF-8 pool name.
     let mut b = ONE_POD_BYTES.to_vec();
     b[28] = 0xFF;
-    assert_eq!(Snapshot::decode(&b).unwrap_err(), DecodeError::BadUtf8 { at: 28 });
+    assert_eq!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::BadUtf8 { at: 28 }
+    );
 }
 
 #[test]

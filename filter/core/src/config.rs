@@ -1,0 +1,668 @@
+//! The filter's plugin configuration: parsed from the JSON that Envoy hands the filter, checked
+//! once at load time, and turned into the resolved form the router uses per request.
+//!
+//! Every mistake is reported with the JSON path of the field and what was expected, so a bad
+//! configuration fails at load with one clear log line instead of misrouting traffic later.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+
+/// A configuration problem, with the path of the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid llm-router configuration: {}", self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Relative importance of each scorer; each scorer yields a value in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights {
+    /// Fewer waiting requests (absolute: an empty queue scores 1, one waiting 0.5, …).
+    pub queue: f64,
+    /// More free KV cache.
+    pub kv_cache: f64,
+    /// Longer cached prompt prefix (matched blocks / prompt blocks).
+    pub prefix: f64,
+    /// The requested LoRA adapter is loaded (1), a slot is free (0.8), it is queued (0.6).
+    pub lora: f64,
+    /// Less total load (running + waiting + own in-flight), min-max normalised over the pool.
+    pub load: f64,
+}
+
+/// Named weight sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// Interactive chat: time to first token above all.
+    Latency,
+    /// Offline batch: pack for cache reuse, tolerate queues.
+    Throughput,
+    /// The Gateway API Inference Extension's default weights (queue 2, kv 2, prefix 3).
+    Gaie,
+}
+
+impl Preset {
+    pub fn weights(self) -> Weights {
+        match self {
+            Preset::Latency => Weights {
+                queue: 3.0,
+                kv_cache: 2.0,
+                prefix: 2.0,
+                lora: 2.0,
+                load: 1.0,
+            },
+            Preset::Throughput => Weights {
+                queue: 1.0,
+                kv_cache: 3.0,
+                prefix: 3.0,
+                lora: 3.0,
+                load: 1.0,
+            },
+            Preset::Gaie => Weights {
+                queue: 2.0,
+                kv_cache: 2.0,
+                prefix: 3.0,
+                lora: 0.0,
+                load: 0.0,
+            },
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Preset> {
+        match s {
+            "latency" => Some(Preset::Latency),
+            "throughput" => Some(Preset::Throughput),
+            "gaie" => Some(Preset::Gaie),
+            _ => None,
+        }
+    }
+}
+
+/// When a pool counts as saturated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Saturation {
+    /// Waiting requests at which a pod is saturated (GAIE: 5).
+    pub queue_threshold: f64,
+    /// KV-cache use at which a pod is saturated (GAIE: 0.8).
+    pub kv_threshold: f64,
+    /// Standard-priority requests are rejected only when every pod is this many times past
+    /// saturation (0 = never reject standard requests). Sheddable ones go at 1×.
+    pub critical_factor: f64,
+}
+
+impl Default for Saturation {
+    fn default() -> Self {
+        Saturation {
+            queue_threshold: 5.0,
+            kv_threshold: 0.8,
+            critical_factor: 10.0,
+        }
+    }
+}
+
+/// Prefix-affinity settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixConfig {
+    /// Characters per hashed block (≈ 16 tokens of 4 characters, like vLLM's block size).
+    pub block_chars: usize,
+    /// Blocks hashed at most per prompt (GAIE: 256).
+    pub max_blocks: usize,
+    /// Slots of the shared prefix index per pool (bounded memory; collisions overwrite).
+    pub index_slots: u32,
+    /// Pods remembered per block.
+    pub pods_per_block: usize,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> Self {
+        PrefixConfig {
+            block_chars: 64,
+            max_blocks: 256,
+            index_slots: 65_536,
+            pods_per_block: 4,
+        }
+    }
+}
+
+/// One pool of interchangeable pods behind one Envoy cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub cluster: String,
+    pub weights: Weights,
+    pub saturation: Saturation,
+    pub prefix: PrefixConfig,
+}
+
+/// What a model name from a request resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRoute {
+    /// Index into [`Config::pools`].
+    pub pool: usize,
+    /// Replace the body's `model` with this name before forwarding.
+    pub rewrite: Option<String>,
+    /// The name is a LoRA adapter served on the pool's base model.
+    pub adapter: bool,
+}
+
+/// What to do when the snapshot is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStale {
+    /// Keep the last pod list and rank by the filter's own in-flight counts (and prefix).
+    LeastInflight,
+    /// Set no endpoint: Envoy's fallback policy (round robin) chooses.
+    Fallback,
+    /// Answer 503.
+    Reject,
+}
+
+/// What to do before any snapshot arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnMissing {
+    /// Set no endpoint: Envoy's fallback policy chooses.
+    Fallback,
+    /// Answer 503.
+    Reject,
+}
+
+/// Snapshot push endpoint and freshness policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotConfig {
+    pub push_path: String,
+    pub state_path: String,
+    /// Empty = pushes are refused (a secret is required to accept any).
+    pub secret: String,
+    pub secret_header: String,
+    pub stale_after_ms: u64,
+    pub on_stale: OnStale,
+    pub on_missing: OnMissing,
+    /// Largest snapshot accepted, in bytes.
+    pub max_bytes: usize,
+}
+
+/// The whole, validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub pools: Vec<PoolConfig>,
+    /// Model name → route, from the configuration (the snapshot may add more at run time).
+    pub models: HashMap<String, ModelRoute>,
+    /// Defaults for pools that only the snapshot names.
+    pub default_pool: PoolConfig,
+    pub cluster_header: String,
+    pub endpoint_header: String,
+    pub served_header: String,
+    pub reason_header: String,
+    pub rewrite_header: String,
+    pub priority_header: String,
+    /// Objective name (header `x-gateway-inference-objective`) → priority.
+    pub objectives: HashMap<String, i32>,
+    pub objective_header: String,
+    pub top_k: usize,
+    pub max_body_bytes: usize,
+    pub retry_after_s: u32,
+    pub snapshot: SnapshotConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        // An empty object is a valid configuration; this cannot fail.
+        Config::from_raw(RawConfig::default()).unwrap_or_else(|_| Config::fallback_defaults())
+    }
+}
+
+// ---- the JSON shape ------------------------------------------------------------------------
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    pools: Vec<RawPool>,
+    cluster_header: Option<String>,
+    endpoint_header: Option<String>,
+    served_header: Option<String>,
+    reason_header: Option<String>,
+    rewrite_header: Option<String>,
+    priority_header: Option<String>,
+    objective_header: Option<String>,
+    #[serde(default)]
+    objectives: HashMap<String, i32>,
+    top_k: Option<usize>,
+    max_body_bytes: Option<usize>,
+    retry_after_s: Option<u32>,
+    snapshot: Option<RawSnapshot>,
+    /// Applied to pools that appear only in the snapshot.
+    defaults: Option<RawPoolTuning>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    name: String,
+    cluster: Option<String>,
+    #[serde(default)]
+    models: Vec<RawModel>,
+    #[serde(default)]
+    adapters: Vec<String>,
+    preset: Option<String>,
+    weights: Option<RawWeights>,
+    saturation: Option<RawSaturation>,
+    prefix: Option<RawPrefix>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct RawPoolTuning {
+    preset: Option<String>,
+    weights: Option<RawWeights>,
+    saturation: Option<RawSaturation>,
+    prefix: Option<RawPrefix>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawModel {
+    Name(String),
+    Full {
+        name: String,
+        rewrite: Option<String>,
+        #[serde(default)]
+        adapter: bool,
+    },
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawWeights {
+    queue: Option<f64>,
+    kv_cache: Option<f64>,
+    prefix: Option<f64>,
+    lora: Option<f64>,
+    load: Option<f64>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawSaturation {
+    queue_threshold: Option<f64>,
+    kv_threshold: Option<f64>,
+    critical_factor: Option<f64>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawPrefix {
+    block_chars: Option<usize>,
+    max_blocks: Option<usize>,
+    index_slots: Option<u32>,
+    pods_per_block: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSnapshot {
+    push_path: Option<String>,
+    state_path: Option<String>,
+    secret: Option<String>,
+    secret_header: Option<String>,
+    stale_after_ms: Option<u64>,
+    on_stale: Option<String>,
+    on_missing: Option<String>,
+    max_bytes: Option<usize>,
+}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+fn header_name(path: &str, v: Option<String>, default: &str) -> Result<String, ConfigError> {
+    let v = v.unwrap_or_else(|| default.to_string());
+    let ok = !v.is_empty()
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !ok {
+        return err(format!(
+            "{path}: {v:?} is not a lower-case HTTP header name"
+        ));
+    }
+    Ok(v)
+}
+
+fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig, ConfigError> {
+    let mut out = base.clone();
+    if let Some(p) = &t.preset {
+        out.weights = match Preset::from_name(p) {
+            Some(p) => p.weights(),
+            None => {
+                return err(format!(
+                    "{path}.preset: {p:?} is not one of latency, throughput, gaie"
+                ))
+            }
+        };
+    }
+    if let Some(w) = t.weights {
+        let set = |name: &str, v: Option<f64>, slot: &mut f64| -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                if !v.is_finite() || v < 0.0 {
+                    return err(format!(
+                        "{path}.weights.{name}: {v} must be a finite number >= 0"
+                    ));
+                }
+                *slot = v;
+            }
+            Ok(())
+        };
+        set("queue", w.queue, &mut out.weights.queue)?;
+        set("kv_cache", w.kv_cache, &mut out.weights.kv_cache)?;
+        set("prefix", w.prefix, &mut out.weights.prefix)?;
+        set("lora", w.lora, &mut out.weights.lora)?;
+        set("load", w.load, &mut out.weights.load)?;
+        let ws = out.weights;
+        if ws.queue + ws.kv_cache + ws.prefix + ws.lora + ws.load <= 0.0 {
+            return err(format!(
+                "{path}.weights: at least one weight must be above 0"
+            ));
+        }
+    }
+    if let Some(s) = t.saturation {
+        if let Some(q) = s.queue_threshold {
+            if !(q.is_finite() && q > 0.0) {
+                return err(format!(
+                    "{path}.saturation.queue_threshold: {q} must be > 0"
+                ));
+            }
+            out.saturation.queue_threshold = q;
+        }
+        if let Some(k) = s.kv_threshold {
+            if !(k.is_finite() && k > 0.0 && k <= 1.0) {
+                return err(format!(
+                    "{path}.saturation.kv_threshold: {k} must be in (0, 1]"
+                ));
+            }
+            out.saturation.kv_threshold = k;
+        }
+        if let Some(c) = s.critical_factor {
+            if !(c.is_finite() && (c == 0.0 || c >= 1.0)) {
+                return err(format!(
+                    "{path}.saturation.critical_factor: {c} must be 0 (never) or >= 1"
+                ));
+            }
+            out.saturation.critical_factor = c;
+        }
+    }
+    if let Some(p) = t.prefix {
+        if let Some(b) = p.block_chars {
+            if !(4..=65_536).contains(&b) {
+                return err(format!(
+                    "{path}.prefix.block_chars: {b} must be in 4..=65536"
+                ));
+            }
+            out.prefix.block_chars = b;
+        }
+        if let Some(m) = p.max_blocks {
+            if m > 4096 {
+                return err(format!(
+                    "{path}.prefix.max_blocks: {m} must be at most 4096 (0 disables)"
+                ));
+            }
+            out.prefix.max_blocks = m;
+        }
+        if let Some(s) = p.index_slots {
+            if !(16..=4_194_304).contains(&s) {
+                return err(format!(
+                    "{path}.prefix.index_slots: {s} must be in 16..=4194304"
+                ));
+            }
+            out.prefix.index_slots = s;
+        }
+        if let Some(n) = p.pods_per_block {
+            if !(1..=16).contains(&n) {
+                return err(format!(
+                    "{path}.prefix.pods_per_block: {n} must be in 1..=16"
+                ));
+            }
+            out.prefix.pods_per_block = n;
+        }
+    }
+    Ok(out)
+}
+
+impl Config {
+    /// Parses the plugin configuration. Empty input (no configuration) means all defaults.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let trimmed = bytes.iter().position(|b| !b.is_ascii_whitespace());
+        if trimmed.is_none() {
+            return Config::from_raw(RawConfig::default());
+        }
+        let raw: RawConfig = serde_json::from_slice(bytes)
+            .map_err(|e| ConfigError(format!("not valid configuration JSON: {e}")))?;
+        Config::from_raw(raw)
+    }
+
+    fn fallback_defaults() -> Config {
+        let pool = PoolConfig {
+            name: String::new(),
+            cluster: String::new(),
+            weights: Preset::Latency.weights(),
+            saturation: Saturation::default(),
+            prefix: PrefixConfig::default(),
+        };
+        Config {
+            pools: Vec::new(),
+            models: HashMap::new(),
+            default_pool: pool,
+            cluster_header: "x-llm-router-cluster".into(),
+            endpoint_header: "x-gateway-destination-endpoint".into(),
+            served_header: "x-gateway-destination-endpoint-served".into(),
+            reason_header: "x-llm-router-dropped-reason".into(),
+            rewrite_header: "x-gateway-model-name-rewrite".into(),
+            priority_header: "x-llm-router-priority".into(),
+            objectives: HashMap::new(),
+            objective_header: "x-gateway-inference-objective".into(),
+            top_k: 3,
+            max_body_bytes: 8 * 1024 * 1024,
+            retry_after_s: 1,
+            snapshot: SnapshotConfig {
+                push_path: "/__llm_router/snapshot".into(),
+                state_path: "/__llm_router/state".into(),
+                secret: String::new(),
+                secret_header: "x-llm-router-secret".into(),
+                stale_after_ms: 3000,
+                on_stale: OnStale::LeastInflight,
+                on_missing: OnMissing::Fallback,
+                max_bytes: 4 * 1024 * 1024,
+            },
+        }
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        let base = Config::fallback_defaults();
+        let default_pool = match &raw.defaults {
+            Some(t) => tuning("defaults", &base.default_pool, t)?,
+            None => base.default_pool.clone(),
+        };
+        let mut pools = Vec::with_capacity(raw.pools.len());
+        let mut models: HashMap<String, ModelRoute> = HashMap::new();
+        for (i, p) in raw.pools.iter().enumerate() {
+            let path = format!("pools[{i}]");
+            if p.name.is_empty() {
+                return err(format!("{path}.name: must not be empty"));
+            }
+            if pools.iter().any(|q: &PoolConfig| q.name == p.name) {
+                return err(format!("{path}.name: pool {:?} is defined twice", p.name));
+            }
+            let cluster = p.cluster.clone().unwrap_or_else(|| p.name.clone());
+            if cluster.is_empty() {
+                return err(format!("{path}.cluster: must not be empty"));
+            }
+            let t = RawPoolTuning {
+                preset: p.preset.clone(),
+                weights: p.weights,
+                saturation: p.saturation,
+                prefix: p.prefix,
+            };
+            let mut pool = tuning(&path, &default_pool, &t)?;
+            pool.name = p.name.clone();
+            pool.cluster = cluster;
+            let mut add =
+                |name: &str, route: ModelRoute, where_: String| -> Result<(), ConfigError> {
+                    if name.is_empty() {
+                        return err(format!("{where_}: model name must not be empty"));
+                    }
+                    if let Some(prev) = models.get(name) {
+                        let other = raw
+                            .pools
+                            .get(prev.pool)
+                            .map(|q| q.name.as_str())
+                            .unwrap_or("?");
+                        return err(format!(
+                            "{where_}: model {name:?} is already mapped to pool {other:?}"
+                        ));
+                    }
+                    models.insert(name.to_string(), route);
+                    Ok(())
+                };
+            for (j, m) in p.models.iter().enumerate() {
+                let (name, rewrite, adapter) = match m {
+                    RawModel::Name(n) => (n.as_str(), None, false),
+                    RawModel::Full {
+                        name,
+                        rewrite,
+                        adapter,
+                    } => (name.as_str(), rewrite.clone(), *adapter),
+                };
+                if rewrite.as_deref() == Some("") {
+                    return err(format!("{path}.models[{j}].rewrite: must not be empty"));
+                }
+                add(
+                    name,
+                    ModelRoute {
+                        pool: i,
+                        rewrite,
+                        adapter,
+                    },
+                    format!("{path}.models[{j}]"),
+                )?;
+            }
+            for (j, a) in p.adapters.iter().enumerate() {
+                add(
+                    a,
+                    ModelRoute {
+                        pool: i,
+                        rewrite: None,
+                        adapter: true,
+                    },
+                    format!("{path}.adapters[{j}]"),
+                )?;
+            }
+            pools.push(pool);
+        }
+        let top_k = raw.top_k.unwrap_or(base.top_k);
+        if !(1..=32).contains(&top_k) {
+            return err(format!("top_k: {top_k} must be in 1..=32"));
+        }
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(base.max_body_bytes);
+        if max_body_bytes < 1024 {
+            return err(format!(
+                "max_body_bytes: {max_body_bytes} must be at least 1024"
+            ));
+        }
+        let s = raw.snapshot.unwrap_or_default();
+        let path_ok = |p: &str| p.starts_with('/') && !p.contains(['?', '#', ' ']);
+        let push_path = s.push_path.unwrap_or(base.snapshot.push_path.clone());
+        let state_path = s.state_path.unwrap_or(base.snapshot.state_path.clone());
+        for (name, p) in [
+            ("snapshot.push_path", &push_path),
+            ("snapshot.state_path", &state_path),
+        ] {
+            if !path_ok(p) {
+                return err(format!(
+                    "{name}: {p:?} must be an absolute path without query"
+                ));
+            }
+        }
+        let on_stale = match s.on_stale.as_deref() {
+            None | Some("least_inflight") => OnStale::LeastInflight,
+            Some("fallback") => OnStale::Fallback,
+            Some("reject") => OnStale::Reject,
+            Some(o) => {
+                return err(format!(
+                    "snapshot.on_stale: {o:?} is not one of least_inflight, fallback, reject"
+                ))
+            }
+        };
+        let on_missing = match s.on_missing.as_deref() {
+            None | Some("fallback") => OnMissing::Fallback,
+            Some("reject") => OnMissing::Reject,
+            Some(o) => {
+                return err(format!(
+                    "snapshot.on_missing: {o:?} is not one of fallback, reject"
+                ))
+            }
+        };
+        let stale_after_ms = s.stale_after_ms.unwrap_or(base.snapshot.stale_after_ms);
+        if stale_after_ms == 0 {
+            return err("snapshot.stale_after_ms: must be above 0");
+        }
+        let snapshot = SnapshotConfig {
+            push_path,
+            state_path,
+            secret: s.secret.unwrap_or_default(),
+            secret_header: header_name(
+                "snapshot.secret_header",
+                s.secret_header,
+                &base.snapshot.secret_header,
+            )?,
+            stale_after_ms,
+            on_stale,
+            on_missing,
+            max_bytes: s.max_bytes.unwrap_or(base.snapshot.max_bytes),
+        };
+        Ok(Config {
+            pools,
+            models,
+            default_pool,
+            cluster_header: header_name(
+                "cluster_header",
+                raw.cluster_header,
+                &base.cluster_header,
+            )?,
+            endpoint_header: header_name(
+                "endpoint_header",
+                raw.endpoint_header,
+                &base.endpoint_header,
+            )?,
+            served_header: header_name("served_header", raw.served_header, &base.served_header)?,
+            reason_header: header_name("reason_header", raw.reason_header, &base.reason_header)?,
+            rewrite_header: header_name(
+                "rewrite_header",
+                raw.rewrite_header,
+                &base.rewrite_header,
+            )?,
+            priority_header: header_name(
+                "priority_header",
+                raw.priority_header,
+                &base.priority_header,
+            )?,
+            objective_header: header_name(
+                "objective_header",
+                raw.objective_header,
+                &base.objective_header,
+            )?,
+            objectives: raw.objectives,
+            top_k,
+            max_body_bytes,
+            retry_after_s: raw.retry_after_s.unwrap_or(base.retry_after_s),
+            snapshot,
+        })
+    }
+
+    /// The configured pool with this name.
+    pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+}

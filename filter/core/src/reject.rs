@@ -1,0 +1,107 @@
+//! Rejections: the HTTP status, OpenAI-style JSON error body and headers a client gets when a
+//! request cannot be routed.
+
+use serde::Serialize;
+
+/// Why a request was not routed, ready to be sent as a local reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub status: u16,
+    /// OpenAI `error.type`.
+    pub kind: &'static str,
+    /// OpenAI `error.code`.
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds for `Retry-After` (429 and 503 when retrying may help).
+    pub retry_after_s: Option<u32>,
+    /// Value of the reason header (`rejected-saturated`, `rejected-no-endpoints`, …).
+    pub reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: ErrorBody<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: &'a str,
+}
+
+impl Rejection {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Rejection {
+            status: 400,
+            kind: "invalid_request_error",
+            code,
+            message: message.into(),
+            retry_after_s: None,
+            reason: "rejected-invalid-request",
+        }
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        Rejection {
+            status: 404,
+            kind: "invalid_request_error",
+            code: "model_not_found",
+            message: format!(
+                "The model `{model}` does not exist or is not served by this gateway."
+            ),
+            retry_after_s: None,
+            reason: "rejected-unknown-model",
+        }
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Rejection {
+            status: 413,
+            kind: "invalid_request_error",
+            code: "request_too_large",
+            message: format!("Request body is larger than the gateway limit of {limit} bytes."),
+            retry_after_s: None,
+            reason: "rejected-too-large",
+        }
+    }
+
+    pub fn saturated(pool: &str, retry_after_s: u32) -> Self {
+        Rejection {
+            status: 429,
+            kind: "rate_limit_error",
+            code: "pool_saturated",
+            message: format!(
+                "Every server of pool `{pool}` is saturated; retry after {retry_after_s} s."
+            ),
+            retry_after_s: Some(retry_after_s),
+            reason: "rejected-saturated",
+        }
+    }
+
+    pub fn no_endpoints(pool: &str, why: &str) -> Self {
+        Rejection {
+            status: 503,
+            kind: "service_unavailable_error",
+            code: "no_endpoints",
+            message: format!("No usable server in pool `{pool}`: {why}."),
+            retry_after_s: Some(1),
+            reason: "rejected-no-endpoints",
+        }
+    }
+
+    /// The JSON body `{"error":{"message","type","param","code"}}`.
+    pub fn body(&self) -> String {
+        let b = Body {
+            error: ErrorBody {
+                message: &self.message,
+                kind: self.kind,
+                param: None,
+                code: self.code,
+            },
+        };
+        serde_json::to_string(&b).unwrap_or_else(|_| String::from("{\"error\":{}}"))
+    }
+}

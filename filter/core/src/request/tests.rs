@@ -1,0 +1,296 @@
+//! Body parsing against every real body in `shared/fixtures/bodies`, plus garbage, truncation,
+//! wrong types, huge prompts and seeded random mutations.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use super::*;
+use std::path::PathBuf;
+
+fn fixtures_dir() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // filter/core → workspace root → ../shared
+    let root = here
+        .parent()
+        .and_then(|p| p.parent())
+        .unwrap()
+        .to_path_buf();
+    let candidates = [
+        root.join("../shared/fixtures/bodies"),
+        root.join("shared/fixtures/bodies"),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_dir())
+        .cloned()
+        .unwrap_or_else(|| panic!("fixtures not found next to the workspace: {candidates:?}"))
+}
+
+fn kind_for(name: &str) -> ApiKind {
+    if name.starts_with("chat-completions") {
+        ApiKind::ChatCompletions
+    } else if name.starts_with("completions") {
+        ApiKind::Completions
+    } else if name.starts_with("embeddings") {
+        ApiKind::Embeddings
+    } else if name.starts_with("responses") {
+        ApiKind::Responses
+    } else if name.starts_with("messages") {
+        ApiKind::Messages
+    } else {
+        panic!("unknown fixture kind {name}")
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixtures_dir().join(name)).unwrap()
+}
+
+fn text_of(p: &ParsedRequest<'_>) -> String {
+    p.pieces
+        .iter()
+        .map(|x| match x {
+            Piece::Text(t) => t.to_string(),
+            Piece::Tokens(t) => format!("{t:?}"),
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+#[test]
+fn every_fixture_body_parses_with_model_and_prompt() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(fixtures_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".json") {
+            continue;
+        }
+        let body = std::fs::read(&path).unwrap();
+        let kind = kind_for(&name);
+        let p = parse(kind, &body).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!p.model.is_empty(), "{name}");
+        // The span points at the JSON string of the model.
+        let span = &body[p.model_span.0..p.model_span.1];
+        assert_eq!(span, format!("\"{}\"", p.model).as_bytes(), "{name}");
+        assert!(p.prompt_chars() > 0, "{name}: no prompt extracted");
+        n += 1;
+    }
+    assert!(n >= 25, "only {n} fixtures");
+}
+
+#[test]
+fn chat_content_parts_and_roles_are_in_order() {
+    let body = fixture("chat-completions-content-parts-system.json");
+    let p = parse(ApiKind::ChatCompletions, &body).unwrap();
+    assert_eq!(p.model, "gpt-4o-mini");
+    assert!(!p.stream);
+    let t = text_of(&p);
+    let sys = t.find("You talk like a pirate.").unwrap();
+    let user = t.find("Hello, assistant!").unwrap();
+    assert!(t.starts_with("system|"));
+    assert!(sys < user);
+    // The part's "type" is not prompt text.
+    assert!(!t.contains("|text|"));
+}
+
+#[test]
+fn stream_flag_is_read() {
+    let b = fixture("chat-completions-stream-include-usage.json");
+    let p = parse(ApiKind::ChatCompletions, &b).unwrap();
+    assert!(p.stream);
+    let b = fixture("messages-stream.json");
+    let p = parse(ApiKind::Messages, &b).unwrap();
+    assert!(p.stream);
+}
+
+#[test]
+fn token_prompts_and_arrays() {
+    let b = fixture("embeddings-token-id-arrays.json");
+    let p = parse(ApiKind::Embeddings, &b).unwrap();
+    assert_eq!(
+        p.pieces,
+        vec![Piece::Tokens(vec![
+            104, 101, 108, 108, 111, 119, 111, 114, 108, 100, 84, 69, 83, 84
+        ])]
+    );
+    let b = fixture("completions-array-of-prompts.json");
+    let p = parse(ApiKind::Completions, &b).unwrap();
+    assert_eq!(text_of(&p), "Option A is better.|Option B is better.");
+    let p = parse(ApiKind::Completions, br#"{"model":"m","prompt":[1,2,3]}"#).unwrap();
+    assert_eq!(p.pieces, vec![Piece::Tokens(vec![1, 2, 3])]);
+}
+
+#[test]
+fn responses_and_messages_shapes() {
+    let b = fixture("responses-function-call-output.json");
+    let p = parse(ApiKind::Responses, &b).unwrap();
+    let t = text_of(&p);
+    assert!(
+        t.contains("get_weather_at_location"),
+        "tools are part of the prompt: {t}"
+    );
+    assert!(t.ends_with("22 celcius and windy"), "{t}");
+    let b = fixture("responses-string-input.json");
+    let p = parse(ApiKind::Responses, &b).unwrap();
+    assert_eq!(p.pieces.len(), 1);
+    let b = fixture("messages-system-string-llamacpp.json");
+    let p = parse(ApiKind::Messages, &b).unwrap();
+    let t = text_of(&p);
+    let body = String::from_utf8(fixture("messages-system-string-llamacpp.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let system = v["system"].as_str().unwrap();
+    assert!(t.starts_with(system), "system first: {t}");
+}
+
+#[test]
+fn escaped_strings_are_unescaped_and_plain_ones_borrowed() {
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"quoted\""},{"role":"user","content":"plain"}]}"#;
+    let p = parse(ApiKind::ChatCompletions, body).unwrap();
+    assert_eq!(
+        p.pieces[1],
+        Piece::Text(Cow::Owned("café \"quoted\"".into()))
+    );
+    assert!(matches!(&p.pieces[3], Piece::Text(Cow::Borrowed("plain"))));
+}
+
+#[test]
+fn rejections_say_what_is_wrong() {
+    let cases: &[(&[u8], &str)] = &[
+        (b"", "EOF"),
+        (b"not json", "expected"),
+        (b"{\"model\":\"m\"", "EOF"),
+        (b"[1,2]", "invalid type"),
+        (
+            b"{\"model\":\"m\",\"stream\":\"yes\"}",
+            "expected a boolean",
+        ),
+        (b"{\"model\":\"m\",\"messages\":{}}", "invalid type"),
+        (b"{\"model\":\"m\",\"prompt\":[-1]}", "negative"),
+        (
+            b"{\"model\":\"m\",\"prompt\":[99999999999]}",
+            "out of range",
+        ),
+    ];
+    for (body, needle) in cases {
+        match parse(ApiKind::ChatCompletions, body) {
+            Err(RequestError::Malformed(m)) => assert!(
+                m.contains(needle),
+                "{:?}: {m}",
+                String::from_utf8_lossy(body)
+            ),
+            other => panic!("{:?}: {other:?}", String::from_utf8_lossy(body)),
+        }
+    }
+    assert_eq!(
+        parse(ApiKind::ChatCompletions, b"{\"messages\":[]}"),
+        Err(RequestError::MissingModel)
+    );
+    assert_eq!(
+        parse(ApiKind::ChatCompletions, b"{\"model\":7}"),
+        Err(RequestError::BadModel)
+    );
+    assert_eq!(
+        parse(ApiKind::ChatCompletions, b"{\"model\":\"\"}"),
+        Err(RequestError::BadModel)
+    );
+    assert_eq!(
+        parse(ApiKind::ChatCompletions, b"{\"model\":null}"),
+        Err(RequestError::MissingModel)
+    );
+}
+
+#[test]
+fn truncations_of_every_fixture_never_panic() {
+    for name in [
+        "chat-completions-tool-results.json",
+        "responses-input-items-history.json",
+        "messages-tools.json",
+    ] {
+        let body = fixture(name);
+        for len in 0..body.len() {
+            let _ = parse(kind_for(name), &body[..len]);
+        }
+    }
+}
+
+#[test]
+fn a_200_kb_prompt_is_borrowed_not_copied() {
+    let doc = "lorem ipsum dolor sit amet ".repeat(8000);
+    let body = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{doc}"}}]}}"#
+    );
+    let p = parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
+    assert!(p.prompt_chars() >= 200_000);
+    match &p.pieces[1] {
+        Piece::Text(Cow::Borrowed(s)) => {
+            let off = s.as_ptr() as usize - body.as_ptr() as usize;
+            assert!(off < body.len());
+        }
+        other => panic!("copied: {:?}", std::mem::discriminant(other)),
+    }
+}
+
+#[test]
+fn paths() {
+    assert_eq!(
+        ApiKind::from_path("/v1/chat/completions"),
+        Some(ApiKind::ChatCompletions)
+    );
+    assert_eq!(
+        ApiKind::from_path("/v1/chat/completions?x=1"),
+        Some(ApiKind::ChatCompletions)
+    );
+    assert_eq!(ApiKind::from_path("/v1/messages"), Some(ApiKind::Messages));
+    assert_eq!(
+        ApiKind::from_path("/v1/responses/"),
+        Some(ApiKind::Responses)
+    );
+    assert_eq!(ApiKind::from_path("/v1/models"), None);
+    assert_eq!(ApiKind::from_path("/metrics"), None);
+}
+
+/// Seeded random byte mutations of real bodies: parsing returns, never panics, and a parsed
+/// model always comes with a span inside the body.
+#[test]
+fn fuzz_mutated_bodies() {
+    let names: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    let mut state: u64 = 0x243F_6A88_85A3_08D3;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let alphabet = b"{}[]\":,\\ 0123456789abcdeftrunl-.\x00\xff";
+    for round in 0..6000 {
+        let name = &names[round % names.len()];
+        let mut body = fixture(name);
+        for _ in 0..(1 + next() % 6) {
+            let i = (next() as usize) % body.len().max(1);
+            match next() % 3 {
+                0 if !body.is_empty() => body[i] = alphabet[(next() as usize) % alphabet.len()],
+                1 if !body.is_empty() => {
+                    body.remove(i);
+                }
+                _ => body.insert(
+                    i.min(body.len()),
+                    alphabet[(next() as usize) % alphabet.len()],
+                ),
+            }
+        }
+        if let Ok(p) = parse(kind_for(name), &body) {
+            assert!(
+                p.model_span.1 <= body.len() && p.model_span.0 < p.model_span.1,
+                "{name} round {round}"
+            );
+        }
+    }
+}

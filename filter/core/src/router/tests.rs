@@ -1,0 +1,499 @@
+//! The whole decision: model → pool, snapshot freshness, every rejection path, in-flight and
+//! prefix side effects, with real fixture bodies.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use super::*;
+use crate::request::{parse, ApiKind};
+use crate::store::MemoryStore;
+use llm_router_snapshot::{Engine, LoraState, Pod, Pool};
+
+const CONFIG: &str = r#"{
+  "pools": [
+    {"name": "llama", "cluster": "pool_llama",
+     "models": ["meta-llama/Llama-3.1-8B-Instruct", {"name": "llama-8b", "rewrite": "meta-llama/Llama-3.1-8B-Instruct"}],
+     "adapters": ["sql-lora"]},
+    {"name": "qwen", "cluster": "pool_qwen", "models": ["Qwen/Qwen3-32B"], "preset": "throughput"}
+  ],
+  "snapshot": {"secret": "s", "stale_after_ms": 1000},
+  "top_k": 2
+}"#;
+
+fn router(json: &str) -> Router {
+    Router::new(Config::parse(json.as_bytes()).unwrap())
+}
+
+fn pod(addr: &str, waiting: u32, kv: f32) -> Pod {
+    Pod {
+        address: addr.into(),
+        engine: Engine::Vllm,
+        waiting,
+        running: 4,
+        kv_usage: Some(kv),
+        block_size: 16,
+        num_blocks: 1000,
+        ..Pod::default()
+    }
+}
+
+fn snapshot() -> Snapshot {
+    Snapshot {
+        generation: 1,
+        created_ms: 1000,
+        pools: vec![
+            Pool {
+                name: "llama".into(),
+                cluster: "pool_llama".into(),
+                models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
+                pods: vec![
+                    pod("10.0.0.1:8000", 3, 0.7),
+                    pod("10.0.0.2:8000", 0, 0.2),
+                    pod("10.0.0.3:8000", 1, 0.5),
+                ],
+            },
+            Pool {
+                name: "qwen".into(),
+                cluster: "pool_qwen".into(),
+                models: vec!["Qwen/Qwen3-32B".into()],
+                pods: vec![pod("10.0.1.1:8000", 0, 0.1)],
+            },
+            Pool {
+                name: "discovered".into(),
+                cluster: "pool_discovered".into(),
+                models: vec!["mistral-7b".into()],
+                pods: vec![Pod {
+                    lora: Some(LoraState {
+                        running: vec!["fr-lora".into()],
+                        waiting: vec![],
+                        max_loras: 2,
+                    }),
+                    ..pod("10.0.2.1:8000", 0, 0.1)
+                }],
+            },
+        ],
+    }
+}
+
+fn chat(model: &str, text: &str) -> String {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": text}]}).to_string()
+}
+
+fn ctx(now_ms: u64) -> Context {
+    Context {
+        priority: 0,
+        now_ms,
+        tie: 42,
+    }
+}
+
+fn go(
+    r: &Router,
+    store: &MemoryStore,
+    fleet: Option<&Fleet>,
+    body: &str,
+    c: Context,
+) -> Result<Routed, Rejection> {
+    let req = parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
+    r.route(store, fleet, &req, c)
+}
+
+#[test]
+fn routes_to_the_pod_the_snapshot_favours_with_fallbacks() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![]);
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1100),
+    )
+    .unwrap();
+    assert_eq!(out.cluster, "pool_llama");
+    assert_eq!(out.endpoints, ["10.0.0.2:8000", "10.0.0.3:8000"]);
+    assert_eq!(out.mode, RouteMode::Scored);
+    assert_eq!(out.inflight_pod.as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(inflight::read(&s, "llama").get("10.0.0.2:8000"), 1);
+    r.finished(&s, "llama", "10.0.0.2:8000");
+    assert_eq!(inflight::read(&s, "llama").get("10.0.0.2:8000"), 0);
+}
+
+#[test]
+fn two_models_two_clusters_and_rewrite() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![]);
+    let q = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("Qwen/Qwen3-32B", "hi"),
+        ctx(1100),
+    )
+    .unwrap();
+    assert_eq!(
+        (q.cluster.as_str(), q.endpoints[0].as_str()),
+        ("pool_qwen", "10.0.1.1:8000")
+    );
+    let l = go(&r, &s, Some(&fleet), &chat("llama-8b", "hi"), ctx(1100)).unwrap();
+    assert_eq!(l.cluster, "pool_llama");
+    assert_eq!(
+        l.rewrite.as_deref(),
+        Some("meta-llama/Llama-3.1-8B-Instruct")
+    );
+}
+
+#[test]
+fn models_and_adapters_known_only_from_the_snapshot() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![]);
+    let m = go(&r, &s, Some(&fleet), &chat("mistral-7b", "hi"), ctx(1100)).unwrap();
+    assert_eq!(m.cluster, "pool_discovered");
+    let a = go(&r, &s, Some(&fleet), &chat("fr-lora", "bonjour"), ctx(1100)).unwrap();
+    assert_eq!(a.endpoints, ["10.0.2.1:8000"]);
+    let e = go(&r, &s, Some(&fleet), &chat("gpt-5", "hi"), ctx(1100)).unwrap_err();
+    assert_eq!((e.status, e.code), (404, "model_not_found"));
+    assert!(e.body().contains("gpt-5"));
+}
+
+#[test]
+fn lora_adapter_goes_to_the_pod_that_holds_it() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    let pods = &mut snap.pools[0].pods;
+    // Pod 1 is a bit busier but has the adapter loaded; pod 2 has no free slot.
+    pods[0] = Pod {
+        lora: Some(LoraState {
+            running: vec!["sql-lora".into()],
+            waiting: vec![],
+            max_loras: 1,
+        }),
+        ..pod("10.0.0.1:8000", 0, 0.3)
+    };
+    pods[1] = Pod {
+        lora: Some(LoraState {
+            running: vec!["other".into()],
+            waiting: vec![],
+            max_loras: 1,
+        }),
+        ..pod("10.0.0.2:8000", 0, 0.2)
+    };
+    pods[2] = Pod {
+        lora: Some(LoraState {
+            running: vec!["other".into()],
+            waiting: vec![],
+            max_loras: 1,
+        }),
+        ..pod("10.0.0.3:8000", 0, 0.2)
+    };
+    let fleet = Fleet::new(snap, 1000, vec![]);
+    let out = go(&r, &s, Some(&fleet), &chat("sql-lora", "select"), ctx(1100)).unwrap();
+    assert_eq!(out.endpoints[0], "10.0.0.1:8000");
+}
+
+#[test]
+fn no_snapshot_falls_back_or_rejects_as_configured() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let out = go(
+        &r,
+        &s,
+        None,
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(0),
+    )
+    .unwrap();
+    assert_eq!(out.mode, RouteMode::Fallback);
+    assert!(out.endpoints.is_empty());
+    assert_eq!(out.cluster, "pool_llama");
+    let strict = router(&CONFIG.replace(
+        "\"stale_after_ms\": 1000",
+        "\"stale_after_ms\": 1000, \"on_missing\": \"reject\"",
+    ));
+    let e = go(
+        &strict,
+        &s,
+        None,
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(0),
+    )
+    .unwrap_err();
+    assert_eq!(e.status, 503);
+    // Without a snapshot, models that only a snapshot would name are unknown.
+    assert_eq!(
+        go(&r, &s, None, &chat("mistral-7b", "hi"), ctx(0))
+            .unwrap_err()
+            .status,
+        404
+    );
+}
+
+#[test]
+fn stale_snapshot_uses_least_inflight_by_default() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![]);
+    // Our own in-flight: pod 2 (the snapshot's favourite) is busy, pod 1 idle.
+    for _ in 0..3 {
+        inflight::adjust(&s, "llama", "10.0.0.2:8000", 1);
+        inflight::adjust(&s, "llama", "10.0.0.3:8000", 1);
+    }
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(5000),
+    )
+    .unwrap();
+    assert_eq!(out.mode, RouteMode::LeastInflight);
+    assert_eq!(out.endpoints[0], "10.0.0.1:8000");
+    // The same moment with a fresh snapshot trusts the metrics (pod 1 has a queue of 3).
+    let fresh = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1500),
+    )
+    .unwrap();
+    assert_eq!(fresh.mode, RouteMode::Scored);
+    assert_ne!(fresh.endpoints[0], "10.0.0.1:8000");
+    for (policy, want) in [("fallback", Ok(RouteMode::Fallback)), ("reject", Err(503))] {
+        let r = router(&CONFIG.replace(
+            "\"stale_after_ms\": 1000",
+            &format!("\"stale_after_ms\": 1000, \"on_stale\": \"{policy}\""),
+        ));
+        let got = go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+            ctx(5000),
+        );
+        assert_eq!(got.map(|o| o.mode).map_err(|e| e.status), want, "{policy}");
+    }
+}
+
+#[test]
+fn failing_pods_are_excluded_and_an_empty_pool_is_503() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    snap.pools[0].pods[1].health = Health::Failing;
+    let fleet = Fleet::new(snap.clone(), 1000, vec![]);
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1100),
+    )
+    .unwrap();
+    assert!(!out.endpoints.contains(&"10.0.0.2:8000".to_string()));
+    for p in &mut snap.pools[0].pods {
+        p.health = Health::Failing;
+    }
+    let fleet = Fleet::new(snap.clone(), 1000, vec![]);
+    let e = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1100),
+    )
+    .unwrap_err();
+    assert_eq!((e.status, e.reason), (503, "rejected-no-endpoints"));
+    assert!(e.message.contains("failing"));
+    snap.pools[0].pods.clear();
+    let fleet = Fleet::new(snap, 1000, vec![]);
+    let e = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1100),
+    )
+    .unwrap_err();
+    assert_eq!(e.status, 503);
+}
+
+#[test]
+fn saturated_pool_sheds_sheddable_requests_with_retry_after() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        p.waiting = 8;
+    }
+    let fleet = Fleet::new(snap, 1000, vec![]);
+    let body = chat("meta-llama/Llama-3.1-8B-Instruct", "hi");
+    let e = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &body,
+        Context {
+            priority: -1,
+            ..ctx(1100)
+        },
+    )
+    .unwrap_err();
+    assert_eq!((e.status, e.retry_after_s), (429, Some(1)));
+    assert!(e.body().starts_with("{\"error\":{"));
+    // Rejected requests leave no in-flight trace.
+    assert!(inflight::read(&s, "llama").entries.is_empty());
+    assert!(go(&r, &s, Some(&fleet), &body, ctx(1100)).is_ok());
+}
+
+#[test]
+fn a_burst_between_snapshots_spreads_over_pods() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        *p = pod(&p.address, 0, 0.2);
+    }
+    let fleet = Fleet::new(snap, 1000, vec![]);
+    let mut per_pod = std::collections::HashMap::<String, u32>::new();
+    for i in 0..30 {
+        let out = go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("meta-llama/Llama-3.1-8B-Instruct", &format!("q{i}")),
+            Context {
+                tie: i,
+                ..ctx(1100)
+            },
+        )
+        .unwrap();
+        *per_pod.entry(out.endpoints[0].clone()).or_default() += 1;
+    }
+    assert_eq!(per_pod.len(), 3, "{per_pod:?}");
+    assert!(per_pod.values().all(|&n| n == 10), "{per_pod:?}");
+}
+
+#[test]
+fn conversation_turns_stick_to_the_pod_with_their_prefix() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        *p = pod(&p.address, 0, 0.2);
+    }
+    let fleet = Fleet::new(snap, 1000, vec![]);
+    let history = "A long shared system prompt about the company's refund policy. ".repeat(40);
+    let first = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", &history),
+        ctx(1100),
+    )
+    .unwrap();
+    r.finished(&s, "llama", &first.endpoints[0]);
+    for turn in 0..5 {
+        let body = chat(
+            "meta-llama/Llama-3.1-8B-Instruct",
+            &format!("{history} follow-up question {turn}"),
+        );
+        let out = go(
+            &r,
+            &s,
+            Some(&fleet),
+            &body,
+            Context {
+                tie: turn,
+                ..ctx(1100)
+            },
+        )
+        .unwrap();
+        assert_eq!(out.endpoints[0], first.endpoints[0], "turn {turn}");
+        r.finished(&s, "llama", &out.endpoints[0]);
+    }
+}
+
+#[test]
+fn retried_elsewhere_moves_the_count() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    inflight::adjust(&s, "llama", "a:1", 1);
+    r.moved(&s, "llama", "a:1", "b:2");
+    let t = inflight::read(&s, "llama");
+    assert_eq!((t.get("a:1"), t.get("b:2")), (0, 1));
+}
+
+#[test]
+fn baseline_from_the_store_is_used() {
+    let s = MemoryStore::new();
+    inflight::adjust(&s, "llama", "10.0.0.2:8000", 1);
+    inflight::snapshot_baseline(&s, "llama");
+    let fleet = Fleet::load(&s, snapshot(), 1000);
+    assert_eq!(fleet.baselines[0].get("10.0.0.2:8000"), 1);
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let bad = [
+        (
+            r#"{"pools":[{"name":"a","models":["m"]},{"name":"a"}]}"#,
+            "pools[1].name",
+        ),
+        (
+            r#"{"pools":[{"name":"a","models":["m"]},{"name":"b","models":["m"]}]}"#,
+            "pools[1].models[0]",
+        ),
+        (
+            r#"{"pools":[{"name":"a","preset":"fast"}]}"#,
+            "pools[0].preset",
+        ),
+        (
+            r#"{"pools":[{"name":"a","weights":{"queue":-1}}]}"#,
+            "pools[0].weights.queue",
+        ),
+        (
+            r#"{"pools":[{"name":"a","weights":{"queue":0,"kv_cache":0,"prefix":0,"lora":0,"load":0}}]}"#,
+            "at least one",
+        ),
+        (
+            r#"{"pools":[{"name":"a","saturation":{"kv_threshold":1.5}}]}"#,
+            "kv_threshold",
+        ),
+        (
+            r#"{"pools":[{"name":"a","prefix":{"block_chars":1}}]}"#,
+            "block_chars",
+        ),
+        (
+            r#"{"pools":[{"name":"a","colour":"red"}]}"#,
+            "unknown field `colour`",
+        ),
+        (r#"{"top_k":0}"#, "top_k"),
+        (r#"{"endpoint_header":"X Bad"}"#, "endpoint_header"),
+        (r#"{"snapshot":{"on_stale":"panic"}}"#, "snapshot.on_stale"),
+        (r#"{"snapshot":{"push_path":"nope"}}"#, "snapshot.push_path"),
+        (r#"{"max_body_bytes":10}"#, "max_body_bytes"),
+        (r#"{"pools":"#, "not valid configuration JSON"),
+        (r#"[1]"#, "not valid configuration JSON"),
+    ];
+    for (json, needle) in bad {
+        let e = Config::parse(json.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains(needle), "{json} → {e}");
+    }
+    let c = Config::parse(b"").unwrap();
+    assert_eq!(c.top_k, 3);
+    assert_eq!(c.endpoint_header, "x-gateway-destination-endpoint");
+    let c = Config::parse(CONFIG.as_bytes()).unwrap();
+    assert_eq!(
+        c.pools[1].weights,
+        crate::config::Preset::Throughput.weights()
+    );
+    assert_eq!(c.pools[0].cluster, "pool_llama");
+}
