@@ -1,0 +1,1059 @@
+//! One pod on one port: an HTTP/1.1 server (hyper) around an [`Engine`] driven by a real clock.
+//!
+//! Per pod there is one accept task, one task per connection and one scheduler task that sleeps
+//! until the end of the engine step in flight (or until a request arrives when idle): no busy
+//! loop and no per-token timers. Requests reach the engine through a mutex-protected core plus a
+//! `Notify`; each request gets its tokens through its own unbounded channel, filled by the
+//! scheduler at the end of every step. A request whose client goes away is aborted (its KV
+//! blocks are freed) when its response future or body is dropped.
+
+use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::engine::{
+    Engine, EngineState, Event, FinishReason, NewRequest, ReqId, SubmitError, Usage,
+};
+use crate::metrics::{render_sglang, render_vllm, Flavor, KvMetricName, MetricsView};
+use crate::openai::{error_body, models_body, RespCtx, DONE};
+use crate::profile::Profile;
+use crate::prompt::{self, Api};
+use crate::synthetic;
+
+/// Largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Response header naming the pod that answered.
+pub const POD_HEADER: &str = "x-model-sim-pod";
+/// How long a `hang` fault holds a request before giving up.
+const HANG_LIMIT: Duration = Duration::from_secs(600);
+/// Tokens a stream sends before a `close_mid_stream` fault cuts it.
+const CLOSE_AFTER_TOKENS: u32 = 2;
+
+/// How output lengths are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputLen {
+    /// Always `max_tokens` (finish reason `length`).
+    Max,
+    /// Uniform in `1..=max_tokens` (finish reason `stop` when shorter), unless `ignore_eos`.
+    Uniform,
+}
+
+/// Everything that defines one pod.
+#[derive(Debug, Clone)]
+pub struct PodConfig {
+    /// Address to bind (loopback by default).
+    pub host: IpAddr,
+    /// Port to bind; 0 picks a free one.
+    pub port: u16,
+    /// GPU profile (unscaled; `speedup` is applied at start).
+    pub profile: Profile,
+    /// Metric names to print.
+    pub flavor: Flavor,
+    /// Divides every engine time.
+    pub speedup: f64,
+    /// LoRA slots.
+    pub max_loras: usize,
+    /// Seed of the output-length generator and synthetic metrics.
+    pub seed: u64,
+    /// Base model name.
+    pub model: String,
+    /// vLLM KV gauge name(s).
+    pub kv_metric: KvMetricName,
+    /// Serve synthetic metrics only, without an engine.
+    pub metrics_only: bool,
+    /// `max_tokens` when the request has none.
+    pub default_max_tokens: u32,
+    /// Output length distribution.
+    pub output_len: OutputLen,
+}
+
+impl PodConfig {
+    /// A loopback pod with defaults for `profile`.
+    pub fn new(port: u16, profile: Profile) -> Self {
+        PodConfig {
+            host: IpAddr::from([127, 0, 0, 1]),
+            port,
+            profile,
+            flavor: Flavor::Vllm,
+            speedup: 1.0,
+            max_loras: 4,
+            seed: 0,
+            model: DEFAULT_MODEL.to_string(),
+            kv_metric: KvMetricName::New,
+            metrics_only: false,
+            default_max_tokens: 128,
+            output_len: OutputLen::Max,
+        }
+    }
+}
+
+/// Default served model.
+pub const DEFAULT_MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// Fault injected with `POST /admin/fault`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Normal service.
+    None,
+    /// Inference answers 500.
+    Error500,
+    /// Inference answers 429 (with `retry-after: 1`).
+    Error429,
+    /// Inference never answers.
+    Hang,
+    /// Responses are cut after a couple of tokens (the connection is closed).
+    CloseMidStream,
+    /// `/metrics` answers 503.
+    NoMetrics,
+    /// The pod stops: listener closed, connections dropped.
+    Die,
+}
+
+impl Fault {
+    /// Parses the admin API's mode name.
+    pub fn parse(s: &str) -> Option<Fault> {
+        Some(match s {
+            "none" => Fault::None,
+            "error500" => Fault::Error500,
+            "error429" => Fault::Error429,
+            "hang" => Fault::Hang,
+            "close_mid_stream" => Fault::CloseMidStream,
+            "no_metrics" => Fault::NoMetrics,
+            "die" => Fault::Die,
+            _ => return None,
+        })
+    }
+
+    /// The admin API's mode name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::Error500 => "error500",
+            Fault::Error429 => "error429",
+            Fault::Hang => "hang",
+            Fault::CloseMidStream => "close_mid_stream",
+            Fault::NoMetrics => "no_metrics",
+            Fault::Die => "die",
+        }
+    }
+}
+
+/// Values forced into `/metrics` by `POST /admin/metrics_override`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsOverride {
+    /// Waiting requests.
+    pub waiting: Option<f64>,
+    /// Running requests.
+    pub running: Option<f64>,
+    /// KV usage 0..=1.
+    pub kv_usage: Option<f64>,
+    /// Running adapters.
+    pub running_adapters: Option<Vec<String>>,
+    /// Waiting adapters.
+    pub waiting_adapters: Option<Vec<String>>,
+}
+
+/// Why an override body was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OverrideError {
+    /// Not a JSON object.
+    #[error("metrics override must be a JSON object: {0}")]
+    NotObject(String),
+    /// A field of the wrong type.
+    #[error("field `{0}` has the wrong type")]
+    BadField(String),
+    /// An unknown field.
+    #[error("unknown field `{0}` (known: waiting, running, kv_usage, running_adapters, waiting_adapters)")]
+    Unknown(String),
+}
+
+impl MetricsOverride {
+    /// Parses an override body; `{}` means "no overrides".
+    pub fn parse(body: &[u8]) -> Result<Self, OverrideError> {
+        let v: Value =
+            serde_json::from_slice(body).map_err(|e| OverrideError::NotObject(e.to_string()))?;
+        let o = v
+            .as_object()
+            .ok_or_else(|| OverrideError::NotObject("not an object".into()))?;
+        let mut out = MetricsOverride::default();
+        for (k, v) in o {
+            let num = || {
+                v.as_f64()
+                    .filter(|x| x.is_finite())
+                    .ok_or_else(|| OverrideError::BadField(k.clone()))
+            };
+            let list = || -> Result<Vec<String>, OverrideError> {
+                match v {
+                    Value::String(s) => Ok(s
+                        .split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_string)
+                        .collect()),
+                    Value::Array(a) => a
+                        .iter()
+                        .map(|x| {
+                            x.as_str()
+                                .map(str::to_string)
+                                .ok_or_else(|| OverrideError::BadField(k.clone()))
+                        })
+                        .collect(),
+                    _ => Err(OverrideError::BadField(k.clone())),
+                }
+            };
+            match k.as_str() {
+                "waiting" => out.waiting = Some(num()?),
+                "running" => out.running = Some(num()?),
+                "kv_usage" => out.kv_usage = Some(num()?),
+                "running_adapters" => out.running_adapters = Some(list()?),
+                "waiting_adapters" => out.waiting_adapters = Some(list()?),
+                other => return Err(OverrideError::Unknown(other.to_string())),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Errors starting a pod.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The port could not be bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+struct Sink {
+    tx: mpsc::UnboundedSender<Event>,
+    tokens: bool,
+}
+
+struct Core {
+    engine: Option<Engine>,
+    sinks: HashMap<ReqId, Sink>,
+    adapters_seen: BTreeSet<String>,
+    /// (running, waiting, unix time last current), oldest first; the last one is current.
+    lora_series: Vec<(String, String, f64)>,
+    rng: u64,
+    thr: (f64, u64, f64),
+}
+
+impl Core {
+    fn next_rand(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    fn note_lora(&mut self, now_unix: f64) {
+        let Some(e) = &self.engine else { return };
+        let st = e.state();
+        let run = st.running_adapters.join(",");
+        let wait = st.waiting_adapters.join(",");
+        if let Some(last) = self.lora_series.last_mut() {
+            if last.0 == run && last.1 == wait {
+                return;
+            }
+            last.2 = now_unix;
+        }
+        self.lora_series
+            .retain(|(r, w, _)| !(*r == run && *w == wait));
+        self.lora_series.push((run, wait, now_unix));
+        if self.lora_series.len() > 16 {
+            self.lora_series.remove(0);
+        }
+    }
+
+    fn dispatch(&mut self, events: &[Event]) {
+        for ev in events {
+            match ev {
+                Event::Token { id, .. } => {
+                    if let Some(s) = self.sinks.get(id) {
+                        if s.tokens {
+                            let _ = s.tx.send(ev.clone());
+                        }
+                    }
+                }
+                Event::Finished { id, .. } => {
+                    if let Some(s) = self.sinks.remove(id) {
+                        let _ = s.tx.send(ev.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A running pod.
+pub struct Pod {
+    cfg: PodConfig,
+    addr: SocketAddr,
+    core: Mutex<Core>,
+    notify: Notify,
+    fault: Mutex<Fault>,
+    overrides: Mutex<MetricsOverride>,
+    die: watch::Sender<bool>,
+    start: Instant,
+    start_unix: f64,
+    max_model_len: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+impl Pod {
+    fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn instant_at(&self, t: f64) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.start + Duration::from_secs_f64(t.max(0.0)))
+    }
+
+    /// Address the pod listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The pod's configuration.
+    pub fn config(&self) -> &PodConfig {
+        &self.cfg
+    }
+
+    /// Engine gauges now (all zero for a metrics-only pod).
+    pub fn state(&self) -> EngineState {
+        lock(&self.core)
+            .engine
+            .as_ref()
+            .map(Engine::state)
+            .unwrap_or_default()
+    }
+
+    /// Current fault mode.
+    pub fn fault(&self) -> Fault {
+        *lock(&self.fault)
+    }
+
+    /// Sets the fault mode (`Die` stops the pod).
+    pub fn set_fault(&self, f: Fault) {
+        *lock(&self.fault) = f;
+        if f == Fault::Die {
+            let _ = self.die.send(true);
+        }
+    }
+
+    /// Stops the pod: closes its listener, drops its connections, ends its scheduler.
+    pub fn stop(&self) {
+        let _ = self.die.send(true);
+    }
+
+    /// The `/metrics` text now.
+    pub fn metrics_text(&self) -> String {
+        let now_unix = unix_now();
+        let ov = lock(&self.overrides).clone();
+        let mut view = if self.cfg.metrics_only {
+            synthetic::view(
+                self.cfg.seed,
+                &self.cfg.profile,
+                &self.cfg.model,
+                self.cfg.max_loras,
+                self.now(),
+                self.start_unix,
+            )
+        } else {
+            let mut core = lock(&self.core);
+            let now = self.now();
+            let Some(e) = &core.engine else {
+                return String::new();
+            };
+            let st = e.state();
+            let s = e.stats().clone();
+            let gen = s.generation_tokens;
+            let (t0, g0, mut rate) = core.thr;
+            if now - t0 >= 1.0 {
+                rate = (gen - g0) as f64 / (now - t0);
+                core.thr = (now, gen, rate);
+            }
+            let mut series = core.lora_series.clone();
+            if let Some(last) = series.last_mut() {
+                last.2 = now_unix;
+            }
+            MetricsView {
+                model: self.cfg.model.clone(),
+                running: f64::from(st.running),
+                waiting: f64::from(st.waiting),
+                kv_usage: st.kv_usage,
+                used_blocks: u64::from(st.used_blocks),
+                block_size: self.cfg.profile.block_size,
+                num_gpu_blocks: self.cfg.profile.num_gpu_blocks,
+                max_lora: self.cfg.max_loras,
+                lora_series: series,
+                prompt_tokens: s.prompt_tokens,
+                generation_tokens: s.generation_tokens,
+                prefix_queries: s.prefix_queries,
+                prefix_hits: s.prefix_hits,
+                preemptions: s.preemptions,
+                finished_stop: s.finished_stop,
+                finished_length: s.finished_length,
+                finished_abort: s.aborted,
+                ttft: s.ttft,
+                e2e: s.e2e,
+                gen_throughput: rate,
+                created: self.start_unix,
+            }
+        };
+        if let Some(v) = ov.running {
+            view.running = v;
+        }
+        if let Some(v) = ov.waiting {
+            view.waiting = v;
+        }
+        if let Some(v) = ov.kv_usage {
+            view.kv_usage = v;
+        }
+        if ov.running_adapters.is_some() || ov.waiting_adapters.is_some() {
+            let (run, wait) = view
+                .lora_series
+                .last()
+                .map(|(r, w, _)| (r.clone(), w.clone()))
+                .unwrap_or_default();
+            let run = ov.running_adapters.as_ref().map_or(run, |v| v.join(","));
+            let wait = ov.waiting_adapters.as_ref().map_or(wait, |v| v.join(","));
+            view.lora_series
+                .retain(|(r, w, _)| !(*r == run && *w == wait));
+            view.lora_series.push((run, wait, now_unix + 1e-3));
+        }
+        match self.cfg.flavor {
+            Flavor::Vllm => render_vllm(&view, self.cfg.kv_metric),
+            Flavor::Sglang => render_sglang(&view),
+        }
+    }
+}
+
+/// A started pod; dropping it stops the pod.
+pub struct PodHandle {
+    pod: Arc<Pod>,
+}
+
+impl PodHandle {
+    /// Address the pod listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.pod.addr
+    }
+
+    /// The pod itself.
+    pub fn pod(&self) -> &Arc<Pod> {
+        &self.pod
+    }
+
+    /// Resolves when the pod has been stopped (by `die` or [`Pod::stop`]).
+    pub async fn stopped(&self) {
+        let mut rx = self.pod.die.subscribe();
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for PodHandle {
+    fn drop(&mut self) {
+        self.pod.stop();
+    }
+}
+
+/// Binds the pod's port and starts its tasks on the current tokio runtime.
+pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
+    let bind = SocketAddr::new(cfg.host, cfg.port);
+    let listener = TcpListener::bind(bind)
+        .await
+        .map_err(|source| ServeError::Bind { addr: bind, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr: bind, source })?;
+    let engine =
+        (!cfg.metrics_only).then(|| Engine::new(cfg.profile.scaled(cfg.speedup), cfg.max_loras));
+    let start_unix = unix_now();
+    let (die, _) = watch::channel(false);
+    let pod = Arc::new(Pod {
+        max_model_len: cfg.profile.max_model_len,
+        core: Mutex::new(Core {
+            engine,
+            sinks: HashMap::new(),
+            adapters_seen: BTreeSet::new(),
+            lora_series: vec![(String::new(), String::new(), start_unix)],
+            rng: cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            thr: (0.0, 0, 0.0),
+        }),
+        cfg,
+        addr,
+        notify: Notify::new(),
+        fault: Mutex::new(Fault::None),
+        overrides: Mutex::new(MetricsOverride::default()),
+        die,
+        start: Instant::now(),
+        start_unix,
+    });
+    if !pod.cfg.metrics_only {
+        tokio::spawn(scheduler(pod.clone()));
+    }
+    tokio::spawn(accept_loop(pod.clone(), listener));
+    Ok(PodHandle { pod })
+}
+
+async fn accept_loop(pod: Arc<Pod>, listener: TcpListener) {
+    let mut die = pod.die.subscribe();
+    loop {
+        if *die.borrow() {
+            return;
+        }
+        tokio::select! {
+            r = listener.accept() => {
+                let Ok((stream, _)) = r else {
+                    // Out of file descriptors and the like: back off briefly.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let pod = pod.clone();
+                let mut die = pod.die.subscribe();
+                tokio::spawn(async move {
+                    let p = pod.clone();
+                    let svc = service_fn(move |req| handle(p.clone(), req));
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc);
+                    if *die.borrow() {
+                        return;
+                    }
+                    tokio::select! {
+                        _ = conn => {}
+                        _ = die.changed() => {}
+                    }
+                });
+            }
+            _ = die.changed() => return,
+        }
+    }
+}
+
+async fn scheduler(pod: Arc<Pod>) {
+    let mut die = pod.die.subscribe();
+    let mut events = Vec::new();
+    loop {
+        if *die.borrow() {
+            return;
+        }
+        let end = {
+            let mut core = lock(&pod.core);
+            let now = pod.now();
+            core.engine.as_mut().and_then(|e| e.begin_step(now))
+        };
+        match end {
+            None => {
+                tokio::select! {
+                    _ = pod.notify.notified() => {}
+                    _ = die.changed() => return,
+                }
+            }
+            Some(end) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(pod.instant_at(end)) => {}
+                    _ = die.changed() => return,
+                }
+                let mut core = lock(&pod.core);
+                events.clear();
+                if let Some(e) = core.engine.as_mut() {
+                    e.finish_step(end, &mut events);
+                }
+                core.dispatch(&events);
+                core.note_lora(unix_now());
+            }
+        }
+    }
+}
+
+/// Response body: a whole buffer, an SSE stream fed by the engine, or a cut connection.
+pub enum SimBody {
+    /// Whole body.
+    Full(Option<Bytes>),
+    /// Server-sent events.
+    Sse(Box<SseStream>),
+    /// Fails at once, so the connection is closed mid-response.
+    Broken,
+}
+
+/// The error a cut body reports to hyper (which then closes the connection).
+#[derive(Debug, thiserror::Error)]
+#[error("response cut: {0}")]
+pub struct BodyCut(&'static str);
+
+impl SimBody {
+    fn text(s: impl Into<String>) -> Self {
+        SimBody::Full(Some(Bytes::from(s.into())))
+    }
+}
+
+impl Body for SimBody {
+    type Data = Bytes;
+    type Error = BodyCut;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+        match self.get_mut() {
+            SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            SimBody::Broken => Poll::Ready(Some(Err(BodyCut("fault close_mid_stream")))),
+            SimBody::Sse(s) => s.poll(cx),
+        }
+    }
+}
+
+/// Aborts the engine request when dropped before it finished.
+struct AbortGuard {
+    pod: Arc<Pod>,
+    id: ReqId,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut core = lock(&self.pod.core);
+        core.sinks.remove(&self.id);
+        if let Some(e) = core.engine.as_mut() {
+            e.abort(self.id);
+        }
+    }
+}
+
+/// State of one streaming response.
+pub struct SseStream {
+    rx: mpsc::UnboundedReceiver<Event>,
+    guard: AbortGuard,
+    ctx: RespCtx,
+    finish: &'static str,
+    include_usage: bool,
+    close_after: Option<u32>,
+    sent: u32,
+    done: bool,
+}
+
+impl SseStream {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let mut buf = String::new();
+        loop {
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(Event::Token { index, last, .. })) => {
+                    if self.close_after.is_some_and(|n| self.sent >= n) {
+                        return Poll::Ready(Some(Err(BodyCut("fault close_mid_stream"))));
+                    }
+                    buf.push_str(&self.ctx.token_events(index, last.then_some(self.finish)));
+                    self.sent += 1;
+                }
+                Poll::Ready(Some(Event::Finished { usage, .. })) => {
+                    if self.include_usage {
+                        buf.push_str(&self.ctx.usage_event(&usage));
+                    }
+                    buf.push_str(DONE);
+                    self.guard.done = true;
+                    self.done = true;
+                    break;
+                }
+                Poll::Ready(None) => {
+                    if buf.is_empty() {
+                        return Poll::Ready(Some(Err(BodyCut("pod stopped"))));
+                    }
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if buf.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(buf)))))
+        }
+    }
+}
+
+fn response(status: StatusCode, ctype: &'static str, body: SimBody) -> Response<SimBody> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
+    response(status, "application/json", SimBody::text(body))
+}
+
+fn error_response(status: StatusCode, kind: &str, msg: &str) -> Response<SimBody> {
+    json_response(status, error_body(status.as_u16(), kind, msg))
+}
+
+async fn handle(pod: Arc<Pod>, req: Request<Incoming>) -> Result<Response<SimBody>, Infallible> {
+    let mut resp = route(&pod, req).await;
+    if let Ok(v) = HeaderValue::from_str(&pod.addr.to_string()) {
+        resp.headers_mut().insert(POD_HEADER, v);
+    }
+    Ok(resp)
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
+    match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => Err(error_response(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            &format!("cannot read body: {e}"),
+        )),
+    }
+}
+
+async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
+    let path = req.uri().path().to_string();
+    match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/health") => {
+            response(StatusCode::OK, "application/json", SimBody::Full(None))
+        }
+        (Method::GET, "/metrics") => {
+            if pod.fault() == Fault::NoMetrics {
+                return response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    SimBody::text("metrics disabled by fault injection\n"),
+                );
+            }
+            response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                SimBody::text(pod.metrics_text()),
+            )
+        }
+        (Method::GET, "/v1/models") => {
+            let adapters: Vec<String> = lock(&pod.core).adapters_seen.iter().cloned().collect();
+            json_response(
+                StatusCode::OK,
+                models_body(
+                    &pod.cfg.model,
+                    &adapters,
+                    pod.max_model_len,
+                    pod.start_unix as u64,
+                ),
+            )
+        }
+        (Method::POST, "/v1/chat/completions") => infer(pod, Api::Chat, req).await,
+        (Method::POST, "/v1/completions") => infer(pod, Api::Completions, req).await,
+        (Method::POST, "/admin/fault") => {
+            let body = match read_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            let mode = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("mode").and_then(Value::as_str).and_then(Fault::parse));
+            match mode {
+                Some(f) => {
+                    if f == Fault::Die {
+                        // Answer first, then stop.
+                        let p = pod.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            p.set_fault(Fault::Die);
+                        });
+                    } else {
+                        pod.set_fault(f);
+                    }
+                    json_response(StatusCode::OK, json!({"fault": f.as_str()}).to_string())
+                }
+                None => error_response(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequestError",
+                    "body must be {\"mode\": \"none|error500|error429|hang|close_mid_stream|no_metrics|die\"}",
+                ),
+            }
+        }
+        (Method::POST, "/admin/metrics_override") => {
+            let body = match read_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            match MetricsOverride::parse(&body) {
+                Ok(o) => {
+                    let cleared = o == MetricsOverride::default();
+                    *lock(&pod.overrides) = o;
+                    json_response(StatusCode::OK, json!({"override": !cleared}).to_string())
+                }
+                Err(e) => {
+                    error_response(StatusCode::BAD_REQUEST, "BadRequestError", &e.to_string())
+                }
+            }
+        }
+        (Method::GET, "/admin/state") => {
+            let core = lock(&pod.core);
+            let body = match &core.engine {
+                Some(e) => {
+                    let st = e.state();
+                    let s = e.stats();
+                    json!({
+                        "pod": pod.addr.to_string(), "profile": pod.cfg.profile.name,
+                        "fault": pod.fault().as_str(),
+                        "running": st.running, "waiting": st.waiting, "kv_usage": st.kv_usage,
+                        "used_blocks": st.used_blocks, "num_gpu_blocks": pod.cfg.profile.num_gpu_blocks,
+                        "block_size": pod.cfg.profile.block_size,
+                        "running_adapters": st.running_adapters, "waiting_adapters": st.waiting_adapters,
+                        "resident_adapters": st.resident_adapters, "max_loras": e.max_loras(),
+                        "lora_loads": e.lora_loads(),
+                        "prefix_cache_hits": s.prefix_hits, "prefix_cache_queries": s.prefix_queries,
+                        "preemptions": s.preemptions, "prompt_tokens": s.prompt_tokens,
+                        "generation_tokens": s.generation_tokens, "steps": s.steps,
+                        "finished": s.finished_stop + s.finished_length, "aborted": s.aborted,
+                    })
+                }
+                None => {
+                    json!({"pod": pod.addr.to_string(), "profile": pod.cfg.profile.name, "metrics_only": true, "fault": pod.fault().as_str()})
+                }
+            };
+            json_response(StatusCode::OK, body.to_string())
+        }
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("no route for {path}"),
+        ),
+    }
+}
+
+async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<SimBody> {
+    let fault = pod.fault();
+    match fault {
+        Fault::Error500 => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "injected fault: error500",
+            )
+        }
+        Fault::Error429 => {
+            let mut r = error_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RateLimitError",
+                "injected fault: error429",
+            );
+            r.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+            return r;
+        }
+        Fault::Hang => {
+            let mut die = pod.die.subscribe();
+            tokio::select! {
+                _ = tokio::time::sleep(HANG_LIMIT) => {}
+                _ = die.changed() => {}
+            }
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailableError",
+                "injected fault: hang ended",
+            );
+        }
+        _ => {}
+    }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed = match prompt::parse(api, &body) {
+        Ok(p) => p,
+        Err(e) => {
+            return error_response(StatusCode::BAD_REQUEST, "BadRequestError", &e.to_string())
+        }
+    };
+    let cfg = &pod.cfg;
+    let adapter: Option<Arc<str>> = (!parsed.model.is_empty() && parsed.model != cfg.model)
+        .then(|| Arc::from(parsed.model.as_str()));
+    let max_tokens = parsed.max_tokens.unwrap_or(cfg.default_max_tokens);
+    if max_tokens == 0 {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            "max_tokens must be at least 1, got 0.",
+        );
+    }
+    let prompt_tokens = prompt::count_tokens(&parsed.text);
+    let block_hashes =
+        prompt::block_hashes(&parsed.text, cfg.profile.block_size, adapter.as_deref());
+    let model_json = serde_json::to_string(if parsed.model.is_empty() {
+        &cfg.model
+    } else {
+        &parsed.model
+    })
+    .unwrap_or_else(|_| "\"\"".into());
+    let created = unix_now() as u64;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (id, output_tokens) = {
+        let mut core = lock(&pod.core);
+        let output_tokens = match cfg.output_len {
+            OutputLen::Uniform if !parsed.ignore_eos => {
+                1 + (core.next_rand() % u64::from(max_tokens)) as u32
+            }
+            _ => max_tokens,
+        };
+        let new = NewRequest {
+            prompt_tokens,
+            output_tokens,
+            max_tokens,
+            block_hashes,
+            adapter: adapter.clone(),
+        };
+        let now = pod.now();
+        let res = match core.engine.as_mut() {
+            Some(e) => e.submit(new, now).map(Some),
+            None => Ok(None),
+        };
+        match res {
+            Ok(Some(id)) => {
+                core.sinks.insert(
+                    id,
+                    Sink {
+                        tx,
+                        tokens: parsed.stream,
+                    },
+                );
+                if let Some(a) = &adapter {
+                    if !core.adapters_seen.contains(&**a) {
+                        core.adapters_seen.insert(a.to_string());
+                    }
+                }
+                core.note_lora(unix_now());
+                (id, output_tokens)
+            }
+            Ok(None) => (0, output_tokens),
+            Err(e) => {
+                drop(core);
+                let (status, kind) = match e {
+                    SubmitError::NoLora { .. } => (StatusCode::NOT_FOUND, "NotFoundError"),
+                    _ => (StatusCode::BAD_REQUEST, "BadRequestError"),
+                };
+                return error_response(status, kind, &e.to_string());
+            }
+        }
+    };
+    let finish = if output_tokens >= max_tokens {
+        FinishReason::Length
+    } else {
+        FinishReason::Stop
+    };
+    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
+    let ctx = RespCtx {
+        api,
+        id: format!("{prefix}-{:08x}{:08x}", pod.addr.port(), id),
+        model_json,
+        created,
+        req: id,
+    };
+    if id == 0 {
+        // Metrics-only pod: answer at once, no engine.
+        let usage = Usage {
+            prompt_tokens,
+            completion_tokens: output_tokens,
+            cached_tokens: 0,
+        };
+        return if parsed.stream {
+            let mut s = String::new();
+            for i in 1..=output_tokens {
+                s.push_str(&ctx.token_events(i, (i == output_tokens).then_some(finish.as_str())));
+            }
+            if parsed.include_usage {
+                s.push_str(&ctx.usage_event(&usage));
+            }
+            s.push_str(DONE);
+            response(StatusCode::OK, "text/event-stream", SimBody::text(s))
+        } else {
+            json_response(StatusCode::OK, ctx.full_body(&usage, finish.as_str()))
+        };
+    }
+    pod.notify.notify_one();
+    let mut guard = AbortGuard {
+        pod: pod.clone(),
+        id,
+        done: false,
+    };
+    let cut = fault == Fault::CloseMidStream;
+    if parsed.stream {
+        let s = SseStream {
+            rx,
+            guard,
+            ctx,
+            finish: finish.as_str(),
+            include_usage: parsed.include_usage,
+            close_after: cut.then_some(CLOSE_AFTER_TOKENS),
+            sent: 0,
+            done: false,
+        };
+        return response(
+            StatusCode::OK,
+            "text/event-stream",
+            SimBody::Sse(Box::new(s)),
+        );
+    }
+    if cut {
+        return response(StatusCode::OK, "application/json", SimBody::Broken);
+    }
+    let mut die = pod.die.subscribe();
+    loop {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Event::Finished { usage, reason, .. }) => {
+                    guard.done = true;
+                    return json_response(StatusCode::OK, ctx.full_body(&usage, reason.as_str()));
+                }
+                Some(_) => continue,
+                None => break,
+            },
+            _ = die.changed() => break,
+        }
+    }
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ServiceUnavailableError",
+        "pod stopped",
+    )
+}
