@@ -85,9 +85,13 @@ pub fn envoy_binary() -> Result<PathBuf> {
     })
 }
 
-/// The filter module Envoy loads: `<target>/wasm32-wasip1/wasm/llm_router_filter.wasm`.
+/// The filter module Envoy loads: `$LLM_ROUTER_FILTER_WASM` if set (a module built elsewhere),
+/// else `<target>/wasm32-wasip1/wasm/llm_router_filter.wasm`.
 pub fn filter_wasm() -> Result<PathBuf> {
-    let path = target_dir().join("wasm32-wasip1/wasm/llm_router_filter.wasm");
+    let path = match std::env::var_os("LLM_ROUTER_FILTER_WASM").filter(|p| !p.is_empty()) {
+        Some(path) => PathBuf::from(path),
+        None => target_dir().join("wasm32-wasip1/wasm/llm_router_filter.wasm"),
+    };
     if path.is_file() {
         Ok(path)
     } else {
