@@ -1,1 +1,481 @@
-//! The proxy-wasm HTTP filter Envoy loads.
+//! The proxy-wasm HTTP filter that Envoy loads: thin glue between Envoy and `llm-router-core`.
+//!
+//! Per request: hold the headers, read the whole body, let the core decide, then either set the
+//! cluster header (and ask Envoy to re-route) plus `x-gateway-destination-endpoint` with the
+//! ranked pods for the cluster's `override_host` policy, or answer with the core's rejection.
+//! On the response: report the pod that served it; when the stream ends (completion, reset or
+//! abort) release its in-flight count. It also accepts the sidecar's snapshot pushes.
+//!
+//! Envoy settings this relies on (see `envoy/envoy.yaml`): the Wasm plugin config has
+//! `allow_on_headers_stop_iteration: true`; each pool's cluster uses the `override_host` LB
+//! policy reading the endpoint header; the route table routes on the cluster header.
+
+mod fleet;
+mod host;
+
+use fleet::{Cache, PushOutcome};
+use host::{Counter, HostStore};
+use llm_router_core::request::{self, ApiKind, RequestError};
+use llm_router_core::{Config, Context as RouteContext, Rejection, RouteMode, Router};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+}}
+
+/// Counters exported through Envoy's stats (`wasmcustom.llm_router.*`).
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    routed: Counter,
+    fallback: Counter,
+    least_inflight: Counter,
+    rejected: Counter,
+    pushes_accepted: Counter,
+    pushes_refused: Counter,
+}
+
+impl Counters {
+    fn define() -> Counters {
+        Counters {
+            routed: Counter::define("llm_router.routed"),
+            fallback: Counter::define("llm_router.fallback"),
+            least_inflight: Counter::define("llm_router.least_inflight"),
+            rejected: Counter::define("llm_router.rejected"),
+            pushes_accepted: Counter::define("llm_router.snapshot_accepted"),
+            pushes_refused: Counter::define("llm_router.snapshot_refused"),
+        }
+    }
+}
+
+/// What one worker (one VM) keeps: the router and its decoded fleet.
+struct Worker {
+    router: Router,
+    cache: Cache,
+    counters: Counters,
+    requests: u64,
+}
+
+#[derive(Default)]
+struct Root {
+    worker: Option<Rc<RefCell<Worker>>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, size: usize) -> bool {
+        let bytes = host::plugin_configuration(size).unwrap_or_default();
+        match Config::parse(&bytes) {
+            Ok(config) => {
+                if config.snapshot.secret.is_empty() {
+                    host::log(
+                        LogLevel::Warn,
+                        "llm-router: snapshot.secret is empty: snapshot pushes will be refused",
+                    );
+                }
+                host::log(
+                    LogLevel::Info,
+                    &format!(
+                        "llm-router: configured {} pool(s), {} model name(s)",
+                        config.pools.len(),
+                        config.models.len()
+                    ),
+                );
+                self.worker = Some(Rc::new(RefCell::new(Worker {
+                    router: Router::new(config),
+                    cache: Cache::default(),
+                    counters: Counters::define(),
+                    requests: 0,
+                })));
+                true
+            }
+            Err(e) => {
+                host::log(LogLevel::Critical, &format!("llm-router: {e}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let worker = self.worker.clone()?;
+        Some(Box::new(Http {
+            id: context_id,
+            worker,
+            kind: Kind::Pass,
+            routed: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Not ours: headers pass untouched (but for the stripped routing headers).
+    Pass,
+    Api(ApiKind),
+    Push,
+    /// Already answered locally.
+    Done,
+}
+
+/// A routed request's pool and counted pod.
+struct Routed {
+    pool: String,
+    pod: String,
+}
+
+struct Http {
+    id: u32,
+    worker: Rc<RefCell<Worker>>,
+    kind: Kind,
+    routed: Option<Routed>,
+}
+
+fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut h = vec![("content-type", "application/json")];
+    h.extend_from_slice(extra);
+    h
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .map(|a| a.ip().is_loopback())
+        .unwrap_or(false)
+}
+
+/// Equal-time comparison of secrets.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+impl Http {
+    fn log(&self, level: LogLevel, msg: &str) {
+        host::log(level, &format!("llm-router[{}]: {msg}", self.id));
+    }
+
+    fn reject(&mut self, r: &Rejection) -> Action {
+        let reason_header = {
+            let w = self.worker.borrow();
+            w.counters.rejected.inc();
+            w.router.config.reason_header.clone()
+        };
+        let retry = r.retry_after_s.map(|s| s.to_string());
+        let mut headers = vec![(reason_header.as_str(), r.reason)];
+        if let Some(s) = &retry {
+            headers.push(("retry-after", s.as_str()));
+        }
+        self.log(
+            LogLevel::Debug,
+            &format!("rejected {}: {}", r.status, r.message),
+        );
+        host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
+        self.kind = Kind::Done;
+        Action::Pause
+    }
+
+    /// Loopback source and the right secret: may push snapshots and read state.
+    fn authorized(&self) -> Result<(), (u16, &'static str)> {
+        let w = self.worker.borrow();
+        let snap = &w.router.config.snapshot;
+        let source = host::property(&["source", "address"]).unwrap_or_default();
+        if !is_loopback(&source) {
+            return Err((403, "snapshot endpoint accepts loopback clients only"));
+        }
+        let given = host::request_header(&snap.secret_header).unwrap_or_default();
+        if snap.secret.is_empty() || !same_secret(&given, &snap.secret) {
+            return Err((403, "wrong or missing snapshot secret"));
+        }
+        Ok(())
+    }
+
+    fn answer(&mut self, status: u16, body: &str) -> Action {
+        host::send_response(status, &json_headers(&[]), body.as_bytes());
+        self.kind = Kind::Done;
+        Action::Pause
+    }
+
+    fn refuse_push(&mut self, status: u16, message: &str, code: &'static str) -> Action {
+        self.worker.borrow().counters.pushes_refused.inc();
+        self.log(
+            LogLevel::Warn,
+            &format!("snapshot push refused ({status}): {message}"),
+        );
+        let body = serde_json::json!({
+            "accepted": false,
+            "error": {"message": message, "type": "invalid_request_error", "param": null, "code": code},
+        });
+        self.answer(status, &body.to_string())
+    }
+
+    fn on_push_body(&mut self, size: usize) -> Action {
+        let Some(bytes) = host::request_body(size) else {
+            return self.refuse_push(500, "could not read the request body", "internal_error");
+        };
+        let outcome = fleet::accept(&HostStore, &bytes, host::now_ms());
+        match outcome {
+            PushOutcome::Accepted {
+                generation,
+                pools,
+                pods,
+            } => {
+                self.worker.borrow().counters.pushes_accepted.inc();
+                let body = serde_json::json!({"accepted": true, "generation": generation, "pools": pools, "pods": pods});
+                self.answer(200, &body.to_string())
+            }
+            PushOutcome::Invalid(msg) => self.refuse_push(400, &msg, "invalid_snapshot"),
+            PushOutcome::StaleGeneration {
+                generation,
+                current,
+            } => {
+                self.worker.borrow().counters.pushes_refused.inc();
+                let body = serde_json::json!({
+                    "accepted": false, "reason": "stale generation",
+                    "generation": generation, "current": current,
+                });
+                self.answer(409, &body.to_string())
+            }
+            PushOutcome::StoreFailed => {
+                self.refuse_push(500, "shared data write failed", "internal_error")
+            }
+        }
+    }
+
+    fn on_api_body(&mut self, kind: ApiKind, size: usize) -> Action {
+        let max = self.worker.borrow().router.config.max_body_bytes;
+        if size > max {
+            return self.reject(&Rejection::too_large(max));
+        }
+        let Some(body) = host::request_body(size) else {
+            return self.reject(&Rejection::bad_request(
+                "invalid_request",
+                "request body could not be read",
+            ));
+        };
+        let parsed = match request::parse(kind, &body) {
+            Ok(p) => p,
+            Err(e) => {
+                let code = match e {
+                    RequestError::MissingModel | RequestError::BadModel => "invalid_model",
+                    RequestError::Malformed(_) => "invalid_json",
+                };
+                return self.reject(&Rejection::bad_request(code, e.to_string()));
+            }
+        };
+        let mut w = self.worker.borrow_mut();
+        w.requests = w.requests.wrapping_add(1);
+        let cfg = &w.router.config;
+        let priority = host::request_header(&cfg.priority_header)
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .or_else(|| {
+                host::request_header(&cfg.objective_header)
+                    .and_then(|o| cfg.objectives.get(&o).copied())
+            })
+            .unwrap_or(0);
+        let ctx = RouteContext {
+            priority,
+            now_ms: host::now_ms(),
+            tie: host::now_nanos()
+                ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ u64::from(self.id),
+        };
+        let fleet = w.cache.current(&HostStore);
+        let decision = w.router.route(&HostStore, fleet.as_deref(), &parsed, ctx);
+        let routed = match decision {
+            Ok(r) => r,
+            Err(rej) => {
+                drop(w);
+                return self.reject(&rej);
+            }
+        };
+        let cfg = &w.router.config;
+        host::set_request_header(&cfg.cluster_header, &routed.cluster);
+        if !routed.endpoints.is_empty() {
+            host::set_request_header(&cfg.endpoint_header, &routed.endpoints.join(","));
+        }
+        if let Some(new_model) = &routed.rewrite {
+            let (start, end) = parsed.model_span;
+            let quoted = serde_json::Value::String(new_model.clone()).to_string();
+            if let (Some(head), Some(tail)) = (body.get(..start), body.get(end..)) {
+                let mut new_body = Vec::with_capacity(body.len() + quoted.len());
+                new_body.extend_from_slice(head);
+                new_body.extend_from_slice(quoted.as_bytes());
+                new_body.extend_from_slice(tail);
+                if host::replace_request_body(size, &new_body) {
+                    host::set_request_header("content-length", &new_body.len().to_string());
+                    host::set_request_header(&cfg.rewrite_header, new_model);
+                }
+            }
+        }
+        match routed.mode {
+            RouteMode::Scored => w.counters.routed.inc(),
+            RouteMode::LeastInflight => w.counters.least_inflight.inc(),
+            RouteMode::Fallback => w.counters.fallback.inc(),
+        }
+        if !host::clear_route_cache() {
+            host::log(
+                LogLevel::Warn,
+                "llm-router: clear_route_cache is not available in this host",
+            );
+        }
+        drop(w);
+        self.log(
+            LogLevel::Debug,
+            &format!(
+                "model {} → pool {} [{}] {:?}",
+                parsed.model,
+                routed.pool,
+                routed.mode.name(),
+                routed.scores
+            ),
+        );
+        if let Some(pod) = routed.inflight_pod {
+            self.routed = Some(Routed {
+                pool: routed.pool,
+                pod,
+            });
+        }
+        Action::Continue
+    }
+
+    fn release(&mut self) {
+        if let Some(r) = self.routed.take() {
+            self.worker
+                .borrow()
+                .router
+                .finished(&HostStore, &r.pool, &r.pod);
+        }
+    }
+}
+
+impl Context for Http {}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let (push_path, state_path, cluster_header, endpoint_header, max_body) = {
+            let w = self.worker.borrow();
+            let c = &w.router.config;
+            (
+                c.snapshot.push_path.clone(),
+                c.snapshot.state_path.clone(),
+                c.cluster_header.clone(),
+                c.endpoint_header.clone(),
+                c.max_body_bytes,
+            )
+        };
+        // Routing headers come from this filter only, never from clients.
+        host::remove_request_header(&endpoint_header);
+        host::remove_request_header(&cluster_header);
+        let path = host::request_header(":path").unwrap_or_default();
+        let path = path.split('?').next().unwrap_or_default();
+        let method = host::request_header(":method").unwrap_or_default();
+        if path == push_path || path == state_path {
+            if let Err((status, why)) = self.authorized() {
+                return self.refuse_push(status, why, "forbidden");
+            }
+            if path == state_path {
+                let json = fleet::state_json(&HostStore, host::now_ms());
+                return self.answer(200, &json);
+            }
+            if method != "POST" {
+                return self.refuse_push(
+                    405,
+                    "snapshots are pushed with POST",
+                    "method_not_allowed",
+                );
+            }
+            if end_of_stream {
+                return self.refuse_push(400, "empty snapshot", "invalid_snapshot");
+            }
+            self.kind = Kind::Push;
+            return Action::Pause;
+        }
+        let Some(kind) = ApiKind::from_path(path) else {
+            return Action::Continue;
+        };
+        if method != "POST" || end_of_stream {
+            return Action::Continue;
+        }
+        let declared =
+            host::request_header("content-length").and_then(|v| v.trim().parse::<usize>().ok());
+        if declared.is_some_and(|n| n > max_body) {
+            return self.reject(&Rejection::too_large(max_body));
+        }
+        self.kind = Kind::Api(kind);
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        match self.kind {
+            Kind::Pass => Action::Continue,
+            Kind::Done => Action::Pause,
+            Kind::Push => {
+                let max = self.worker.borrow().router.config.snapshot.max_bytes;
+                if body_size > max {
+                    return self.refuse_push(
+                        413,
+                        "snapshot larger than snapshot.max_bytes",
+                        "too_large",
+                    );
+                }
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                self.on_push_body(body_size)
+            }
+            Kind::Api(kind) => {
+                let max = self.worker.borrow().router.config.max_body_bytes;
+                if body_size > max {
+                    return self.reject(&Rejection::too_large(max));
+                }
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                self.kind = Kind::Pass;
+                self.on_api_body(kind, body_size)
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(r) = &self.routed else {
+            return Action::Continue;
+        };
+        let served = host::property(&["upstream", "address"]).filter(|a| !a.is_empty());
+        let w = self.worker.borrow();
+        let served_header = w.router.config.served_header.clone();
+        let value = served.clone().unwrap_or_else(|| r.pod.clone());
+        host::set_response_header(&served_header, &value);
+        if let Some(served) = served {
+            if served != r.pod {
+                w.router.moved(&HostStore, &r.pool, &r.pod, &served);
+                let pool = r.pool.clone();
+                drop(w);
+                self.routed = Some(Routed { pool, pod: served });
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.release();
+    }
+}
+
+impl Drop for Http {
+    /// A stream torn down without a log callback still releases its count.
+    fn drop(&mut self) {
+        self.release();
+    }
+}
