@@ -5,9 +5,13 @@
 //! filter, and the report compares them against the targets of the issue.
 
 pub mod arrivals;
+pub mod chart;
 pub mod client;
 pub mod loadgen;
+pub mod podmetrics;
 pub mod report;
+pub mod scenarios;
 pub mod sse;
+pub mod stack;
 pub mod stats;
 pub mod workload;

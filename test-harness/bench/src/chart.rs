@@ -1,0 +1,277 @@
+//! The PNG chart of the report: TTFT p50/p95/p99 per router, one panel per scenario.
+//!
+//! Drawn with plotters' bitmap backend. Text uses DejaVu Sans loaded at run time (Debian
+//! `fonts-dejavu-core`) through plotters' `ab_glyph` feature, so the build needs no fontconfig;
+//! without the font the chart is drawn without text (bars and grid only) and says so.
+
+use crate::report::{Report, ROUTERS, SCENARIOS};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Fonts tried, in order.
+pub const FONT_PATHS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+/// Errors drawing the chart.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// Plotters failed (file not writable, ...).
+    #[error("drawing chart {path}: {reason}")]
+    Draw {
+        /// Output file.
+        path: String,
+        /// Backend message.
+        reason: String,
+    },
+}
+
+/// Register the font once; true when text can be drawn.
+fn fonts() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        for p in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(p) {
+                // plotters keeps font data for the life of the process.
+                let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, leaked).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+const COLORS: [RGBColor; 4] = [
+    RGBColor(214, 96, 77),  // round_robin
+    RGBColor(244, 165, 60), // least_request
+    RGBColor(33, 102, 172), // filter
+    RGBColor(90, 174, 97),  // filter_gaie_weights
+];
+
+fn shade(c: RGBColor, k: usize) -> RGBColor {
+    // p50 lightest, p99 full colour.
+    let f = [0.45, 0.7, 1.0][k.min(2)];
+    let mix = |x: u8| (255.0 - (255.0 - f64::from(x)) * f) as u8;
+    RGBColor(mix(c.0), mix(c.1), mix(c.2))
+}
+
+fn err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ChartError + '_ {
+    move |e| ChartError::Draw {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// Draw the chart; returns whether text (labels) could be drawn.
+pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
+    let text = fonts();
+    let scenarios: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| rep.scenarios.contains_key(*s))
+        .collect();
+    let cols = 3usize;
+    let rows = scenarios.len().div_ceil(cols).max(1);
+    let (w, h) = (1500u32, 80 + 420 * rows as u32);
+    let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
+    root.fill(&WHITE).map_err(err(path))?;
+    let (head, body) = root.split_vertically(80);
+    if text {
+        let title = format!(
+            "TTFT p50 / p95 / p99 (ms, log scale) per router — {} mode, {}",
+            rep.mode, rep.machine.date_utc
+        );
+        head.draw(&Text::new(title, (20, 12), ("sans-serif", 24).into_font()))
+            .map_err(err(path))?;
+        let mut x = 20;
+        for (i, r) in ROUTERS.iter().enumerate() {
+            head.draw(&Rectangle::new([(x, 50), (x + 18, 68)], COLORS[i].filled()))
+                .map_err(err(path))?;
+            head.draw(&Text::new(*r, (x + 24, 50), ("sans-serif", 16).into_font()))
+                .map_err(err(path))?;
+            x += 60 + 9 * r.len() as i32;
+        }
+        head.draw(&Text::new(
+            "bars per router: p50 (light), p95, p99 (dark)",
+            (x + 20, 50),
+            ("sans-serif", 16).into_font(),
+        ))
+        .map_err(err(path))?;
+    }
+    let panels = body.split_evenly((rows, cols));
+    for (panel, s) in panels.iter().zip(scenarios.iter()) {
+        draw_panel(rep, s, panel, text).map_err(err(path))?;
+    }
+    root.present().map_err(err(path))?;
+    Ok(text)
+}
+
+fn draw_panel<DB: DrawingBackend>(
+    rep: &Report,
+    scenario: &str,
+    panel: &DrawingArea<DB, plotters::coord::Shift>,
+    text: bool,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let (pw, ph) = panel.dim_in_pixel();
+    let (pw, ph) = (pw as i32, ph as i32);
+    let Some(rs) = rep.scenarios.get(scenario) else {
+        return Ok(());
+    };
+    let vals: Vec<(usize, [f64; 3])> = ROUTERS
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            rs.get(*r)
+                .map(|s| (i, [s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_p99_ms]))
+        })
+        .collect();
+    let finite: Vec<f64> = vals
+        .iter()
+        .flat_map(|(_, v)| v.iter().copied())
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    let (left, right, top, bottom) = (70, 15, 40, 50);
+    let plot_h = ph - top - bottom;
+    let plot_w = pw - left - right;
+    panel.draw(&Rectangle::new(
+        [(left, top), (left + plot_w, top + plot_h)],
+        BLACK.stroke_width(1),
+    ))?;
+    if text {
+        panel.draw(&Text::new(
+            scenario,
+            (left, 10),
+            ("sans-serif", 20).into_font(),
+        ))?;
+    }
+    if finite.is_empty() {
+        return Ok(());
+    }
+    let lo = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .log10()
+        .floor();
+    let hi = finite
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max)
+        .log10()
+        .ceil()
+        .max(lo + 1.0);
+    let y = |v: f64| -> i32 {
+        let f = ((v.max(1e-9).log10() - lo) / (hi - lo)).clamp(0.0, 1.0);
+        top + plot_h - (f * f64::from(plot_h)) as i32
+    };
+    let mut d = lo;
+    while d <= hi {
+        let yy = y(10f64.powf(d));
+        panel.draw(&PathElement::new(
+            vec![(left, yy), (left + plot_w, yy)],
+            RGBColor(220, 220, 220).stroke_width(1),
+        ))?;
+        if text {
+            let label = if d >= 3.0 {
+                format!("{}s", 10f64.powf(d - 3.0))
+            } else {
+                format!("{}ms", 10f64.powf(d))
+            };
+            panel.draw(&Text::new(
+                label,
+                (5, yy - 8),
+                ("sans-serif", 14).into_font(),
+            ))?;
+        }
+        d += 1.0;
+    }
+    let groups = ROUTERS.len() as i32;
+    let gw = plot_w / groups;
+    let bw = (gw - 20) / 3;
+    for (i, v) in &vals {
+        let gx = left + gw * (*i as i32) + 10;
+        for (k, val) in v.iter().enumerate() {
+            if !val.is_finite() || *val <= 0.0 {
+                continue;
+            }
+            let x0 = gx + bw * k as i32;
+            panel.draw(&Rectangle::new(
+                [(x0, y(*val)), (x0 + bw - 2, top + plot_h)],
+                shade(COLORS[*i], k).filled(),
+            ))?;
+        }
+        if text {
+            let label = format!("p99 {:.0}", v[2]);
+            panel.draw(&Text::new(
+                label,
+                (gx, top + plot_h + 8),
+                ("sans-serif", 13).into_font(),
+            ))?;
+            let short = ["RR", "LR", "filter", "GAIE w"][*i];
+            panel.draw(&Text::new(
+                short,
+                (gx, top + plot_h + 26),
+                ("sans-serif", 13).into_font(),
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::Summary;
+    use std::collections::BTreeMap;
+
+    fn summary(p: f64) -> Summary {
+        Summary {
+            ttft_p50_ms: p,
+            ttft_p95_ms: p * 3.0,
+            ttft_p99_ms: p * 5.0,
+            e2e_p95_ms: 1.0,
+            throughput_rps: 1.0,
+            output_tokens_per_s: 1.0,
+            requests: 1,
+            errors: 0,
+            ttft_mean_ms: p,
+            e2e_p50_ms: 1.0,
+            e2e_p99_ms: 1.0,
+            itl_p50_ms: 1.0,
+            itl_p95_ms: 1.0,
+            itl_p99_ms: 1.0,
+            errors_by_status: BTreeMap::new(),
+            pod_share: BTreeMap::new(),
+            duration_s: 1.0,
+            max_send_lag_ms: 0.0,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn writes_a_png() {
+        let mut rep = Report::default();
+        for s in ["mixed_gpu", "bursty", "uniform", "lora"] {
+            let mut m = BTreeMap::new();
+            for (i, r) in ROUTERS.iter().enumerate() {
+                m.insert(r.to_string(), summary(10.0 * (i as f64 + 1.0)));
+            }
+            if s == "uniform" {
+                m.insert("filter".into(), summary(f64::NAN));
+            }
+            rep.scenarios.insert(s.to_string(), m);
+        }
+        let dir = std::env::temp_dir().join(format!("bench-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("chart.png");
+        ttft_chart(&rep, &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,256 @@
+//! The six scenarios of the issue, after the seeds: fleet, arrival process, prompt shape, load.
+//!
+//! Load levels are set from the emulated pods' capacity (see the comments and the crate README),
+//! never from the filter's results: each scenario puts the fleet where the seeds say round robin
+//! suffers (or, for `uniform` and `long_prompt`, where no gain is expected). Rates are given for
+//! real-time pods and multiplied by the emulator speed-up.
+
+use crate::arrivals::Arrival;
+use crate::stack::{FleetSpec, PodSpec, MODEL};
+use crate::workload::{adapter_name, Prompts, Range, WorkloadSpec};
+use std::time::Duration;
+
+/// One scenario, ready to run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// Name used in the report (`mixed_gpu`, ...).
+    pub name: &'static str,
+    /// One line saying what it shows.
+    pub about: &'static str,
+    /// The pods (fresh ones for every router).
+    pub fleet: FleetSpec,
+    /// The requests.
+    pub workload: WorkloadSpec,
+    /// LoRA adapters the pool serves (filter configuration: pool membership, not tuning).
+    pub adapters: Vec<String>,
+    /// How long open requests may finish after the last arrival.
+    pub drain: Duration,
+}
+
+/// Knobs shared by all scenarios of one run.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    /// Quick (CI-sized) or full.
+    pub quick: bool,
+    /// Emulator speed-up (rates are multiplied by it).
+    pub speedup: f64,
+    /// Workload seed.
+    pub seed: u64,
+}
+
+/// Names of all scenarios, in run order.
+pub const NAMES: [&str; 6] = crate::report::SCENARIOS;
+
+fn pods(profiles: &[&'static str], max_loras: Option<u32>) -> Vec<PodSpec> {
+    profiles
+        .iter()
+        .map(|p| PodSpec {
+            profile: p,
+            max_loras,
+        })
+        .collect()
+}
+
+/// Build a scenario by name.
+pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
+    let s = mode.speedup.max(0.01);
+    // Arrival windows: long enough for queues to build (full) or a CI-sized glimpse (quick).
+    let horizon =
+        |full: u64, quick: u64| Duration::from_secs(if mode.quick { quick } else { full });
+    let max_requests = if mode.quick { 600 } else { 20_000 };
+    let fleet = |pods: Vec<PodSpec>| FleetSpec {
+        pods,
+        speedup: s,
+        seed: mode.seed,
+    };
+    let spec = |arrival: Arrival, h: Duration, prompts: Prompts| WorkloadSpec {
+        seed: mode.seed,
+        arrival,
+        horizon: h,
+        max_requests,
+        model: MODEL.to_string(),
+        prompts,
+    };
+    let drain = Duration::from_secs(if mode.quick { 25 } else { 60 });
+    let sc = match name {
+        // 2 H100-like + 2 A10G-like pods. Capacity with ~750-token prompts and ~150 output
+        // tokens: ≈ 18 req/s per H100, ≈ 2.5 req/s per A10G (prefill 0.25 ms/token, KV for ~30
+        // sequences): ≈ 40 req/s for the fleet. 20 req/s is half the fleet's capacity, but round
+        // robin gives each A10G 5 req/s, twice what it can serve.
+        "mixed_gpu" => Scenario {
+            name: "mixed_gpu",
+            about: "2 H100 + 2 A10G, Poisson at half the fleet's capacity",
+            fleet: fleet(pods(&["h100", "h100", "a10g", "a10g"], None)),
+            workload: spec(
+                Arrival::Poisson { rate: 20.0 * s },
+                horizon(60, 15),
+                Prompts::Independent {
+                    prompt_tokens: Range::new(300, 1200),
+                    max_tokens: Range::new(50, 250),
+                },
+            ),
+            adapters: vec![],
+            drain,
+        },
+        // Uniform A10G fleet (≈ 2.5 req/s each, 10 for the fleet): bursts of 5 s at twice the
+        // fleet's capacity, then 10 s at a fifth of it (mean ≈ 8 req/s, 80%).
+        "bursty" => Scenario {
+            name: "bursty",
+            about: "4 A10G, on/off bursts at 2x capacity",
+            fleet: fleet(pods(&["a10g"; 4], None)),
+            workload: spec(
+                Arrival::Bursty {
+                    on_rate: 20.0 * s,
+                    off_rate: 2.0 * s,
+                    on_s: 5.0 / s,
+                    off_s: 10.0 / s,
+                },
+                horizon(60, 15),
+                Prompts::Independent {
+                    prompt_tokens: Range::new(200, 1000),
+                    max_tokens: Range::new(50, 200),
+                },
+            ),
+            adapters: vec![],
+            drain,
+        },
+        // A10G fleet (36K KV tokens each): 16 documents of 3,000 tokens and 48 conversations
+        // growing to ~2,000 tokens need ~140K tokens of cache — more than any one pod holds, so
+        // only prefix-aware placement keeps hitting. 3.5 req/s.
+        "shared_prefix" => Scenario {
+            name: "shared_prefix",
+            about: "4 A10G, multi-turn chats + document Q&A with long shared prefixes",
+            fleet: fleet(pods(&["a10g"; 4], None)),
+            workload: spec(
+                Arrival::Poisson { rate: 3.5 * s },
+                horizon(90, 20),
+                Prompts::SharedPrefix {
+                    conversations: 48,
+                    max_turns: 6,
+                    system_tokens: 300,
+                    turn_tokens: Range::new(50, 150),
+                    reply_tokens: 100,
+                    documents: 16,
+                    document_tokens: 3000,
+                    document_share: 0.5,
+                    max_tokens: Range::new(30, 120),
+                },
+            ),
+            adapters: vec![],
+            drain,
+        },
+        // 4 H100 with 4 LoRA slots each, 16 adapters (Zipf popularity), 10 req/s.
+        "lora" => Scenario {
+            name: "lora",
+            about: "4 H100, 16 adapters, max_loras 4",
+            fleet: fleet(pods(&["h100"; 4], Some(4))),
+            workload: spec(
+                Arrival::Poisson { rate: 10.0 * s },
+                horizon(60, 15),
+                Prompts::Lora {
+                    adapters: 16,
+                    zipf_s: 1.0,
+                    base_share: 0.1,
+                    prompt_tokens: Range::new(200, 800),
+                    max_tokens: Range::new(50, 150),
+                },
+            ),
+            adapters: (0..16).map(adapter_name).collect(),
+            drain,
+        },
+        // Uniform A10G fleet, steady Poisson at half its capacity: no gain expected.
+        "uniform" => Scenario {
+            name: "uniform",
+            about: "4 A10G, steady Poisson at half capacity (no gain expected)",
+            fleet: fleet(pods(&["a10g"; 4], None)),
+            workload: spec(
+                Arrival::Poisson { rate: 5.0 * s },
+                horizon(60, 15),
+                Prompts::Independent {
+                    prompt_tokens: Range::new(200, 1000),
+                    max_tokens: Range::new(50, 200),
+                },
+            ),
+            adapters: vec![],
+            drain,
+        },
+        // ~200 KB bodies (≈ 50K tokens; H100 only: 2 s of prefill each), 1 req/s: the cost of
+        // reading big bodies in the proxy.
+        "long_prompt" => Scenario {
+            name: "long_prompt",
+            about: "4 H100, ~200 KB prompts",
+            fleet: fleet(pods(&["h100"; 4], None)),
+            workload: spec(
+                Arrival::Poisson { rate: 1.0 * s },
+                horizon(60, 15),
+                Prompts::Independent {
+                    prompt_tokens: Range::new(48_000, 52_000),
+                    max_tokens: Range::new(20, 80),
+                },
+            ),
+            adapters: vec![],
+            drain,
+        },
+        _ => return None,
+    };
+    Some(sc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_builds_and_is_deterministic() {
+        let mode = Mode {
+            quick: true,
+            speedup: 1.0,
+            seed: 42,
+        };
+        for n in NAMES {
+            let a = scenario(n, mode).unwrap();
+            let b = scenario(n, mode).unwrap();
+            assert_eq!(a.name, n);
+            let (wa, wb) = (
+                crate::workload::generate(&a.workload),
+                crate::workload::generate(&b.workload),
+            );
+            assert!(!wa.is_empty(), "{n}");
+            assert_eq!(wa, wb, "{n}");
+            assert_eq!(a.fleet, b.fleet);
+        }
+        assert!(scenario("nope", mode).is_none());
+    }
+
+    #[test]
+    fn long_prompt_bodies_are_about_200_kb() {
+        let mode = Mode {
+            quick: true,
+            speedup: 1.0,
+            seed: 1,
+        };
+        let s = scenario("long_prompt", mode).unwrap();
+        for r in crate::workload::generate(&s.workload) {
+            assert!(
+                (180_000..230_000).contains(&r.body.len()),
+                "{}",
+                r.body.len()
+            );
+        }
+    }
+
+    #[test]
+    fn mixed_gpu_has_two_generations() {
+        let s = scenario(
+            "mixed_gpu",
+            Mode {
+                quick: false,
+                speedup: 1.0,
+                seed: 1,
+            },
+        )
+        .unwrap();
+        let profiles: Vec<&str> = s.fleet.pods.iter().map(|p| p.profile).collect();
+        assert_eq!(profiles, ["h100", "h100", "a10g", "a10g"]);
+    }
+}

@@ -1,0 +1,354 @@
+//! Starts and stops what one benchmark run needs: fresh model-sim pods, Envoy with the router
+//! under test and, for the filter, the metrics sidecar pushing snapshots into it.
+//!
+//! Every process is a `testkit::ChildGuard` (stopped by PID on drop), so a failed or interrupted
+//! run leaves nothing behind.
+
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
+
+/// The base model every pod serves.
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+/// Pool and cluster names of the single pool.
+pub const POOL: &str = "llama";
+/// Envoy cluster of the pool.
+pub const CLUSTER: &str = "pool_llama";
+/// The snapshot secret shared by the sidecar and the filter (loopback only).
+pub const SECRET: &str = "bench-secret";
+
+/// Who picks the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterKind {
+    /// Envoy round robin.
+    RoundRobin,
+    /// Envoy least request.
+    LeastRequest,
+    /// The filter with its default configuration.
+    Filter,
+    /// The filter with GAIE's default weights (queue 2, kv_cache 2, prefix 3, others 0).
+    FilterGaieWeights,
+}
+
+impl RouterKind {
+    /// All routers, in report order.
+    pub const ALL: [RouterKind; 4] = [
+        RouterKind::RoundRobin,
+        RouterKind::LeastRequest,
+        RouterKind::Filter,
+        RouterKind::FilterGaieWeights,
+    ];
+
+    /// The name used in the JSON and the tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouterKind::RoundRobin => "round_robin",
+            RouterKind::LeastRequest => "least_request",
+            RouterKind::Filter => "filter",
+            RouterKind::FilterGaieWeights => "filter_gaie_weights",
+        }
+    }
+
+    /// Parse a router name.
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.name() == s)
+    }
+
+    /// Whether the filter (and therefore the sidecar) is in the path.
+    pub fn uses_filter(self) -> bool {
+        matches!(self, RouterKind::Filter | RouterKind::FilterGaieWeights)
+    }
+}
+
+/// One emulated pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSpec {
+    /// GPU profile (`h100`, `a10g`).
+    pub profile: &'static str,
+    /// LoRA slots, if not the emulator's default.
+    pub max_loras: Option<u32>,
+}
+
+/// The fleet of a scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetSpec {
+    /// The pods.
+    pub pods: Vec<PodSpec>,
+    /// Emulator time speed-up (times are divided by it).
+    pub speedup: f64,
+    /// Seed of the pods (pod i gets seed + i).
+    pub seed: u64,
+}
+
+/// Errors starting the stack.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    /// testkit could not find or start something.
+    #[error("{what}: {source}")]
+    Testkit {
+        /// What was being done.
+        what: String,
+        /// testkit's error (names the missing file and the command that builds it).
+        source: testkit::Error,
+    },
+    /// A process did not become ready.
+    #[error("{what} not ready after {secs} s (log: {log})")]
+    NotReady {
+        /// Which process.
+        what: String,
+        /// How long we waited.
+        secs: u64,
+        /// Its log file.
+        log: String,
+    },
+    /// Writing a config file failed.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+fn tk(what: impl Into<String>) -> impl FnOnce(testkit::Error) -> StackError {
+    let what = what.into();
+    move |source| StackError::Testkit { what, source }
+}
+
+/// Running pods.
+pub struct Pods {
+    /// Their processes.
+    pub guards: Vec<ChildGuard>,
+    /// Their addresses, in fleet order.
+    pub addrs: Vec<SocketAddr>,
+}
+
+async fn wait_http_ok(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(r) = testkit::get(addr, path, &[]).await {
+            if r.status == 200 {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Start fresh model-sim pods (one process each) and wait for their `/health`.
+pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
+    let bin = testkit::bin("model-sim").map_err(tk("model-sim binary"))?;
+    let mut guards = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, p) in fleet.pods.iter().enumerate() {
+        let port = testkit::free_port().map_err(tk("free port"))?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .arg("--profile")
+            .arg(p.profile)
+            .arg("--speedup")
+            .arg(fleet.speedup.to_string())
+            .arg("--seed")
+            .arg((fleet.seed + i as u64).to_string())
+            .arg("--model")
+            .arg(MODEL);
+        if let Some(n) = p.max_loras {
+            cmd.arg("--max-loras").arg(n.to_string());
+        }
+        let g = ChildGuard::spawn(&format!("model-sim-{i}-{}", p.profile), cmd)
+            .map_err(tk("start model-sim"))?;
+        guards.push(g);
+        addrs.push(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    for (g, a) in guards.iter().zip(&addrs) {
+        if !wait_http_ok(*a, "/health", Duration::from_secs(20)).await {
+            return Err(StackError::NotReady {
+                what: format!("model-sim {a}"),
+                secs: 20,
+                log: g.log_path().display().to_string(),
+            });
+        }
+    }
+    Ok(Pods { guards, addrs })
+}
+
+/// The filter's plugin configuration: the defaults, plus pool membership (models, adapters) and
+/// the snapshot secret; `gaie_weights` swaps in GAIE's default weights.
+pub fn plugin_config(adapters: &[String], gaie_weights: bool) -> Value {
+    let mut pool = json!({"name": POOL, "cluster": CLUSTER, "models": [MODEL]});
+    if !adapters.is_empty() {
+        pool["adapters"] = json!(adapters);
+    }
+    if gaie_weights {
+        pool["weights"] = json!({"queue": 2, "kv_cache": 2, "prefix": 3, "lora": 0, "load": 0});
+    }
+    json!({"pools": [pool], "snapshot": {"secret": SECRET}})
+}
+
+/// The sidecar's configuration for these pods, pushing to `envoy`.
+pub fn sidecar_config(envoy: SocketAddr, pods: &[SocketAddr], listen: SocketAddr) -> String {
+    let list: Vec<String> = pods.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "# Generated by bench for one run.\npush:\n  address: {envoy}\n  path: /__llm_router/snapshot\n  secret: {SECRET}\nscrape:\n  interval_ms: 50\nlisten: {listen}\npools:\n  - name: {POOL}\n    cluster: {CLUSTER}\n    models: [\"{MODEL}\"]\n    engine: vllm\n    discovery:\n      static: [{}]\n",
+        list.join(", ")
+    )
+}
+
+/// A running stack for one router.
+pub struct Stack {
+    /// The router.
+    pub router: RouterKind,
+    /// The pods.
+    pub pods: Pods,
+    /// Envoy.
+    pub envoy: EnvoyProcess,
+    /// The sidecar (filter routers only).
+    pub sidecar: Option<ChildGuard>,
+}
+
+impl Stack {
+    /// The chat completions URL through Envoy.
+    pub fn chat_url(&self) -> String {
+        self.envoy.url("/v1/chat/completions")
+    }
+
+    /// Stop everything (also done on drop): sidecar, Envoy, pods.
+    pub fn stop(mut self) {
+        if let Some(s) = self.sidecar.as_mut() {
+            s.stop();
+        }
+        self.envoy.stop();
+        for g in &mut self.pods.guards {
+            g.stop();
+        }
+    }
+}
+
+/// Start pods, Envoy with `router` and (for the filter) the sidecar; wait until the filter holds
+/// a snapshot with every pod.
+pub async fn start_stack(
+    fleet: &FleetSpec,
+    router: RouterKind,
+    adapters: &[String],
+) -> Result<Stack, StackError> {
+    let pods = start_pods(fleet).await?;
+    let envoy_router = match router {
+        RouterKind::RoundRobin => EnvoyRouter::RoundRobin,
+        RouterKind::LeastRequest => EnvoyRouter::LeastRequest,
+        RouterKind::Filter | RouterKind::FilterGaieWeights => EnvoyRouter::Filter,
+    };
+    let mut spec = EnvoySpec::new(envoy_router)
+        .pool(POOL, CLUSTER, pods.addrs.clone())
+        .concurrency(2);
+    spec.name = format!("bench-envoy-{}", router.name());
+    if router.uses_filter() {
+        spec = spec.plugin_config(plugin_config(
+            adapters,
+            router == RouterKind::FilterGaieWeights,
+        ));
+    }
+    let envoy = spec.start().await.map_err(tk("start Envoy"))?;
+    let sidecar = if router.uses_filter() {
+        Some(start_sidecar(envoy.listen_addr, &pods.addrs).await?)
+    } else {
+        None
+    };
+    let stack = Stack {
+        router,
+        pods,
+        envoy,
+        sidecar,
+    };
+    if router.uses_filter() {
+        wait_snapshot(&stack, Duration::from_secs(15)).await?;
+    }
+    Ok(stack)
+}
+
+/// Start the sidecar for `pods`, pushing into the Envoy listener at `envoy`.
+pub async fn start_sidecar(
+    envoy: SocketAddr,
+    pods: &[SocketAddr],
+) -> Result<ChildGuard, StackError> {
+    let bin = testkit::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
+    let dir = testkit::testlog_dir("bench-sidecar").map_err(tk("log dir"))?;
+    let listen_port = testkit::free_port().map_err(tk("free port"))?;
+    let path: PathBuf = dir.join("sidecar.yaml");
+    let text = sidecar_config(envoy, pods, SocketAddr::from(([127, 0, 0, 1], listen_port)));
+    std::fs::write(&path, text).map_err(|source| StackError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("run").arg("--config").arg(&path);
+    ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log"))
+        .map_err(tk("start sidecar-metrics"))
+}
+
+/// Wait until the filter reports a snapshot holding every pod (`GET /__llm_router/state`).
+pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), StackError> {
+    let want = stack.pods.addrs.len() as u64;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Ok(r) = testkit::get(
+            stack.envoy.listen_addr,
+            "/__llm_router/state",
+            &[("x-llm-router-secret", SECRET)],
+        )
+        .await
+        {
+            if r.status == 200 {
+                if let Ok(v) = r.json() {
+                    if count_pods(&v) >= want {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(StackError::NotReady {
+        what: "filter snapshot (sidecar push)".into(),
+        secs: timeout.as_secs(),
+        log: stack
+            .sidecar
+            .as_ref()
+            .map(|s| s.log_path().display().to_string())
+            .unwrap_or_default(),
+    })
+}
+
+/// Pods in a `/__llm_router/state` answer: a top-level `pods` number or array, or the sum over
+/// `pools[].pods`.
+pub fn count_pods(v: &Value) -> u64 {
+    if let Some(n) = v.get("pods").and_then(Value::as_u64) {
+        return n;
+    }
+    if let Some(a) = v.get("pods").and_then(Value::as_array) {
+        return a.len() as u64;
+    }
+    if let Some(s) = v.get("snapshot") {
+        let n = count_pods(s);
+        if n > 0 {
+            return n;
+        }
+    }
+    v.get("pools")
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .map(|p| match p.get("pods") {
+                    Some(Value::Array(a)) => a.len() as u64,
+                    Some(x) => x.as_u64().unwrap_or(0),
+                    None => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
