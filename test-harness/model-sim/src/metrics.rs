@@ -149,6 +149,42 @@ pub struct MetricsView {
     pub created: f64,
 }
 
+/// The view of a live engine. `lora_series` is the LoRA label history (last = current).
+pub fn engine_view(
+    model: &str,
+    engine: &crate::engine::Engine,
+    lora_series: Vec<(String, String, f64)>,
+    gen_throughput: f64,
+    created: f64,
+) -> MetricsView {
+    let st = engine.state();
+    let s = engine.stats();
+    let p = engine.profile();
+    MetricsView {
+        model: model.to_string(),
+        running: f64::from(st.running),
+        waiting: f64::from(st.waiting),
+        kv_usage: st.kv_usage,
+        used_blocks: u64::from(st.used_blocks),
+        block_size: p.block_size,
+        num_gpu_blocks: p.num_gpu_blocks,
+        max_lora: engine.max_loras(),
+        lora_series,
+        prompt_tokens: s.prompt_tokens,
+        generation_tokens: s.generation_tokens,
+        prefix_queries: s.prefix_queries,
+        prefix_hits: s.prefix_hits,
+        preemptions: s.preemptions,
+        finished_stop: s.finished_stop,
+        finished_length: s.finished_length,
+        finished_abort: s.aborted,
+        ttft: s.ttft.clone(),
+        e2e: s.e2e.clone(),
+        gen_throughput,
+        created,
+    }
+}
+
 /// Formats a float as Python's `prometheus_client.utils.floatToGoString` does.
 pub fn go_float(v: f64) -> String {
     if v.is_nan() {

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, watch, Notify};
 use crate::engine::{
     Engine, EngineState, Event, FinishReason, NewRequest, ReqId, SubmitError, Usage,
 };
-use crate::metrics::{render_sglang, render_vllm, Flavor, KvMetricName, MetricsView};
+use crate::metrics::{engine_view, render_sglang, render_vllm, Flavor, KvMetricName};
 use crate::openai::{error_body, models_body, RespCtx, DONE};
 use crate::profile::Profile;
 use crate::prompt::{self, Api};
@@ -393,41 +393,20 @@ impl Pod {
             let Some(e) = &core.engine else {
                 return String::new();
             };
-            let st = e.state();
-            let s = e.stats().clone();
-            let gen = s.generation_tokens;
+            let gen = e.stats().generation_tokens;
             let (t0, g0, mut rate) = core.thr;
             if now - t0 >= 1.0 {
                 rate = (gen - g0) as f64 / (now - t0);
                 core.thr = (now, gen, rate);
             }
+            let Some(e) = &core.engine else {
+                return String::new();
+            };
             let mut series = core.lora_series.clone();
             if let Some(last) = series.last_mut() {
                 last.2 = now_unix;
             }
-            MetricsView {
-                model: self.cfg.model.clone(),
-                running: f64::from(st.running),
-                waiting: f64::from(st.waiting),
-                kv_usage: st.kv_usage,
-                used_blocks: u64::from(st.used_blocks),
-                block_size: self.cfg.profile.block_size,
-                num_gpu_blocks: self.cfg.profile.num_gpu_blocks,
-                max_lora: self.cfg.max_loras,
-                lora_series: series,
-                prompt_tokens: s.prompt_tokens,
-                generation_tokens: s.generation_tokens,
-                prefix_queries: s.prefix_queries,
-                prefix_hits: s.prefix_hits,
-                preemptions: s.preemptions,
-                finished_stop: s.finished_stop,
-                finished_length: s.finished_length,
-                finished_abort: s.aborted,
-                ttft: s.ttft,
-                e2e: s.e2e,
-                gen_throughput: rate,
-                created: self.start_unix,
-            }
+            engine_view(&self.cfg.model, e, series, rate, self.start_unix)
         };
         if let Some(v) = ov.running {
             view.running = v;
