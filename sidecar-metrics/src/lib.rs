@@ -4,5 +4,12 @@
 //! around these modules so tests and benchmarks can drive the same code.
 
 pub mod config;
+pub mod discovery;
 pub mod engines;
+pub mod face;
+pub mod kube;
 pub mod prom;
+pub mod push;
+pub mod scrape;
+pub mod sidecar;
+pub mod stats;

@@ -1,0 +1,552 @@
+//! The running sidecar: scrape rounds, snapshot assembly, change-only pushes, and its own face.
+//!
+//! One task owns all pod state. Every interval (jittered) it starts a scrape for each pod that is
+//! not still busy from an earlier round, up to the concurrency bound; the round ends when those
+//! scrapes are all back or when the next round is due (a hanging pod never holds the fleet's
+//! view back: it turns `stale`, then `failing` when its timeout fires). At the end of a round the
+//! snapshot is built and pushed if it differs from the last accepted one, if the heartbeat is due,
+//! or if the last push failed. Generations count up from the Unix time in ms at start, so a
+//! restarted sidecar is always newer than its previous life.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use hyper::Uri;
+use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
+use rand::Rng;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::Config;
+use crate::discovery::{self, DiscoveryError, Endpoints};
+use crate::engines::PodMetrics;
+use crate::face;
+use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
+use crate::scrape::{self, ScrapeClient, ScrapeError};
+use crate::stats::Stats;
+
+/// Consecutive failures are reported up to this count; beyond it the snapshot stops changing
+/// (so an outage does not turn into a push every round). The exact count is on `/metrics`.
+pub const MAX_REPORTED_FAILURES: u32 = 10;
+
+/// Why the sidecar could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    #[error(transparent)]
+    Push(#[from] PushSetupError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Unix time in ms.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+struct PodSlot {
+    addr: SocketAddr,
+    addr_str: String,
+    uri: Uri,
+    in_flight: bool,
+    buf: Vec<u8>,
+    last: Option<PodMetrics>,
+    last_ok_ms: u64,
+    failures: u32,
+}
+
+struct PoolRt {
+    name: String,
+    cluster: String,
+    models: Vec<String>,
+    engine: Option<Engine>,
+    path: String,
+    rx: watch::Receiver<Endpoints>,
+    pods: Vec<PodSlot>,
+}
+
+fn new_slot(addr: SocketAddr, path: &str) -> Option<PodSlot> {
+    let addr_str = addr.to_string();
+    let uri = Uri::builder()
+        .scheme("http")
+        .authority(addr_str.as_str())
+        .path_and_query(path)
+        .build()
+        .ok()?;
+    Some(PodSlot {
+        addr,
+        addr_str,
+        uri,
+        in_flight: false,
+        buf: Vec::new(),
+        last: None,
+        last_ok_ms: 0,
+        failures: 0,
+    })
+}
+
+impl PoolRt {
+    /// Replaces the pod list by `set`, keeping the state of pods that stay.
+    fn resync(&mut self, set: &[SocketAddr], stats: &Stats) {
+        let mut old: Vec<PodSlot> = std::mem::take(&mut self.pods);
+        let before = old.len();
+        for addr in set {
+            match old.iter().position(|p| p.addr == *addr) {
+                Some(i) => self.pods.push(old.swap_remove(i)),
+                None => match new_slot(*addr, &self.path) {
+                    Some(s) => self.pods.push(s),
+                    None => {
+                        tracing::error!(pool = %self.name, pod = %addr, path = %self.path, "cannot form a scrape URI")
+                    }
+                },
+            }
+        }
+        self.pods.sort_by_key(|p| p.addr);
+        if !old.is_empty() || self.pods.len() != before {
+            let names: Vec<&str> = old.iter().map(|p| p.addr_str.as_str()).collect();
+            tracing::info!(pool = %self.name, pods = self.pods.len(), removed = ?names, "pool membership changed");
+            let pool = self.name.clone();
+            stats.retain_pods(|p, pod| p != pool || !names.contains(&pod));
+        }
+    }
+}
+
+struct Done {
+    pool: usize,
+    addr: SocketAddr,
+    round: u64,
+    buf: Vec<u8>,
+    result: Result<PodMetrics, ScrapeError>,
+    elapsed: Duration,
+}
+
+type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+struct Loop {
+    cfg: Config,
+    pools: Vec<PoolRt>,
+    client: ScrapeClient,
+    pusher: Pusher,
+    stats: Arc<Stats>,
+    next_generation: u64,
+    last_accepted: Option<Snapshot>,
+    last_accepted_at: Option<Instant>,
+    in_flight_snapshot: Option<Snapshot>,
+    retry: bool,
+    last_push_label: &'static str,
+    snapshots: watch::Sender<Option<Snapshot>>,
+}
+
+impl Loop {
+    fn jittered(&self) -> Duration {
+        let base = self.cfg.scrape.interval_ms as f64;
+        let j = self.cfg.scrape.jitter;
+        let f = if j > 0.0 {
+            rand::rng().random_range(-j..=j)
+        } else {
+            0.0
+        };
+        Duration::from_secs_f64((base * (1.0 + f)).max(1.0) / 1000.0)
+    }
+
+    fn start_round(&mut self, round: u64, inflight: &mut FuturesUnordered<BoxFut<Done>>) -> usize {
+        let timeout = Duration::from_millis(self.cfg.scrape.timeout_ms);
+        let max = self.cfg.scrape.max_response_bytes;
+        let cap = self.cfg.scrape.concurrency;
+        let mut started = 0;
+        for (pi, pool) in self.pools.iter_mut().enumerate() {
+            if pool.rx.has_changed().unwrap_or(false) {
+                let set = pool.rx.borrow_and_update().clone();
+                pool.resync(&set, &self.stats);
+            }
+            for slot in &mut pool.pods {
+                if slot.in_flight || inflight.len() >= cap {
+                    continue;
+                }
+                slot.in_flight = true;
+                let client = self.client.clone();
+                let uri = slot.uri.clone();
+                let engine = pool.engine;
+                let addr = slot.addr;
+                let mut buf = std::mem::take(&mut slot.buf);
+                inflight.push(Box::pin(async move {
+                    let t = Instant::now();
+                    let result = scrape::scrape(&client, uri, engine, timeout, max, &mut buf).await;
+                    Done {
+                        pool: pi,
+                        addr,
+                        round,
+                        buf,
+                        result,
+                        elapsed: t.elapsed(),
+                    }
+                }));
+                started += 1;
+            }
+        }
+        started
+    }
+
+    fn apply(&mut self, d: Done) {
+        let Some(pool) = self.pools.get_mut(d.pool) else {
+            return;
+        };
+        let Ok(i) = pool.pods.binary_search_by_key(&d.addr, |p| p.addr) else {
+            return;
+        };
+        let Some(slot) = pool.pods.get_mut(i) else {
+            return;
+        };
+        slot.in_flight = false;
+        slot.buf = d.buf;
+        let err_kind = d.result.as_ref().err().map(ScrapeError::kind);
+        self.stats.scrape_done(
+            &pool.name,
+            &slot.addr_str,
+            d.elapsed.as_secs_f64(),
+            err_kind,
+        );
+        match d.result {
+            Ok(m) => {
+                if slot.failures > 0 {
+                    tracing::info!(pool = %pool.name, pod = %slot.addr_str, after_failures = slot.failures, "pod answers again");
+                }
+                if slot.last.is_none() {
+                    tracing::info!(pool = %pool.name, pod = %slot.addr_str, engine = %m.engine, "first scrape");
+                }
+                slot.failures = 0;
+                slot.last_ok_ms = now_ms();
+                slot.last = Some(m);
+            }
+            Err(e) => {
+                slot.failures = slot.failures.saturating_add(1);
+                if slot.failures == 1 {
+                    tracing::warn!(pool = %pool.name, pod = %slot.addr_str, error = %e, "scrape failed");
+                } else {
+                    tracing::debug!(pool = %pool.name, pod = %slot.addr_str, error = %e, failures = slot.failures, "scrape failed again");
+                }
+            }
+        }
+    }
+
+    fn pod_entry(&self, pool: &PoolRt, s: &PodSlot, now: u64) -> Pod {
+        let (health, failures) = if s.failures > 0 {
+            (
+                Health::Failing,
+                s.failures.min(MAX_REPORTED_FAILURES) as u16,
+            )
+        } else if s.last_ok_ms == 0
+            || now.saturating_sub(s.last_ok_ms) > self.cfg.pod_stale_after_ms
+        {
+            (Health::Stale, 0)
+        } else {
+            (Health::Ok, 0)
+        };
+        let m = s.last.as_ref();
+        Pod {
+            address: s.addr_str.clone(),
+            engine: m
+                .map(|m| m.engine)
+                .or(pool.engine)
+                .unwrap_or(Engine::Unknown),
+            health,
+            failures,
+            scraped_at_ms: s.last_ok_ms,
+            waiting: m.map_or(0, |m| m.waiting),
+            running: m.map_or(0, |m| m.running),
+            kv_usage: m.and_then(|m| m.kv_usage),
+            block_size: m.map_or(0, |m| m.block_size),
+            num_blocks: m.map_or(0, |m| m.num_blocks),
+            lora: m.and_then(|m| m.lora.clone()),
+        }
+    }
+
+    fn build(&self, now: u64) -> Snapshot {
+        let pools = self
+            .pools
+            .iter()
+            .map(|p| Pool {
+                name: p.name.clone(),
+                cluster: p.cluster.clone(),
+                models: p.models.clone(),
+                pods: p.pods.iter().map(|s| self.pod_entry(p, s, now)).collect(),
+            })
+            .collect();
+        Snapshot {
+            generation: 0,
+            created_ms: now,
+            pools,
+        }
+    }
+
+    /// End of a round: build, publish health, push when needed (and none is in flight).
+    fn finish_round(&mut self, push_fut: &mut Option<BoxFut<PushOutcome>>) {
+        let now = now_ms();
+        let mut snap = self.build(now);
+        self.stats.round_done(now);
+        for p in &snap.pools {
+            for pod in &p.pods {
+                self.stats.pod_health(
+                    &p.name,
+                    &pod.address,
+                    pod.health.name(),
+                    u32::from(pod.failures),
+                );
+            }
+        }
+        if push_fut.is_some() {
+            return;
+        }
+        let changed = self
+            .last_accepted
+            .as_ref()
+            .is_none_or(|l| !l.same_state(&snap));
+        let heartbeat = self
+            .last_accepted_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(self.cfg.heartbeat_ms));
+        if !(changed || heartbeat || self.retry) {
+            return;
+        }
+        snap.generation = self.next_generation;
+        self.next_generation += 1;
+        let bytes = match snap.encode() {
+            Ok(b) => Bytes::from(b),
+            Err(e) => {
+                tracing::error!(error = %e, "snapshot cannot be encoded; not pushed");
+                return;
+            }
+        };
+        let pusher = self.pusher.clone();
+        let (generation, created) = (snap.generation, snap.created_ms);
+        tracing::debug!(
+            generation,
+            changed,
+            heartbeat,
+            pods = snap.pod_count(),
+            "pushing snapshot"
+        );
+        self.in_flight_snapshot = Some(snap);
+        *push_fut = Some(Box::pin(async move {
+            pusher.push(bytes, generation, created).await
+        }));
+    }
+
+    fn push_answered(&mut self, o: PushOutcome) {
+        let label = o.result.label();
+        let transition = label != self.last_push_label;
+        self.last_push_label = label;
+        match &o.result {
+            PushResult::Accepted => {
+                self.stats
+                    .push_done(label, Some((o.generation, o.created_ms)));
+                self.retry = false;
+                self.last_accepted_at = Some(Instant::now());
+                let snap = self.in_flight_snapshot.take();
+                if transition {
+                    tracing::info!(generation = o.generation, answer = %o.body.trim(), "snapshot accepted by the proxy");
+                } else {
+                    tracing::debug!(generation = o.generation, answer = %o.body.trim(), "snapshot accepted");
+                }
+                let _ = self.snapshots.send(snap.clone());
+                self.last_accepted = snap;
+            }
+            other => {
+                self.stats.push_done(label, None);
+                self.retry = true;
+                self.in_flight_snapshot = None;
+                if let PushResult::Stale { newer: Some(g) } = other {
+                    self.next_generation = self.next_generation.max(g.saturating_add(1));
+                }
+                if transition {
+                    tracing::warn!(generation = o.generation, result = ?other, answer = %o.body.trim(), "snapshot push failed; retrying next round");
+                } else {
+                    tracing::debug!(generation = o.generation, result = ?other, "snapshot push failed again");
+                }
+            }
+        }
+    }
+}
+
+async fn poll_opt<F: Future + Unpin>(f: &mut Option<F>) -> F::Output {
+    match f.as_mut() {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
+    let mut inflight: FuturesUnordered<BoxFut<Done>> = FuturesUnordered::new();
+    let mut push_fut: Option<BoxFut<PushOutcome>> = None;
+    let mut round: u64 = 0;
+    let mut pending = 0usize;
+    let mut round_open = false;
+    let mut next_round = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(done) = inflight.next(), if !inflight.is_empty() => {
+                let this_round = done.round == round;
+                lp.apply(done);
+                if this_round && round_open {
+                    pending = pending.saturating_sub(1);
+                    if pending == 0 {
+                        round_open = false;
+                        lp.finish_round(&mut push_fut);
+                    }
+                }
+            }
+            outcome = poll_opt(&mut push_fut) => {
+                push_fut = None;
+                lp.push_answered(outcome);
+            }
+            _ = tokio::time::sleep_until(next_round) => {
+                if round_open {
+                    round_open = false;
+                    lp.finish_round(&mut push_fut);
+                }
+                round += 1;
+                pending = lp.start_round(round, &mut inflight);
+                let now = tokio::time::Instant::now();
+                next_round += lp.jittered();
+                if next_round < now {
+                    next_round = now + lp.jittered();
+                }
+                if pending == 0 {
+                    lp.finish_round(&mut push_fut);
+                } else {
+                    round_open = true;
+                }
+            }
+        }
+    }
+    // Let a push in flight finish (bounded by its timeout) so the last state is not lost.
+    if let Some(f) = push_fut {
+        let o = f.await;
+        lp.push_answered(o);
+    }
+    tracing::info!("scrape loop stopped");
+}
+
+/// A started sidecar.
+pub struct Running {
+    /// Where its own `/metrics` and `/healthz` listen.
+    pub face_addr: SocketAddr,
+    pub stats: Arc<Stats>,
+    /// Every snapshot the proxy accepted (latest), for tests and debugging.
+    pub accepted: watch::Receiver<Option<Snapshot>>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops scraping, lets the last push finish, stops the face.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Asks the loop and the face to stop; [`Running::wait`] then resolves.
+    pub fn signal_stop(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Resolves when the loop and the face have ended.
+    pub async fn wait(self) {
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts discovery, the scrape loop and the face. `cfg` must be validated.
+pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stats = Arc::new(Stats::default());
+    let mut pools = Vec::with_capacity(cfg.pools.len());
+    for p in &cfg.pools {
+        let rx = discovery::start(&p.name, &p.discovery, shutdown_rx.clone())?;
+        let path = p
+            .metrics_path
+            .clone()
+            .unwrap_or_else(|| cfg.scrape.path.clone());
+        let mut rt = PoolRt {
+            name: p.name.clone(),
+            cluster: p.cluster.clone(),
+            models: p.models.clone(),
+            engine: p.engine(),
+            path,
+            rx,
+            pods: Vec::new(),
+        };
+        let initial = rt.rx.borrow_and_update().clone();
+        rt.resync(&initial, &stats);
+        pools.push(rt);
+    }
+    let pusher = Pusher::new(
+        &cfg.push.address,
+        &cfg.push.path,
+        &secret,
+        Duration::from_millis(cfg.push.timeout_ms),
+    )?;
+    let listener = tokio::net::TcpListener::bind(&cfg.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+    let face_addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: cfg.listen.clone(),
+        source,
+    })?;
+    let (snap_tx, snap_rx) = watch::channel(None);
+    tracing::info!(
+        face = %face_addr,
+        push = %pusher.uri(),
+        pools = cfg.pools.len(),
+        interval_ms = cfg.scrape.interval_ms,
+        "sidecar-metrics started"
+    );
+    let face_task = tokio::spawn(face::serve(
+        listener,
+        stats.clone(),
+        cfg.scrape.interval_ms,
+        shutdown_rx.clone(),
+    ));
+    let lp = Loop {
+        pools,
+        client: scrape::client(),
+        pusher,
+        stats: stats.clone(),
+        next_generation: now_ms(),
+        last_accepted: None,
+        last_accepted_at: None,
+        in_flight_snapshot: None,
+        retry: false,
+        last_push_label: "none",
+        snapshots: snap_tx,
+        cfg,
+    };
+    let loop_task = tokio::spawn(run_loop(lp, shutdown_rx));
+    Ok(Running {
+        face_addr,
+        stats,
+        accepted: snap_rx,
+        shutdown: shutdown_tx,
+        tasks: vec![loop_task, face_task],
+    })
+}
