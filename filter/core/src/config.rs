@@ -53,14 +53,15 @@ impl Preset {
                 queue: 3.0,
                 kv_cache: 2.0,
                 prefix: 2.0,
-                lora: 2.0,
+                // A missing adapter costs a load, or a wait for a slot: worth a short queue.
+                lora: 4.0,
                 load: 1.0,
             },
             Preset::Throughput => Weights {
                 queue: 1.0,
                 kv_cache: 3.0,
                 prefix: 3.0,
-                lora: 3.0,
+                lora: 4.0,
                 load: 1.0,
             },
             Preset::Gaie => Weights {
