@@ -14,7 +14,7 @@ use util::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_spreads_over_pods_and_counts_are_released() {
     let slow = EchoConfig {
-        delay: Duration::from_millis(1500),
+        delay: Duration::from_millis(3000),
         ..EchoConfig::default()
     };
     let a = TestPool::start("llama", "llama-model", 3, slow).await;
@@ -39,8 +39,15 @@ async fn a_burst_spreads_over_pods_and_counts_are_released() {
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     // While they are held by the backends, the filter counts all of them, whichever worker.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(total_in_flight(&envoy).await, 12);
+    let mut counted = 0;
+    for _ in 0..100 {
+        counted = total_in_flight(&envoy).await;
+        if counted == 12 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counted, 12);
     let mut per_pod: HashMap<String, u32> = HashMap::new();
     for t in tasks {
         let r = t.await.unwrap();
