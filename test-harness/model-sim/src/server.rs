@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -585,8 +586,9 @@ pub enum SimBody {
     Full(Option<Bytes>),
     /// Server-sent events.
     Sse(Box<SseStream>),
-    /// Fails at once, so the connection is closed mid-response.
-    Broken,
+    /// Sends the given bytes (if any), waits for the timer (so they reach the client), then
+    /// fails, so the connection is closed mid-response.
+    Cut(Option<Bytes>, Pin<Box<tokio::time::Sleep>>),
 }
 
 /// The error a cut body reports to hyper (which then closes the connection).
@@ -610,7 +612,13 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyCut>>> {
         match self.get_mut() {
             SimBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
-            SimBody::Broken => Poll::Ready(Some(Err(BodyCut("fault close_mid_stream")))),
+            SimBody::Cut(b, timer) => match b.take() {
+                Some(b) => Poll::Ready(Some(Ok(Frame::data(b)))),
+                None => match timer.as_mut().poll(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(()) => Poll::Ready(Some(Err(BodyCut("fault close_mid_stream")))),
+                },
+            },
             SimBody::Sse(s) => s.poll(cx),
         }
     }
@@ -1014,7 +1022,26 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
         );
     }
     if cut {
-        return response(StatusCode::OK, "application/json", SimBody::Broken);
+        // Wait for the first token, then send the head of the JSON body and cut.
+        let _ = tokio::time::timeout(HANG_LIMIT, rx.recv()).await;
+        let full = ctx.full_body(
+            &Usage {
+                prompt_tokens,
+                completion_tokens: output_tokens,
+                cached_tokens: 0,
+            },
+            finish.as_str(),
+        );
+        let full = Bytes::from(full);
+        let half = full.slice(..full.len().min(40));
+        return response(
+            StatusCode::OK,
+            "application/json",
+            SimBody::Cut(
+                Some(half),
+                Box::pin(tokio::time::sleep(Duration::from_millis(50))),
+            ),
+        );
     }
     let mut die = pod.die.subscribe();
     loop {

@@ -1,0 +1,487 @@
+//! The real HTTP server (in-process pods on free loopback ports): OpenAI bodies streaming and
+//! not, `include_usage`, `[DONE]`, the pod header, errors, admin fault modes, metrics overrides,
+//! metrics that agree with the pod's state, client-disconnect aborts, SGLang and metrics-only
+//! pods.
+
+use std::time::Duration;
+
+use model_sim::metrics::Flavor;
+use model_sim::profile::Profile;
+use model_sim::server::{spawn_pod, PodConfig, PodHandle};
+use serde_json::Value;
+
+mod common;
+use common::{get, http, parse_metrics, series};
+
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+async fn pod(profile: Profile, f: impl FnOnce(&mut PodConfig)) -> PodHandle {
+    let mut cfg = PodConfig::new(0, profile);
+    cfg.speedup = 10.0;
+    f(&mut cfg);
+    spawn_pod(cfg).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn chat(content: &str, max_tokens: u32, stream: bool, include_usage: bool, model: &str) -> String {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": {"include_usage": include_usage}
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streaming_chat_and_completions() {
+    let p = pod(Profile::h100(), |_| {}).await;
+    let addr = p.addr();
+    let content = "x".repeat(95); // "user" + 95 chars = 99 chars = 25 tokens
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat(&content, 7, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-model-sim-pod"), Some(addr.to_string().as_str()));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(v["usage"]["prompt_tokens"], 25);
+    assert_eq!(v["usage"]["completion_tokens"], 7);
+    assert_eq!(v["usage"]["total_tokens"], 32);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .is_some_and(|s| !s.is_empty()));
+    assert!(v["id"].as_str().is_some_and(|s| s.starts_with("chatcmpl-")));
+
+    let body =
+        serde_json::json!({"model": MODEL, "prompt": "abcdefgh", "max_completion_tokens": 3})
+            .to_string();
+    let r = http(addr, "POST", "/v1/completions", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 2);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+
+    // Health, models, errors.
+    let r = http(addr, "GET", "/health", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-model-sim-pod").is_some());
+    let r = http(addr, "POST", "/v1/chat/completions", Some("{not json"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["object"], "error");
+    let long = "y".repeat(4 * 140_000);
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat(&long, 8, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("maximum context length"), "{}", r.body);
+    let r = http(addr, "GET", "/nope", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 404);
+    let _ = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hi", 2, false, false, "sql-lora")),
+    )
+    .await;
+    let r = http(addr, "GET", "/v1/models", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<String> = r.json()["data"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ids, vec![MODEL.to_string(), "sql-lora".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_chunks_usage_and_done() {
+    let p = pod(Profile::a10g(), |_| {}).await;
+    let addr = p.addr();
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello world", 5, true, true, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200);
+    assert!(r.complete);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::Null))
+        .collect();
+    // role chunk + 5 token chunks + usage chunk
+    assert_eq!(chunks.len(), 7, "{data:?}");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let id = chunks[0]["id"].clone();
+    assert!(chunks.iter().all(|c| c["id"] == id));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    for c in &chunks[1..5] {
+        assert!(c["choices"][0]["finish_reason"].is_null());
+        assert!(c["choices"][0]["delta"]["content"].is_string());
+    }
+    assert_eq!(chunks[5]["choices"][0]["finish_reason"], "length");
+    let usage = &chunks[6];
+    assert_eq!(usage["choices"].as_array().map(Vec::len), Some(0));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert_eq!(usage["usage"]["prompt_tokens"], 4); // "user" + "hello world" = 15 chars
+
+    // Without include_usage: no usage chunk.
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello world", 3, true, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let data = r.sse_data();
+    assert_eq!(data.len(), 1 + 3 + 1);
+    assert!(!r.body.contains("\"usage\""));
+
+    // Legacy completions stream.
+    let body = serde_json::json!({"prompt": "abc", "max_tokens": 2, "stream": true, "stream_options": {"include_usage": true}}).to_string();
+    let r = http(addr, "POST", "/v1/completions", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let data = r.sse_data();
+    assert_eq!(data.len(), 2 + 1 + 1);
+    let first: Value = serde_json::from_str(&data[0]).unwrap_or(Value::Null);
+    assert_eq!(first["object"], "text_completion");
+    assert!(first["choices"][0]["text"].is_string());
+    assert_eq!(data[3], "[DONE]");
+}
+
+async fn set_fault(addr: std::net::SocketAddr, mode: &str) {
+    let r = http(
+        addr,
+        "POST",
+        "/admin/fault",
+        Some(&format!("{{\"mode\":\"{mode}\"}}")),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_modes() {
+    let p = pod(Profile::h100(), |_| {}).await;
+    let addr = p.addr();
+    let req = chat("hello", 20, true, true, MODEL);
+
+    set_fault(addr, "error500").await;
+    let r = http(addr, "POST", "/v1/chat/completions", Some(&req))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 500);
+    assert!(r.header("x-model-sim-pod").is_some());
+
+    set_fault(addr, "error429").await;
+    let r = http(addr, "POST", "/v1/completions", Some("{\"prompt\":\"a\"}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("1"));
+
+    set_fault(addr, "close_mid_stream").await;
+    let r = http(addr, "POST", "/v1/chat/completions", Some(&req))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200);
+    assert!(!r.complete, "stream must be cut");
+    assert!(!r.body.contains("[DONE]"));
+    assert!(
+        r.body.contains("chat.completion.chunk"),
+        "some tokens first: {}",
+        r.body
+    );
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello", 20, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!r.complete, "non-streaming body must be cut too");
+
+    set_fault(addr, "no_metrics").await;
+    let r = http(addr, "GET", "/metrics", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 503);
+    let r = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello", 2, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200, "inference still works without metrics");
+
+    set_fault(addr, "hang").await;
+    let hung = tokio::time::timeout(
+        Duration::from_millis(500),
+        http(addr, "POST", "/v1/chat/completions", Some(&req)),
+    )
+    .await;
+    assert!(hung.is_err(), "hang must not answer");
+
+    set_fault(addr, "none").await;
+    let r = http(addr, "POST", "/v1/chat/completions", Some(&req))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.complete && r.body.ends_with("data: [DONE]\n\n"));
+    let r = http(addr, "POST", "/admin/fault", Some("{\"mode\":\"explode\"}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 400);
+
+    set_fault(addr, "die").await;
+    p.stopped().await;
+    let mut refused = false;
+    for _ in 0..50 {
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "a dead pod refuses connections");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_override_and_agreement_with_state() {
+    let p = pod(Profile::h100(), |c| c.max_loras = 2).await;
+    let addr = p.addr();
+    for i in 0..3 {
+        let r = http(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&chat(&"z".repeat(60 + i), 4, i == 1, false, MODEL)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status, 200);
+    }
+    let _ = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("q", 2, false, false, "sql-lora")),
+    )
+    .await;
+    let text = http(addr, "GET", "/metrics", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .body;
+    let m = parse_metrics(&text);
+    let st = http(addr, "GET", "/admin/state", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json();
+    let model = [("model_name", MODEL)];
+    let g = |n: &str| get(&m, n, &model).unwrap_or_else(|| panic!("missing {n}"));
+    assert_eq!(g("vllm:generation_tokens_total"), 3.0 * 4.0 + 2.0);
+    assert_eq!(
+        Some(g("vllm:generation_tokens_total")),
+        st["generation_tokens"].as_f64()
+    );
+    assert_eq!(
+        Some(g("vllm:prompt_tokens_total")),
+        st["prompt_tokens"].as_f64()
+    );
+    assert_eq!(
+        get(
+            &m,
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        ),
+        Some(4.0)
+    );
+    assert_eq!(g("vllm:time_to_first_token_seconds"), 4.0);
+    assert_eq!(g("vllm:num_requests_running"), 0.0);
+    assert_eq!(g("vllm:kv_cache_usage_perc"), 0.0);
+    assert!(
+        get(&m, "vllm:gpu_cache_usage_perc", &[]).is_none(),
+        "old name only behind the switch"
+    );
+
+    // Override, then clear.
+    let body = r#"{"waiting": 7, "running": 3, "kv_usage": 0.5, "running_adapters": ["a","b"], "waiting_adapters": "c"}"#;
+    let r = http(addr, "POST", "/admin/metrics_override", Some(body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200);
+    let m = parse_metrics(
+        &http(addr, "GET", "/metrics", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .body,
+    );
+    assert_eq!(get(&m, "vllm:num_requests_waiting", &[]), Some(7.0));
+    assert_eq!(get(&m, "vllm:num_requests_running", &[]), Some(3.0));
+    assert_eq!(get(&m, "vllm:kv_cache_usage_perc", &[]), Some(0.5));
+    let lora = series(&m, "vllm:lora_requests_info");
+    let newest = lora
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|x| x.0.clone())
+        .unwrap_or_default();
+    assert_eq!(common::label(&newest, "running_lora_adapters"), Some("a,b"));
+    assert_eq!(common::label(&newest, "waiting_lora_adapters"), Some("c"));
+    assert_eq!(common::label(&newest, "max_lora"), Some("2"));
+    assert!(
+        lora.iter().all(|x| x.1 > 1.0e9),
+        "values are unix timestamps"
+    );
+
+    let r = http(
+        addr,
+        "POST",
+        "/admin/metrics_override",
+        Some("{\"kv_usage\": \"high\"}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 400);
+    let r = http(addr, "POST", "/admin/metrics_override", Some("{}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200);
+    let m = parse_metrics(
+        &http(addr, "GET", "/metrics", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .body,
+    );
+    assert_eq!(get(&m, "vllm:num_requests_waiting", &[]), Some(0.0));
+    assert_eq!(get(&m, "vllm:kv_cache_usage_perc", &[]), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_aborts_the_request() {
+    // Real time (speedup 1) and a long output, so the request is surely still running.
+    let p = pod(Profile::a10g(), |c| c.speedup = 1.0).await;
+    let addr = p.addr();
+    let body = chat("hello", 2000, true, false, MODEL);
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut buf = vec![0u8; 4096];
+    let n = s.read(&mut buf).await.unwrap_or(0);
+    assert!(n > 0);
+    assert_eq!(p.pod().state().running, 1);
+    drop(s);
+    let mut running = 1;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        running = p.pod().state().running;
+        if running == 0 {
+            break;
+        }
+    }
+    assert_eq!(running, 0, "the engine request must be aborted");
+    let m = parse_metrics(&p.pod().metrics_text());
+    assert_eq!(
+        get(
+            &m,
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(get(&m, "vllm:kv_cache_usage_perc", &[]), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_and_metrics_only_pods() {
+    let p = pod(Profile::a10g(), |c| c.flavor = Flavor::Sglang).await;
+    let _ = http(
+        p.addr(),
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello", 3, false, false, MODEL)),
+    )
+    .await;
+    let m = parse_metrics(
+        &http(p.addr(), "GET", "/metrics", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .body,
+    );
+    assert_eq!(
+        get(&m, "sglang:num_queue_reqs", &[("model_name", MODEL)]),
+        Some(0.0)
+    );
+    assert_eq!(get(&m, "sglang:generation_tokens_total", &[]), Some(3.0));
+    assert!(get(&m, "vllm:num_requests_waiting", &[]).is_none());
+
+    let p = pod(Profile::h100(), |c| {
+        c.metrics_only = true;
+        c.seed = 42;
+    })
+    .await;
+    let m = parse_metrics(
+        &http(p.addr(), "GET", "/metrics", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .body,
+    );
+    let kv = get(&m, "vllm:kv_cache_usage_perc", &[]).unwrap_or(-1.0);
+    assert!((0.0..=1.0).contains(&kv));
+    assert!(get(&m, "vllm:num_requests_running", &[]).is_some_and(|r| r >= 0.0));
+    assert_eq!(series(&m, "vllm:cache_config_info").len(), 1);
+    let r = http(
+        p.addr(),
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat("hello", 3, true, true, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.body.ends_with("data: [DONE]\n\n"));
+}
