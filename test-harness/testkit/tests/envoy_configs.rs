@@ -1,0 +1,665 @@
+//! Keeps the example configurations in `envoy/` honest: every plain Envoy bootstrap (files and
+//! ConfigMap entries) passes the real `envoy --mode validate` with the filter module substituted;
+//! the Envoy fragments inside Istio's EnvoyFilter and Envoy Gateway's EnvoyPatchPolicy are put
+//! into a bootstrap and validated too; every Kubernetes manifest has a known kind/apiVersion and,
+//! for custom resources, only fields that exist in the CRD schemas of
+//! `shared/fixtures/crds/` (types, enums, required fields); and the pools named by the filter,
+//! the routes and the sidecar agree.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use testkit::{filter_wasm, testlog_dir, validate_config, workspace_root, EnvoySpec, Router};
+
+const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+}
+
+/// The filter module, or `None` (skipped with a message) when missing outside CI.
+fn wasm_or_skip(test: &str) -> Option<PathBuf> {
+    match filter_wasm() {
+        Ok(path) => Some(path),
+        Err(e) if ci() => panic!("{test}: CI is set and the filter module is missing: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: {e} (set CI=1 to make this a failure)");
+            None
+        }
+    }
+}
+
+/// The CRD fixtures: `$LLMR_CRDS_DIR`, else `shared/fixtures/crds` beside the repository.
+fn crds_dir_or_skip(test: &str) -> Option<PathBuf> {
+    let dir = std::env::var_os("LLMR_CRDS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("../shared/fixtures/crds"));
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    let msg = format!(
+        "{test}: CRD fixtures not found at {} (set LLMR_CRDS_DIR)",
+        dir.display()
+    );
+    if ci() {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED {msg}");
+    None
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every YAML document of a text, as JSON values (empty documents dropped).
+fn documents(text: &str, origin: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| {
+            let yaml = serde_yaml::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{origin}: YAML: {e}"));
+            serde_json::to_value(yaml).unwrap_or_else(|e| panic!("{origin}: not JSON-like: {e}"))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+use serde::Deserialize;
+
+/// One YAML document found under `envoy/`, with where it came from.
+struct Doc {
+    origin: String,
+    value: Value,
+}
+
+fn example_docs() -> Vec<Doc> {
+    let root = workspace_root().join("envoy");
+    let mut docs = Vec::new();
+    for file in yaml_files(&root) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let rel = file
+            .strip_prefix(workspace_root())
+            .unwrap()
+            .display()
+            .to_string();
+        for (i, value) in documents(&text, &rel).into_iter().enumerate() {
+            docs.push(Doc {
+                origin: format!("{rel}#{i}"),
+                value,
+            });
+        }
+    }
+    assert!(
+        docs.len() >= 10,
+        "expected the example manifests, found {} documents",
+        docs.len()
+    );
+    docs
+}
+
+/// Plain Envoy bootstraps: whole files, and ConfigMap entries that are bootstraps.
+fn envoy_bootstraps(docs: &[Doc]) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for doc in docs {
+        if doc.value.get("static_resources").is_some() {
+            out.push((doc.origin.clone(), doc.value.clone()));
+        }
+        if doc.value["kind"] == "ConfigMap" {
+            for (key, text) in doc.value["data"].as_object().into_iter().flatten() {
+                let origin = format!("{} data.{key}", doc.origin);
+                for inner in documents(text.as_str().unwrap_or_default(), &origin) {
+                    if inner.get("static_resources").is_some() {
+                        out.push((origin.clone(), inner));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Replaces every string ending in `llm_router_filter.wasm` by the real module path.
+fn substitute_wasm(value: &mut Value, wasm: &Path) {
+    match value {
+        Value::String(s) if s.ends_with("llm_router_filter.wasm") => {
+            *s = wasm.display().to_string()
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| substitute_wasm(v, wasm)),
+        Value::Object(map) => map.values_mut().for_each(|v| substitute_wasm(v, wasm)),
+        _ => {}
+    }
+}
+
+/// Every Wasm filter config (the `config` of a `...wasm.v3.Wasm` typed_config) in a value.
+fn wasm_configs(value: &Value, out: &mut Vec<Value>) {
+    match value {
+        Value::Object(map) => {
+            if map.get("@type").and_then(Value::as_str) == Some(WASM_TYPE) {
+                out.push(map.get("config").cloned().unwrap_or(Value::Null));
+            }
+            map.values().for_each(|v| wasm_configs(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| wasm_configs(v, out)),
+        _ => {}
+    }
+}
+
+fn validate_with_envoy(name: &str, mut bootstrap: Value, wasm: &Path, dir: &Path) {
+    substitute_wasm(&mut bootstrap, wasm);
+    let file = dir.join(format!("{}.yaml", name.replace(['/', '#', ' ', '.'], "_")));
+    std::fs::write(&file, serde_yaml::to_string(&bootstrap).unwrap()).unwrap();
+    if let Err(e) = validate_config(&file) {
+        panic!("{name}: envoy --mode validate failed:\n{e}");
+    }
+}
+
+#[test]
+fn plain_envoy_examples_pass_envoy_validate() {
+    let docs = example_docs();
+    let bootstraps = envoy_bootstraps(&docs);
+    let origins: Vec<&str> = bootstraps.iter().map(|(o, _)| o.as_str()).collect();
+    assert!(
+        origins.iter().any(|o| o.starts_with("envoy/envoy.yaml")),
+        "{origins:?}"
+    );
+    assert!(
+        origins.iter().any(|o| o.contains("gateway-envoy.yaml")),
+        "{origins:?}"
+    );
+    // The two required settings, in every bootstrap that loads the filter.
+    for (origin, bootstrap) in &bootstraps {
+        let mut configs = Vec::new();
+        wasm_configs(bootstrap, &mut configs);
+        assert_eq!(configs.len(), 1, "{origin}: one llm-router filter expected");
+        assert_eq!(
+            configs[0]["allow_on_headers_stop_iteration"],
+            json!(true),
+            "{origin}"
+        );
+        for cluster in bootstrap["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+        {
+            let policy = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+            assert_eq!(
+                policy["name"], "envoy.load_balancing_policies.override_host",
+                "{origin}: cluster {} lacks override_host",
+                cluster["name"]
+            );
+        }
+    }
+    let Some(wasm) = wasm_or_skip("plain_envoy_examples_pass_envoy_validate") else {
+        return;
+    };
+    let dir = testlog_dir("envoy-examples").unwrap();
+    for (origin, bootstrap) in bootstraps {
+        validate_with_envoy(&origin, bootstrap, &wasm, &dir);
+    }
+}
+
+#[test]
+fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
+    let docs = example_docs();
+    let mut filters = Vec::new(); // (origin, http filter entry)
+    let mut lb_policies = Vec::new(); // (origin, load_balancing_policy)
+    for doc in &docs {
+        let v = &doc.value;
+        match v["kind"].as_str() {
+            Some("EnvoyFilter") => {
+                for patch in v["spec"]["configPatches"].as_array().unwrap() {
+                    let value = &patch["patch"]["value"];
+                    match patch["applyTo"].as_str() {
+                        Some("EXTENSION_CONFIG") => {
+                            filters.push((doc.origin.clone(), value.clone()))
+                        }
+                        Some("CLUSTER") => lb_policies
+                            .push((doc.origin.clone(), value["load_balancing_policy"].clone())),
+                        _ => {}
+                    }
+                }
+            }
+            Some("EnvoyPatchPolicy") => {
+                for patch in v["spec"]["jsonPatches"].as_array().unwrap() {
+                    let value = &patch["operation"]["value"];
+                    if value["typed_config"]["@type"] == WASM_TYPE {
+                        filters.push((doc.origin.clone(), value.clone()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let origins: BTreeSet<&str> = filters
+        .iter()
+        .map(|(o, _)| o.split('#').next().unwrap())
+        .collect();
+    assert_eq!(
+        origins.len(),
+        2,
+        "expected the Istio and Envoy Gateway filters: {origins:?}"
+    );
+    assert!(lb_policies.len() >= 2);
+    for (origin, filter) in &filters {
+        assert_eq!(
+            filter["typed_config"]["config"]["allow_on_headers_stop_iteration"],
+            json!(true),
+            "{origin}"
+        );
+    }
+    let Some(wasm) = wasm_or_skip("envoy_fragments_pass_envoy_validate") else {
+        return;
+    };
+    let dir = testlog_dir("envoy-fragments").unwrap();
+    let spec = EnvoySpec::new(Router::Filter).pool(
+        "llama",
+        "pool_llama",
+        vec!["127.0.0.1:9".parse().unwrap()],
+    );
+    for (origin, filter) in filters {
+        let mut bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
+        bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["http_filters"][0] = filter;
+        validate_with_envoy(&format!("{origin} filter"), bootstrap, &wasm, &dir);
+    }
+    for (origin, policy) in lb_policies {
+        let mut bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
+        let cluster = &mut bootstrap["static_resources"]["clusters"][0];
+        // As Istio generates it (least request), with the MERGE applied on top.
+        cluster["lb_policy"] = json!("LEAST_REQUEST");
+        cluster["load_balancing_policy"] = policy;
+        validate_with_envoy(&format!("{origin} cluster"), bootstrap, &wasm, &dir);
+    }
+}
+
+/// The pools (name → cluster) of every filter configuration in the examples, per folder.
+fn plugin_pools(docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut add = |origin: &str, value: &Value| {
+        let mut configs = Vec::new();
+        wasm_configs(value, &mut configs);
+        for config in configs {
+            let text = config["configuration"]["value"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{origin}: no configuration"));
+            let plugin: Value =
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{origin}: plugin JSON: {e}"));
+            assert_eq!(
+                config["configuration"]["@type"],
+                "type.googleapis.com/google.protobuf.StringValue"
+            );
+            assert_eq!(
+                config["vm_config"]["runtime"], "envoy.wasm.runtime.v8",
+                "{origin}"
+            );
+            assert_eq!(config["vm_config"]["vm_id"], "llm-router", "{origin}");
+            assert_eq!(config["root_id"], "llm-router", "{origin}");
+            let folder = origin
+                .rsplit_once('/')
+                .map(|(d, _)| d.to_string())
+                .unwrap_or_default();
+            for pool in plugin["pools"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{origin}: no pools"))
+            {
+                let name = pool["name"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{origin}: pool without name"));
+                let cluster = pool["cluster"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{origin}: {name} without cluster"));
+                assert!(
+                    pool["models"].as_array().is_some_and(|m| !m.is_empty()),
+                    "{origin}: pool {name} has no models"
+                );
+                out.entry(folder.clone())
+                    .or_default()
+                    .insert(name.into(), cluster.into());
+            }
+            assert!(
+                plugin["snapshot"]["secret"].is_string(),
+                "{origin}: no snapshot.secret"
+            );
+        }
+    };
+    for doc in docs {
+        add(&doc.origin, &doc.value);
+        for (key, text) in doc.value["data"].as_object().into_iter().flatten() {
+            let origin = format!("{} data.{key}", doc.origin);
+            for inner in documents(text.as_str().unwrap_or_default(), &origin) {
+                add(&doc.origin, &inner);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn filter_pools_routes_and_sidecar_agree() {
+    let docs = example_docs();
+    let pools = plugin_pools(&docs);
+    assert_eq!(
+        pools.len(),
+        4,
+        "filter configs in envoy/, istio/, envoy-gateway/, kubernetes/: {pools:?}"
+    );
+    let reference = pools.values().next().unwrap();
+    for (folder, p) in &pools {
+        assert_eq!(
+            p, reference,
+            "{folder}: pools differ from the other examples"
+        );
+    }
+    let clusters: BTreeSet<&String> = reference.values().collect();
+    // HTTPRoutes send each pool's header value to a backend.
+    let mut routed = BTreeSet::new();
+    for doc in docs.iter().filter(|d| d.value["kind"] == "HTTPRoute") {
+        for rule in doc.value["spec"]["rules"].as_array().unwrap() {
+            for m in rule["matches"].as_array().into_iter().flatten() {
+                for h in m["headers"].as_array().into_iter().flatten() {
+                    if h["name"] == "x-llm-router-cluster" {
+                        let value = h["value"].as_str().unwrap().to_string();
+                        assert!(
+                            clusters.contains(&value),
+                            "{}: routes unknown pool cluster {value}",
+                            doc.origin
+                        );
+                        routed.insert(value);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(
+        routed.len(),
+        clusters.len(),
+        "every pool cluster needs a route: {routed:?}"
+    );
+    // The sidecar pushes the same pools.
+    let sidecar = docs
+        .iter()
+        .filter(|d| d.value["kind"] == "ConfigMap")
+        .flat_map(|d| d.value["data"].as_object().cloned().unwrap_or_default())
+        .filter_map(|(_, text)| {
+            documents(text.as_str().unwrap_or_default(), "ConfigMap data")
+                .into_iter()
+                .next()
+        })
+        .find(|v| v.get("push").is_some() && v.get("pools").is_some())
+        .expect("a ConfigMap with the sidecar configuration");
+    let sidecar_pools: BTreeMap<String, String> = sidecar["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().into(),
+                p["cluster"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        &sidecar_pools, reference,
+        "sidecar pools differ from the filter's"
+    );
+    for p in sidecar["pools"].as_array().unwrap() {
+        let d = p["discovery"].as_object().unwrap();
+        assert_eq!(d.len(), 1, "exactly one discovery kind per pool: {d:?}");
+    }
+}
+
+// ---- Kubernetes manifests against the CRD schemas ----
+
+/// (apiVersion, kind) of built-in resources the examples may use.
+const BUILTIN: &[(&str, &str)] = &[
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("v1", "Namespace"),
+    ("apps/v1", "Deployment"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+];
+
+/// (group, kind) → version name → (served, openAPIV3Schema).
+type Crds = BTreeMap<(String, String), BTreeMap<String, (bool, Value)>>;
+
+fn load_crds(dir: &Path) -> Crds {
+    let mut crds = Crds::new();
+    for file in yaml_files(dir) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in documents(&text, &file.display().to_string()) {
+            if doc["kind"] != "CustomResourceDefinition" {
+                continue;
+            }
+            let group = doc["spec"]["group"].as_str().unwrap().to_string();
+            let kind = doc["spec"]["names"]["kind"].as_str().unwrap().to_string();
+            let versions = crds.entry((group, kind)).or_default();
+            for v in doc["spec"]["versions"].as_array().unwrap() {
+                versions.insert(
+                    v["name"].as_str().unwrap().to_string(),
+                    (v["served"] == true, v["schema"]["openAPIV3Schema"].clone()),
+                );
+            }
+        }
+    }
+    crds
+}
+
+/// Structural check of `value` against an OpenAPI v3 schema as CRDs use it: unknown fields,
+/// types, enums, required fields, item counts (no CEL rules, no patterns).
+fn check_schema(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
+    if schema["x-kubernetes-int-or-string"] == true {
+        if !(value.is_i64() || value.is_u64() || value.is_string()) {
+            errors.push(format!("{path}: expected int or string, got {value}"));
+        }
+        return;
+    }
+    if let Some(options) = schema["enum"].as_array() {
+        if !options.contains(value) {
+            errors.push(format!("{path}: {value} is not one of {options:?}"));
+        }
+    }
+    // An object schema without `properties` (e.g. `metadata`) constrains nothing inside.
+    let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true
+        || schema.get("properties").is_none();
+    match schema["type"].as_str() {
+        Some("object") => {
+            let Some(map) = value.as_object() else {
+                errors.push(format!("{path}: expected an object, got {value}"));
+                return;
+            };
+            for required in schema["required"].as_array().into_iter().flatten() {
+                let key = required.as_str().unwrap_or_default();
+                if !map.contains_key(key) {
+                    errors.push(format!("{path}: required field `{key}` missing"));
+                }
+            }
+            for (key, child) in map {
+                let child_path = format!("{path}.{key}");
+                if let Some(prop) = schema["properties"].get(key) {
+                    check_schema(child, prop, &child_path, errors);
+                } else if schema["additionalProperties"].is_object() {
+                    check_schema(child, &schema["additionalProperties"], &child_path, errors);
+                } else if !(preserve || schema["additionalProperties"] == true) {
+                    errors.push(format!("{child_path}: unknown field"));
+                }
+            }
+        }
+        Some("array") => {
+            let Some(items) = value.as_array() else {
+                errors.push(format!("{path}: expected an array, got {value}"));
+                return;
+            };
+            if let Some(max) = schema["maxItems"].as_u64() {
+                if items.len() as u64 > max {
+                    errors.push(format!("{path}: more than {max} items"));
+                }
+            }
+            if let Some(min) = schema["minItems"].as_u64() {
+                if (items.len() as u64) < min {
+                    errors.push(format!("{path}: fewer than {min} items"));
+                }
+            }
+            for (i, item) in items.iter().enumerate() {
+                check_schema(item, &schema["items"], &format!("{path}[{i}]"), errors);
+            }
+        }
+        Some("string") if !value.is_string() => {
+            errors.push(format!("{path}: expected a string, got {value}"))
+        }
+        Some("integer") if !(value.is_i64() || value.is_u64()) => {
+            errors.push(format!("{path}: expected an integer, got {value}"))
+        }
+        Some("number") if !value.is_number() => {
+            errors.push(format!("{path}: expected a number, got {value}"))
+        }
+        Some("boolean") if !value.is_boolean() => {
+            errors.push(format!("{path}: expected a boolean, got {value}"))
+        }
+        _ => {}
+    }
+}
+
+/// Errors of one manifest: unknown kind/apiVersion, or schema violations.
+fn check_manifest(doc: &Value, crds: &Crds) -> Vec<String> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let mut errors = Vec::new();
+    if doc["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+        errors.push("metadata.name missing".to_string());
+    }
+    if BUILTIN.contains(&(api_version, kind)) {
+        return errors;
+    }
+    let Some((group, version)) = api_version.split_once('/') else {
+        errors.push(format!("{api_version} {kind}: not a known built-in kind"));
+        return errors;
+    };
+    let Some(versions) = crds.get(&(group.to_string(), kind.to_string())) else {
+        errors.push(format!(
+            "{kind} in group {group}: no such CRD in the fixtures"
+        ));
+        return errors;
+    };
+    match versions.get(version) {
+        Some((true, schema)) => {
+            // apiVersion, kind and metadata are implicit in every CRD (Istio's schemas omit them).
+            let mut body = doc.clone();
+            if let Some(map) = body.as_object_mut() {
+                for key in ["apiVersion", "kind", "metadata"] {
+                    map.remove(key);
+                }
+            }
+            check_schema(&body, schema, kind, &mut errors)
+        }
+        Some((false, _)) => errors.push(format!("{api_version} {kind}: version not served")),
+        None => errors.push(format!(
+            "{api_version} {kind}: no version {version} (have {:?})",
+            versions.keys().collect::<Vec<_>>()
+        )),
+    }
+    errors
+}
+
+#[test]
+fn kubernetes_manifests_match_kinds_and_crd_schemas() {
+    let Some(dir) = crds_dir_or_skip("kubernetes_manifests_match_kinds_and_crd_schemas") else {
+        return;
+    };
+    let crds = load_crds(&dir);
+    assert!(crds.contains_key(&("networking.istio.io".into(), "EnvoyFilter".into())));
+    let mut checked = BTreeSet::new();
+    let mut errors = Vec::new();
+    for doc in example_docs() {
+        let file = doc.origin.split('#').next().unwrap_or_default().to_string();
+        if doc.value.get("static_resources").is_some() {
+            continue; // a plain Envoy bootstrap, validated by Envoy itself
+        }
+        if doc.value.get("kind").is_none() {
+            assert!(
+                file.contains("patch"),
+                "{}: no kind (only *patch* files may be partial)",
+                doc.origin
+            );
+            continue;
+        }
+        for e in check_manifest(&doc.value, &crds) {
+            errors.push(format!("{}: {e}", doc.origin));
+        }
+        checked.insert(doc.value["kind"].as_str().unwrap_or_default().to_string());
+    }
+    assert!(errors.is_empty(), "manifest errors:\n{}", errors.join("\n"));
+    for kind in [
+        "EnvoyFilter",
+        "HTTPRoute",
+        "Gateway",
+        "EnvoyPatchPolicy",
+        "BackendTrafficPolicy",
+        "Deployment",
+        "Role",
+        "ConfigMap",
+    ] {
+        assert!(
+            checked.contains(kind),
+            "no {kind} among the examples: {checked:?}"
+        );
+    }
+}
+
+#[test]
+fn the_schema_check_rejects_bad_manifests() {
+    let Some(dir) = crds_dir_or_skip("the_schema_check_rejects_bad_manifests") else {
+        return;
+    };
+    let crds = load_crds(&dir);
+    let good = json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy",
+        "metadata": {"name": "x"},
+        "spec": {"loadBalancer": {"type": "RoundRobin",
+                 "endpointOverride": {"extractFrom": [{"header": "x-gateway-destination-endpoint"}]}}},
+    });
+    assert_eq!(check_manifest(&good, &crds), Vec::<String>::new());
+    let mut unknown_field = good.clone();
+    unknown_field["spec"]["loadBalancer"]["endpointOverride"]["fromHeader"] = json!("x");
+    assert!(check_manifest(&unknown_field, &crds)
+        .iter()
+        .any(|e| e.contains("fromHeader")));
+    let mut bad_enum = good.clone();
+    bad_enum["spec"]["loadBalancer"]["type"] = json!("Fastest");
+    assert!(check_manifest(&bad_enum, &crds)
+        .iter()
+        .any(|e| e.contains("Fastest")));
+    let mut missing = good.clone();
+    missing["spec"]["loadBalancer"]
+        .as_object_mut()
+        .unwrap()
+        .remove("type");
+    assert!(check_manifest(&missing, &crds)
+        .iter()
+        .any(|e| e.contains("`type`")));
+    let mut wrong_version = good.clone();
+    wrong_version["apiVersion"] = json!("gateway.envoyproxy.io/v9");
+    assert!(!check_manifest(&wrong_version, &crds).is_empty());
+    let unknown_kind = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "WasmFilter", "metadata": {"name": "x"}});
+    assert!(!check_manifest(&unknown_kind, &crds).is_empty());
+    let mut bad_type = good;
+    bad_type["spec"]["loadBalancer"]["endpointOverride"]["extractFrom"] = json!({"header": "x"});
+    assert!(check_manifest(&bad_type, &crds)
+        .iter()
+        .any(|e| e.contains("expected an array")));
+}
