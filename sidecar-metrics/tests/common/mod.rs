@@ -1,0 +1,326 @@
+//! Shared helpers for the integration tests: a fake fleet of `/metrics` endpoints whose text the
+//! test can change, and a fake push target that records every request it gets.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::Router;
+use llm_router_snapshot::Snapshot;
+use sidecar_metrics::config::{Config, Discovery, PoolConfig, PushConfig, ScrapeConfig};
+use tokio::net::TcpListener;
+
+/// vLLM text with the given load figures.
+pub fn vllm_text(waiting: u32, running: u32, kv: f64) -> String {
+    format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"m1\"}} {running}.0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"m1\"}} {waiting}.0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m1\"}} {kv}\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"1000\"}} 1.0\n"
+    )
+}
+
+/// What a fake pod answers.
+#[derive(Clone)]
+pub enum Answer {
+    Text(String),
+    Status(u16),
+    Hang,
+}
+
+/// One listener per pod; `set` changes what a pod answers.
+pub struct FakeFleet {
+    pub addrs: Vec<SocketAddr>,
+    answers: Arc<Mutex<HashMap<u16, Answer>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeFleet {
+    pub async fn start(n: usize, initial: Answer) -> FakeFleet {
+        let answers = Arc::new(Mutex::new(HashMap::new()));
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = l.local_addr().expect("addr");
+            answers
+                .lock()
+                .expect("lock")
+                .insert(addr.port(), initial.clone());
+            let a = answers.clone();
+            let port = addr.port();
+            let app = Router::new().route(
+                "/metrics",
+                get(move || {
+                    let a = a.clone();
+                    async move {
+                        let ans = a.lock().expect("lock").get(&port).cloned();
+                        match ans {
+                            Some(Answer::Text(t)) => (StatusCode::OK, t),
+                            Some(Answer::Status(s)) => (
+                                StatusCode::from_u16(s)
+                                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                                String::new(),
+                            ),
+                            Some(Answer::Hang) => {
+                                tokio::time::sleep(Duration::from_secs(3600)).await;
+                                (StatusCode::OK, String::new())
+                            }
+                            None => (StatusCode::NOT_FOUND, String::new()),
+                        }
+                    }
+                }),
+            );
+            tasks.push(tokio::spawn(async move {
+                let _ = axum::serve(l, app).await;
+            }));
+            addrs.push(addr);
+        }
+        addrs.sort();
+        FakeFleet {
+            addrs,
+            answers,
+            tasks,
+        }
+    }
+
+    pub fn set(&self, addr: SocketAddr, a: Answer) {
+        self.answers.lock().expect("lock").insert(addr.port(), a);
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.addrs.iter().map(|a| a.to_string()).collect()
+    }
+}
+
+impl Drop for FakeFleet {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// One request the fake proxy received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub secret: Option<String>,
+    pub content_type: Option<String>,
+    pub snapshot: Result<Snapshot, String>,
+    pub at: Instant,
+}
+
+/// A stand-in for the filter's push endpoint: records requests, answers like the contract says.
+pub struct FakeProxy {
+    pub addr: SocketAddr,
+    pub got: Arc<Mutex<Vec<Received>>>,
+    /// Status to answer with (200 normally).
+    pub status: Arc<Mutex<u16>>,
+    /// The generation it holds (a 409 is answered for anything not newer).
+    pub stored: Arc<Mutex<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Clone)]
+struct ProxyState {
+    got: Arc<Mutex<Vec<Received>>>,
+    status: Arc<Mutex<u16>>,
+    stored: Arc<Mutex<u64>>,
+}
+
+async fn receive(
+    State(s): State<ProxyState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> (StatusCode, String) {
+    let h = |k: &str| {
+        headers
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let snapshot = Snapshot::decode(&body).map_err(|e| e.to_string());
+    let status = *s.status.lock().expect("lock");
+    s.got.lock().expect("lock").push(Received {
+        secret: h("x-llm-router-secret"),
+        content_type: h("content-type"),
+        snapshot: snapshot.clone(),
+        at: Instant::now(),
+    });
+    if status != 200 {
+        return (
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            "{}".into(),
+        );
+    }
+    match snapshot {
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("{{\"error\":{{\"message\":{e:?}}}}}"),
+        ),
+        Ok(snap) => {
+            let mut stored = s.stored.lock().expect("lock");
+            if snap.generation <= *stored {
+                return (
+                    StatusCode::CONFLICT,
+                    format!("{{\"accepted\":false,\"reason\":\"stale generation\",\"stored_generation\":{}}}", *stored),
+                );
+            }
+            *stored = snap.generation;
+            (
+                StatusCode::OK,
+                format!(
+                    "{{\"accepted\":true,\"generation\":{},\"pools\":{},\"pods\":{}}}",
+                    snap.generation,
+                    snap.pools.len(),
+                    snap.pod_count()
+                ),
+            )
+        }
+    }
+}
+
+impl FakeProxy {
+    pub async fn start() -> FakeProxy {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let status = Arc::new(Mutex::new(200));
+        let stored = Arc::new(Mutex::new(0));
+        let st = ProxyState {
+            got: got.clone(),
+            status: status.clone(),
+            stored: stored.clone(),
+        };
+        let app = Router::new()
+            .route("/__llm_router/snapshot", post(receive))
+            .with_state(st);
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        FakeProxy {
+            addr,
+            got,
+            status,
+            stored,
+            task,
+        }
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.got.lock().expect("lock").clone()
+    }
+
+    /// Waits (bounded) until `pred` holds for the accepted snapshots so far; returns them.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&[Snapshot]) -> bool,
+    ) -> Vec<Snapshot> {
+        let start = Instant::now();
+        loop {
+            let snaps: Vec<Snapshot> = self
+                .received()
+                .into_iter()
+                .filter_map(|r| r.snapshot.ok())
+                .collect();
+            if pred(&snaps) {
+                return snaps;
+            }
+            if start.elapsed() > limit {
+                panic!(
+                    "timed out after {limit:?} waiting for {what}; got {} snapshots, last: {:#?}",
+                    snaps.len(),
+                    snaps.last()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for FakeProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A config pushing to `proxy` with one pool using `discovery`.
+pub fn config(
+    proxy: SocketAddr,
+    discovery: Discovery,
+    interval_ms: u64,
+    heartbeat_ms: u64,
+) -> Config {
+    Config {
+        push: PushConfig {
+            address: proxy.to_string(),
+            path: "/__llm_router/snapshot".into(),
+            secret: Some("s3cret".into()),
+            secret_env: None,
+            secret_file: None,
+            timeout_ms: 1000,
+        },
+        scrape: ScrapeConfig {
+            interval_ms,
+            timeout_ms: 300,
+            ..Default::default()
+        },
+        heartbeat_ms,
+        pod_stale_after_ms: 1000,
+        listen: "127.0.0.1:0".into(),
+        log: Default::default(),
+        pools: vec![PoolConfig {
+            name: "llama".into(),
+            cluster: "pool_llama".into(),
+            models: vec!["m1".into()],
+            engine: None,
+            metrics_path: None,
+            discovery,
+        }],
+    }
+}
+
+/// Addresses of the pods in pool `llama` of a snapshot.
+pub fn pod_addrs(s: &Snapshot) -> Vec<String> {
+    s.pool("llama")
+        .map(|p| p.pods.iter().map(|p| p.address.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Minimal HTTP/1.0 GET for the sidecar's face (no client crate needed in tests).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
+        .await
+        .expect("timeout")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
