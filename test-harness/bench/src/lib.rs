@@ -7,9 +7,13 @@
 pub mod arrivals;
 pub mod chart;
 pub mod client;
+pub mod demo;
+pub mod instant;
 pub mod loadgen;
+pub mod overhead;
 pub mod podmetrics;
 pub mod report;
+pub mod runner;
 pub mod scenarios;
 pub mod sse;
 pub mod stack;

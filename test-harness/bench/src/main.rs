@@ -1,1 +1,138 @@
-fn main() {}
+//! `bench`: the benchmark (`bench run [--quick]`) and the demo (`bench demo [--serve]`).
+//!
+//! `./build.sh bench [--quick]` and `./build.sh demo [--serve]` call this binary.
+
+use bench::report::markdown;
+use bench::runner::{run_bench, BenchConfig};
+use bench::scenarios::Mode;
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "bench", about = "wasm-llm-router benchmark and demo")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the scenarios under every router and write target/bench/{quick,latest}.{json,md} and a chart.
+    #[command(alias = "bench")]
+    Run {
+        /// CI-sized: every scenario in a few minutes.
+        #[arg(long)]
+        quick: bool,
+        /// Only these scenarios (repeatable): mixed_gpu bursty shared_prefix lora uniform long_prompt.
+        #[arg(long = "scenario")]
+        scenarios: Vec<String>,
+        /// Only these routers (repeatable): round_robin least_request filter filter_gaie_weights.
+        #[arg(long = "router")]
+        routers: Vec<String>,
+        /// Emulator speed-up (rates scale with it).
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        /// Workload seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Skip the overhead bench.
+        #[arg(long)]
+        no_overhead: bool,
+    },
+    /// Mixed-GPU fleet under round robin, then under the filter, side by side.
+    Demo {
+        /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
+        #[arg(long)]
+        serve: bool,
+        /// Listener port for --serve (a free one if taken).
+        #[arg(long, default_value_t = 10000)]
+        port: u16,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let out_dir = testkit::target_dir().join("bench");
+    rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Run {
+                quick,
+                scenarios,
+                routers,
+                speedup,
+                seed,
+                no_overhead,
+            } => {
+                let partial = !scenarios.is_empty() || !routers.is_empty();
+                let cfg = BenchConfig {
+                    mode: Mode {
+                        quick,
+                        speedup,
+                        seed,
+                    },
+                    scenarios,
+                    routers,
+                    overhead: !no_overhead && !partial,
+                    out_dir: out_dir.clone(),
+                };
+                let stem = match (quick, partial) {
+                    (true, false) => "quick",
+                    (false, false) => "latest",
+                    (true, true) => "quick-partial",
+                    (false, true) => "latest-partial",
+                };
+                match run_bench(&cfg, stem).await {
+                    Ok(rep) => {
+                        println!("{}", markdown(&rep));
+                        println!(
+                            "Results: {0}/{stem}.json, {0}/{stem}.md, chart {0}/{stem}-ttft.png",
+                            out_dir.display()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Demo { serve, port } => {
+                if serve {
+                    match bench::demo::serve(port).await {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => {
+                            eprintln!("demo: {e}");
+                            ExitCode::FAILURE
+                        }
+                    }
+                } else {
+                    match bench::demo::run_demo(&out_dir, 42).await {
+                        Ok(rep) => {
+                            println!("{}", bench::demo::side_by_side(&rep));
+                            println!(
+                                "Chart: {0}/demo-ttft.png   Full report: {0}/demo.md",
+                                out_dir.display()
+                            );
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("demo: {e}");
+                            ExitCode::FAILURE
+                        }
+                    }
+                }
+            }
+        }
+    })
+}

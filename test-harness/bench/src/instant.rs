@@ -1,0 +1,72 @@
+//! An instant backend for the overhead bench: answers every request at once with a tiny JSON
+//! body (after reading the whole request body), so only the proxy's own cost is left to measure.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use tokio::task::JoinHandle;
+
+/// A running instant backend on 127.0.0.1:<free port>; stops on drop.
+pub struct InstantBackend {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+const ANSWER: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+
+async fn answer(
+    addr: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    // Read (and drop) the whole body, as a model server would.
+    let _ = req.into_body().collect().await;
+    let mut resp = Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
+    resp.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    if let Ok(v) = hyper::header::HeaderValue::from_str(&addr.to_string()) {
+        resp.headers_mut().insert("x-model-sim-pod", v);
+    }
+    Ok(resp)
+}
+
+impl InstantBackend {
+    /// Bind 127.0.0.1:0 and serve. Needs a tokio runtime.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                conns.spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| answer(addr, req));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        Ok(InstantBackend { addr, task })
+    }
+
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for InstantBackend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
