@@ -457,6 +457,12 @@ impl Request {
         self
     }
 
+    /// Adds a request header whose value is not text (clients can send any bytes).
+    pub fn header_bytes(&mut self, k: &str, v: &[u8]) -> &mut Self {
+        self.headers.push((k.to_ascii_lowercase(), v.to_vec()));
+        self
+    }
+
     /// Adds request headers, in order.
     pub fn headers(&mut self, h: &[(&str, &str)]) -> &mut Self {
         self.headers.extend(to_pairs(h));

@@ -1,0 +1,1136 @@
+//! The release filter `.wasm`, run under the wasmtime host as Envoy would run it: every path of
+//! the filter at the Wasm level — routing from a pushed snapshot, model → pool, adapters, each
+//! rejection with its status, body and headers, bodies in many chunks, snapshot pushes accepted
+//! and refused, in-flight counts shared by two worker VMs, configuration errors.
+
+mod util;
+
+use proxy_wasm_host::{Action, HostError, LogLevel, Response};
+use util::*;
+
+fn assert_routed(r: &proxy_wasm_host::Request) {
+    assert!(
+        r.local_response().is_none(),
+        "unexpected local reply\n{}",
+        r.explain()
+    );
+    assert!(
+        r.forwarded_complete(),
+        "request not forwarded\n{}",
+        r.explain()
+    );
+    assert!(r.violations().is_empty(), "{:?}", r.violations());
+}
+
+#[test]
+fn every_import_of_the_filter_is_implemented() {
+    let host = host();
+    let m = host.module();
+    assert!(
+        m.unimplemented_imports().is_empty(),
+        "host lacks {:?}",
+        m.unimplemented_imports()
+    );
+    assert!(m.exports().iter().any(|e| e == "proxy_abi_version_0_2_1"));
+    assert!(m.imports().iter().any(|i| i == "env.proxy_get_shared_data"));
+}
+
+#[test]
+fn routes_to_the_pod_the_snapshot_favours_with_fallbacks_in_order() {
+    let host = host();
+    let vm = vm(&host);
+    let pods = vec![
+        pod("10.0.0.1:8000", 4, 10, 0.9),
+        pod("10.0.0.2:8000", 0, 2, 0.1),
+        pod("10.0.0.3:8000", 2, 5, 0.5),
+    ];
+    push_ok(
+        &vm,
+        &snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], pods)]),
+    );
+
+    let mut r = chat(&vm, LLAMA, "hi");
+    assert_routed(&r);
+    assert_eq!(
+        endpoints(&r),
+        ["10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.1:8000"],
+        "{}",
+        r.explain()
+    );
+    assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+    assert!(
+        r.cleared_route_cache(),
+        "the route must be recomputed after the cluster header is set"
+    );
+    // Headers were held until the body was read, then released with the routing headers.
+    let actions = r.actions();
+    assert_eq!(
+        actions.first(),
+        Some(&("request headers".to_string(), Action::Pause))
+    );
+    assert_eq!(
+        actions.last(),
+        Some(&("request body".to_string(), Action::Continue))
+    );
+    assert_eq!(r.upstream_body(), chat_body(LLAMA, "hi"));
+    assert_eq!(host.metric("llm_router.routed").map(|m| m.value), Some(1));
+    assert_eq!(inflight_of(&host, "llama", "10.0.0.2:8000"), 1);
+
+    r.property("upstream.address", "10.0.0.2:8000");
+    r.respond(
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[b"{}"],
+    )
+    .unwrap();
+    assert_eq!(
+        r.response_header("x-gateway-destination-endpoint-served")
+            .as_deref(),
+        Some("10.0.0.2:8000")
+    );
+    r.finish().unwrap();
+    assert_eq!(inflight_of(&host, "llama", "10.0.0.2:8000"), 0);
+    assert!(r.violations().is_empty(), "{:?}", r.violations());
+}
+
+#[test]
+fn each_model_goes_to_its_pool_and_aliases_are_rewritten() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![
+                pool(
+                    "llama",
+                    "pool_llama",
+                    &[LLAMA],
+                    vec![pod("10.0.1.1:8000", 0, 0, 0.1)],
+                ),
+                pool(
+                    "qwen",
+                    "pool_qwen",
+                    &["Qwen/Qwen2.5-7B-Instruct"],
+                    vec![
+                        pod("10.0.2.1:8000", 0, 0, 0.1),
+                        pod("10.0.2.2:8000", 1, 0, 0.1),
+                    ],
+                ),
+            ],
+        ),
+    );
+    let q = chat(&vm, "Qwen/Qwen2.5-7B-Instruct", "hello");
+    assert_routed(&q);
+    assert_eq!(q.upstream_header(CLUSTER).as_deref(), Some("pool_qwen"));
+    assert_eq!(endpoints(&q), ["10.0.2.1:8000", "10.0.2.2:8000"]);
+
+    let l = chat(&vm, LLAMA, "hello");
+    assert_eq!(l.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+    assert_eq!(endpoints(&l), ["10.0.1.1:8000"]);
+
+    // The alias is rewritten in the body (Envoy buffer semantics: replace from 0) and the
+    // content-length follows.
+    let a = chat(&vm, "llama-8b", "hello");
+    assert_routed(&a);
+    assert_eq!(a.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+    let body: serde_json::Value = serde_json::from_slice(&a.upstream_body()).unwrap();
+    assert_eq!(body["model"], LLAMA);
+    assert_eq!(body["messages"][0]["content"], "hello");
+    assert_eq!(
+        a.upstream_header("content-length"),
+        Some(a.upstream_body().len().to_string())
+    );
+    assert_eq!(
+        a.upstream_header("x-gateway-model-name-rewrite").as_deref(),
+        Some(LLAMA)
+    );
+}
+
+#[test]
+fn a_lora_adapter_goes_to_the_pod_that_has_it_loaded() {
+    let host = host();
+    let vm = vm(&host);
+    let pods = vec![
+        lora_pod("10.0.0.1:8000", &["chat-lora"], 1),
+        lora_pod("10.0.0.2:8000", &["sql-lora"], 1),
+        lora_pod("10.0.0.3:8000", &["chat-lora"], 1),
+    ];
+    push_ok(
+        &vm,
+        &snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], pods)]),
+    );
+    for i in 0..3 {
+        let mut r = chat(&vm, "sql-lora", &format!("select {i}"));
+        assert_routed(&r);
+        assert_eq!(
+            endpoints(&r).first().map(String::as_str),
+            Some("10.0.0.2:8000"),
+            "{}",
+            r.explain()
+        );
+        assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+        r.finish().unwrap();
+    }
+}
+
+#[test]
+fn client_routing_headers_are_never_trusted() {
+    let host = host();
+    let vm = vm(&host);
+    // No snapshot yet: the default is to keep serving through Envoy's fallback policy.
+    let body = chat_body(LLAMA, "x");
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.headers(&[(ENDPOINT, "6.6.6.6:1"), (CLUSTER, "evil_cluster")])
+        .body(&body)
+        .send()
+        .unwrap();
+    assert_routed(&r);
+    assert_eq!(
+        r.upstream_header(ENDPOINT),
+        None,
+        "a spoofed endpoint must be removed"
+    );
+    assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+    assert_eq!(host.metric("llm_router.fallback").map(|m| m.value), Some(1));
+
+    // Paths the filter does not route are stripped of the headers too, and pass untouched.
+    let mut g = vm.request();
+    g.headers(&[
+        (":method", "GET"),
+        (":path", "/v1/models"),
+        (ENDPOINT, "6.6.6.6:1"),
+    ])
+    .send()
+    .unwrap();
+    assert_eq!(
+        g.actions(),
+        vec![("request headers".to_string(), Action::Continue)]
+    );
+    assert!(g.forwarded_complete());
+    assert_eq!(g.upstream_header(ENDPOINT), None);
+}
+
+#[test]
+fn other_paths_and_methods_pass_through_untouched() {
+    let host = host();
+    let vm = vm(&host);
+    let mut r = post(&vm, "/healthz", b"ping");
+    r.body_chunks([&b"pi"[..], b"ng"]).send().unwrap();
+    assert!(
+        r.actions().iter().all(|(_, a)| *a == Action::Continue),
+        "{:?}",
+        r.actions()
+    );
+    assert_eq!(r.upstream_body(), b"ping");
+    assert_eq!(r.upstream_header(CLUSTER), None);
+    let mut g = vm.request();
+    g.headers(&[(":method", "GET"), (":path", "/v1/chat/completions")])
+        .send()
+        .unwrap();
+    assert!(g.forwarded_complete() && g.local_response().is_none());
+}
+
+#[test]
+fn a_body_in_many_chunks_is_decided_once_at_the_end() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![
+                    pod("10.0.0.1:8000", 0, 0, 0.1),
+                    pod("10.0.0.2:8000", 3, 3, 0.7),
+                ],
+            )],
+        ),
+    );
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(4500); // ~200 KB
+    let body = chat_body(LLAMA, &prompt);
+    assert!(body.len() > 200_000);
+    for chunk in [65_536, 1000, 7] {
+        let mut r = post(&vm, "/v1/chat/completions", &body);
+        r.body_split(&body, chunk).send().unwrap();
+        assert_routed(&r);
+        let actions = r.actions();
+        let bodies: Vec<_> = actions
+            .iter()
+            .filter(|(s, _)| s == "request body")
+            .collect();
+        assert_eq!(bodies.len(), body.len().div_ceil(chunk));
+        assert!(
+            bodies[..bodies.len() - 1]
+                .iter()
+                .all(|(_, a)| *a == Action::Pause),
+            "chunk {chunk}"
+        );
+        assert_eq!(
+            endpoints(&r).first().map(String::as_str),
+            Some("10.0.0.1:8000"),
+            "chunk {chunk}"
+        );
+        assert!(
+            r.upstream_body() == body,
+            "the body must reach upstream unchanged (chunk {chunk})"
+        );
+        r.finish().unwrap();
+    }
+    // A small body byte by byte.
+    let small = chat_body(LLAMA, "hi there");
+    let mut r = post(&vm, "/v1/chat/completions", &small);
+    r.body_split(&small, 1).send().unwrap();
+    assert_routed(&r);
+    assert_eq!(r.upstream_body(), small);
+}
+
+#[test]
+fn malformed_json_and_missing_model_are_400_with_openai_errors() {
+    let host = host();
+    let vm = vm(&host);
+    for (body, code) in [
+        (&br#"{"model": "x", "messages": ["#[..], "invalid_json"),
+        (br#"not json at all"#, "invalid_json"),
+        (
+            br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+            "invalid_model",
+        ),
+        (br#"{"model": 42, "messages": []}"#, "invalid_model"),
+        (br#"{"model": "", "messages": []}"#, "invalid_model"),
+    ] {
+        let mut r = post(&vm, "/v1/chat/completions", body);
+        r.body_split(body, 5).send().unwrap();
+        let lr = r.local_response().unwrap_or_else(|| {
+            panic!(
+                "no reply for {:?}\n{}",
+                String::from_utf8_lossy(body),
+                r.explain()
+            )
+        });
+        assert_eq!(lr.status, 400, "{}", lr.body_text());
+        assert_eq!(lr.header("content-type"), Some("application/json"));
+        assert_eq!(lr.header(REASON), Some("rejected-invalid-request"));
+        let j = json_of(&r);
+        assert_eq!(j["error"]["type"], "invalid_request_error");
+        assert_eq!(j["error"]["code"], code, "{j}");
+        assert!(j["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(!r.forwarded(), "a rejected request must not go upstream");
+        assert_eq!(r.response_status(), Some(400));
+        r.finish().unwrap();
+    }
+    assert_eq!(host.metric("llm_router.rejected").map(|m| m.value), Some(5));
+}
+
+#[test]
+fn an_unknown_model_is_404() {
+    let host = host();
+    let vm = vm(&host);
+    let mut r = chat(&vm, "gpt-7-ultra", "hi");
+    let lr = r.local_response().expect("404");
+    assert_eq!(lr.status, 404);
+    assert_eq!(lr.header(REASON), Some("rejected-unknown-model"));
+    let j = json_of(&r);
+    assert_eq!(j["error"]["code"], "model_not_found");
+    assert!(j["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("gpt-7-ultra"));
+    assert!(!r.forwarded());
+    r.finish().unwrap();
+}
+
+#[test]
+fn a_body_over_the_limit_is_413_by_content_length_or_while_streaming() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "max_body_bytes": 1024"#))
+        .unwrap();
+    let big = chat_body(LLAMA, &"x".repeat(3000));
+    // Declared too large: refused at the headers, the body is never read.
+    let mut r = post(&vm, "/v1/chat/completions", &big);
+    r.body(&big).send().unwrap();
+    assert_eq!(
+        r.local_response().map(|l| l.status),
+        Some(413),
+        "{}",
+        r.explain()
+    );
+    assert_eq!(
+        r.actions().len(),
+        1 + 2,
+        "headers, then the local reply's response callbacks: {:?}",
+        r.actions()
+    );
+    assert_eq!(json_of(&r)["error"]["code"], "request_too_large");
+    assert_eq!(
+        r.local_response().unwrap().header(REASON),
+        Some("rejected-too-large")
+    );
+    // No content-length (chunked): refused as soon as the buffered body passes the limit.
+    let mut r = vm.request();
+    r.headers(&[(":method", "POST"), (":path", "/v1/chat/completions")])
+        .body_split(&big, 300)
+        .send()
+        .unwrap();
+    assert_eq!(r.local_response().map(|l| l.status), Some(413));
+    let body_calls = r
+        .actions()
+        .iter()
+        .filter(|(s, _)| s == "request body")
+        .count();
+    assert_eq!(
+        body_calls,
+        4,
+        "stops at the chunk that crosses 1024 bytes: {:?}",
+        r.actions()
+    );
+    assert!(!r.forwarded());
+}
+
+fn saturated_fleet(host: &proxy_wasm_host::Host, waiting: u32) -> Vec<u8> {
+    let pods = (1..=3)
+        .map(|i| pod(&format!("10.0.0.{i}:8000"), waiting, 8, 0.5))
+        .collect();
+    snapshot(host, 1, vec![pool("llama", "pool_llama", &[LLAMA], pods)])
+}
+
+#[test]
+fn a_saturated_pool_sheds_sheddable_requests_first_with_429() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(&vm, &saturated_fleet(&host, 6)); // every pod past the queue threshold of 5
+    let body = chat_body(LLAMA, "batch job");
+    let mut shed = post(&vm, "/v1/chat/completions", &body);
+    shed.header("x-llm-router-priority", "-1")
+        .body(&body)
+        .send()
+        .unwrap();
+    let lr = shed
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", shed.explain()));
+    assert_eq!(lr.status, 429);
+    assert_eq!(lr.header("retry-after"), Some("1"));
+    assert_eq!(lr.header(REASON), Some("rejected-saturated"));
+    assert_eq!(json_of(&shed)["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        shed.response_header("retry-after").as_deref(),
+        Some("1"),
+        "the client gets Retry-After"
+    );
+    // A standard request still goes through at 1.2x saturation...
+    let standard = chat(&vm, LLAMA, "interactive");
+    assert_routed(&standard);
+    // ...but not at 12x (critical_factor 10).
+    let vm2 = vm.clone();
+    push_ok(&vm2, &{
+        let mut b = saturated_fleet(&host, 60);
+        b[8] = 2; // generation 2 (u64 LE at byte 8)
+        b
+    });
+    let r = chat(&vm, LLAMA, "interactive");
+    assert_eq!(
+        r.local_response().map(|l| l.status),
+        Some(429),
+        "{}",
+        r.explain()
+    );
+    // A critical request is never shed.
+    let mut c = post(&vm, "/v1/chat/completions", &body);
+    c.header("x-llm-router-priority", "5")
+        .body(&body)
+        .send()
+        .unwrap();
+    assert_routed(&c);
+}
+
+#[test]
+fn a_pool_without_usable_pods_is_503() {
+    let host = host();
+    let vm = vm(&host);
+    let mut pods = vec![
+        pod("10.0.0.1:8000", 0, 0, 0.1),
+        pod("10.0.0.2:8000", 0, 0, 0.1),
+    ];
+    for p in &mut pods {
+        p.health = llm_router_snapshot::Health::Failing;
+        p.failures = 3;
+    }
+    push_ok(
+        &vm,
+        &snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], pods)]),
+    );
+    let r = chat(&vm, LLAMA, "hi");
+    let lr = r
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", r.explain()));
+    assert_eq!(lr.status, 503);
+    assert_eq!(lr.header(REASON), Some("rejected-no-endpoints"));
+    assert_eq!(lr.header("retry-after"), Some("1"));
+    assert_eq!(json_of(&r)["error"]["code"], "no_endpoints");
+
+    // on_missing = reject: 503 before any snapshot.
+    let strict = config().replace(
+        r#""stale_after_ms": 3000"#,
+        r#""stale_after_ms": 3000, "on_missing": "reject""#,
+    );
+    let vm2 = proxy_wasm_host::Host::new(host.module())
+        .vm(&strict)
+        .unwrap();
+    let r = chat(&vm2, LLAMA, "hi");
+    assert_eq!(
+        r.local_response().map(|l| l.status),
+        Some(503),
+        "{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn a_stale_snapshot_routes_by_in_flight_counts() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![
+                    pod("10.0.0.1:8000", 0, 0, 0.1),
+                    pod("10.0.0.2:8000", 50, 50, 0.95),
+                ],
+            )],
+        ),
+    );
+    let fresh = chat(&vm, LLAMA, "a");
+    assert_eq!(endpoints(&fresh)[0], "10.0.0.1:8000");
+    host.advance_clock(std::time::Duration::from_secs(10));
+    // Metrics are ignored now: 10.0.0.1 has one request in flight, 10.0.0.2 none.
+    let stale = chat(&vm, LLAMA, "b");
+    assert_routed(&stale);
+    assert_eq!(endpoints(&stale)[0], "10.0.0.2:8000", "{}", stale.explain());
+    assert_eq!(
+        host.metric("llm_router.least_inflight").map(|m| m.value),
+        Some(1)
+    );
+}
+
+#[test]
+fn in_flight_counts_are_shared_by_worker_vms_and_released_once_in_either_end_order() {
+    for log_first in [false, true] {
+        let host = host();
+        let vm1 = host
+            .builder()
+            .plugin_config(config())
+            .log_before_done(log_first)
+            .start()
+            .unwrap();
+        let vm2 = host
+            .builder()
+            .plugin_config(config())
+            .log_before_done(log_first)
+            .start()
+            .unwrap();
+        let (a, b) = ("10.0.0.1:8000", "10.0.0.2:8000");
+        push_ok(
+            &vm1,
+            &snapshot(
+                &host,
+                1,
+                vec![pool(
+                    "llama",
+                    "pool_llama",
+                    &[LLAMA],
+                    vec![pod(a, 0, 0, 0.2), pod(b, 0, 0, 0.2)],
+                )],
+            ),
+        );
+
+        let mut r1 = chat(&vm1, LLAMA, "one");
+        let first = endpoints(&r1)[0].clone();
+        let other = if first == a { b } else { a };
+        assert_eq!(inflight_of(&host, "llama", &first), 1);
+        // The second worker sees the first worker's request and picks the other pod.
+        let mut r2 = chat(&vm2, LLAMA, "two");
+        assert_eq!(
+            endpoints(&r2)[0],
+            other,
+            "worker 2 ignored worker 1's in-flight request\n{}",
+            r2.explain()
+        );
+        assert_eq!(inflight(&host, "llama"), {
+            let mut v = vec![(a.to_string(), 1), (b.to_string(), 1)];
+            v.sort();
+            v
+        });
+        r1.respond(
+            &[(":status", "200")],
+            &[b"data: x\n\n", b"data: [DONE]\n\n"],
+        )
+        .unwrap();
+        r1.finish().unwrap();
+        assert_eq!(
+            inflight_of(&host, "llama", &first),
+            0,
+            "log_before_done={log_first}"
+        );
+        // Aborted by the client before any response: released too.
+        r2.finish().unwrap();
+        assert_eq!(
+            inflight(&host, "llama"),
+            vec![],
+            "log_before_done={log_first}"
+        );
+        // Finishing twice changes nothing.
+        r2.finish().unwrap();
+        assert_eq!(inflight(&host, "llama"), vec![]);
+    }
+}
+
+#[test]
+fn a_retry_to_a_fallback_endpoint_moves_the_in_flight_count() {
+    let host = host();
+    let vm = vm(&host);
+    let (a, b) = ("10.0.0.1:8000", "10.0.0.2:8000");
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod(a, 0, 0, 0.1), pod(b, 2, 2, 0.5)],
+            )],
+        ),
+    );
+    let mut r = chat(&vm, LLAMA, "hi");
+    assert_eq!(endpoints(&r), [a, b]);
+    r.property("upstream.address", b);
+    r.respond_with(
+        Response::new(200)
+            .header("content-type", "text/event-stream")
+            .chunk("data: 1\n\n"),
+    )
+    .unwrap();
+    assert_eq!(
+        r.response_header("x-gateway-destination-endpoint-served")
+            .as_deref(),
+        Some(b)
+    );
+    assert_eq!(inflight(&host, "llama"), vec![(b.to_string(), 1)]);
+    r.finish().unwrap();
+    assert_eq!(inflight(&host, "llama"), vec![]);
+}
+
+#[test]
+fn a_conversation_keeps_its_pod_across_workers_by_prefix_affinity() {
+    let host = host();
+    let vm1 = vm(&host);
+    let vm2 = vm(&host);
+    let pods = (1..=4)
+        .map(|i| pod(&format!("10.0.0.{i}:8000"), 0, 0, 0.2))
+        .collect();
+    push_ok(
+        &vm1,
+        &snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], pods)]),
+    );
+    let system = "You are a meticulous assistant. ".repeat(40);
+    let turn1 = serde_json::json!({"model": LLAMA, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "first question"}]});
+    let turn2 = serde_json::json!({"model": LLAMA, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "an answer"}, {"role": "user", "content": "second question"}]});
+    let b1 = turn1.to_string();
+    let mut r1 = post(&vm1, "/v1/chat/completions", b1.as_bytes());
+    r1.body(&b1).send().unwrap();
+    let chosen = endpoints(&r1)[0].clone();
+    r1.finish().unwrap();
+    let b2 = turn2.to_string();
+    let mut r2 = post(&vm2, "/v1/chat/completions", b2.as_bytes());
+    r2.body(&b2).send().unwrap();
+    assert_eq!(
+        endpoints(&r2)[0],
+        chosen,
+        "next turn on another worker lost its prefix pod\n{}",
+        r2.explain()
+    );
+}
+
+#[test]
+fn every_fixture_body_is_routed_on_its_endpoint() {
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/bodies");
+    let dir = if dir.is_dir() {
+        dir
+    } else {
+        std::path::PathBuf::from("/work/shared/fixtures/bodies")
+    };
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 20, "fixtures missing in {}", dir.display());
+    let mut models: Vec<String> = files
+        .iter()
+        .map(|f| {
+            serde_json::from_slice::<serde_json::Value>(&std::fs::read(f).unwrap()).unwrap()
+                ["model"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    models.sort();
+    models.dedup();
+    let model_refs: Vec<&str> = models.iter().map(String::as_str).collect();
+    let cfg = format!(
+        r#"{{"pools": [{{"name": "fx", "cluster": "pool_fx", "models": {}}}], "snapshot": {{"secret": "{SECRET}"}}}}"#,
+        serde_json::to_string(&models).unwrap()
+    );
+    let host = host();
+    let vm = host.vm(&cfg).unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "fx",
+                "pool_fx",
+                &model_refs,
+                vec![
+                    pod("10.9.0.1:8000", 0, 0, 0.1),
+                    pod("10.9.0.2:8000", 1, 1, 0.3),
+                ],
+            )],
+        ),
+    );
+    for f in files {
+        let name = f.file_name().unwrap().to_string_lossy().to_string();
+        let path = if name.starts_with("chat-completions") {
+            "/v1/chat/completions"
+        } else if name.starts_with("completions") {
+            "/v1/completions"
+        } else if name.starts_with("embeddings") {
+            "/v1/embeddings"
+        } else if name.starts_with("messages") {
+            "/v1/messages"
+        } else {
+            "/v1/responses"
+        };
+        let body = std::fs::read(&f).unwrap();
+        let mut r = post(&vm, path, &body);
+        r.body_split(&body, 100).send().unwrap();
+        assert!(r.local_response().is_none(), "{name}: {}", r.explain());
+        assert_eq!(
+            r.upstream_header(CLUSTER).as_deref(),
+            Some("pool_fx"),
+            "{name}"
+        );
+        assert_eq!(endpoints(&r).len(), 2, "{name}");
+        assert_eq!(r.upstream_body(), body, "{name}");
+        r.finish().unwrap();
+    }
+    assert_eq!(inflight(&host, "fx"), vec![]);
+}
+
+#[test]
+fn a_header_that_is_not_utf8_does_not_break_the_worker() {
+    let host = host();
+    let vm = vm(&host);
+    let body = chat_body(LLAMA, "hi");
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.header_bytes("x-llm-router-priority", &[0xff, 0xfe])
+        .body(&body)
+        .send()
+        .unwrap();
+    assert_routed(&r);
+    assert!(!vm.is_dead());
+}
+
+// ---------- snapshot push ----------
+
+#[test]
+fn a_snapshot_push_is_accepted_and_answered_with_its_summary() {
+    let host = host();
+    let vm = vm(&host);
+    let bytes = snapshot(
+        &host,
+        7,
+        vec![
+            pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![
+                    pod("10.0.0.1:8000", 0, 0, 0.1),
+                    pod("10.0.0.2:8000", 0, 0, 0.1),
+                ],
+            ),
+            pool(
+                "qwen",
+                "pool_qwen",
+                &["Qwen/Qwen2.5-7B-Instruct"],
+                vec![pod("10.0.2.1:8000", 0, 0, 0.1)],
+            ),
+        ],
+    );
+    let mut r = push_request(&vm, &bytes);
+    r.send().unwrap();
+    let lr = r
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", r.explain()));
+    assert_eq!(lr.status, 200);
+    assert_eq!(lr.header("content-type"), Some("application/json"));
+    let j = json_of(&r);
+    assert_eq!(
+        j,
+        serde_json::json!({"accepted": true, "generation": 7, "pools": 2, "pods": 3})
+    );
+    assert_eq!(
+        host.shared_data("llmr/snapshot").map(|(v, _)| v),
+        Some(bytes.clone())
+    );
+    assert_eq!(
+        host.metric("llm_router.snapshot_accepted").map(|m| m.value),
+        Some(1)
+    );
+    assert!(
+        !r.forwarded(),
+        "a push is answered by the filter, never forwarded"
+    );
+
+    // The same generation again is stale: 409.
+    let mut again = push_request(&vm, &bytes);
+    again.send().unwrap();
+    assert_eq!(again.local_response().map(|l| l.status), Some(409));
+    let j = json_of(&again);
+    assert_eq!(j["accepted"], false);
+    assert_eq!(j["reason"], "stale generation");
+
+    // State shows it, to loopback + secret only.
+    let mut s = vm.request();
+    s.headers(&[
+        (":method", "GET"),
+        (":path", STATE_PATH),
+        ("x-llm-router-secret", SECRET),
+    ])
+    .property("source.address", "127.0.0.1:5000")
+    .send()
+    .unwrap();
+    assert_eq!(
+        s.local_response().map(|l| l.status),
+        Some(200),
+        "{}",
+        s.explain()
+    );
+    let state = json_of(&s);
+    assert_eq!(state["generation"], 7);
+    assert_eq!(state["pools"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn a_push_with_a_wrong_secret_or_from_outside_is_403_and_changes_nothing() {
+    let host = host();
+    let vm = vm(&host);
+    let bytes = snapshot(
+        &host,
+        1,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+        )],
+    );
+    let cases: Vec<(&str, Option<&str>, &str)> = vec![
+        ("wrong secret", Some("127.0.0.1:4000"), "nope"),
+        ("empty secret", Some("127.0.0.1:4000"), ""),
+        ("non-loopback source", Some("10.1.2.3:4000"), SECRET),
+        ("IPv6 non-loopback", Some("[2001:db8::1]:4000"), SECRET),
+        ("unknown source", None, SECRET),
+    ];
+    for (what, source, secret) in cases {
+        let mut r = vm.request();
+        r.headers(&[
+            (":method", "POST"),
+            (":path", PUSH_PATH),
+            ("x-llm-router-secret", secret),
+            ("content-length", &bytes.len().to_string()),
+        ])
+        .body(&bytes);
+        if let Some(s) = source {
+            r.property("source.address", s);
+        }
+        r.send().unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            Some(403),
+            "{what}\n{}",
+            r.explain()
+        );
+        assert_eq!(json_of(&r)["accepted"], false, "{what}");
+        assert!(!r.forwarded(), "{what}");
+        assert_eq!(
+            host.shared_data("llmr/snapshot"),
+            None,
+            "{what}: a refused push must not be stored"
+        );
+    }
+    // IPv6 loopback is loopback.
+    let mut r = push_request(&vm, &bytes);
+    r.property("source.address", "[::1]:4000");
+    r.send().unwrap();
+    assert_eq!(
+        r.local_response().map(|l| l.status),
+        Some(200),
+        "{}",
+        r.explain()
+    );
+    // The state endpoint is guarded the same way.
+    let mut s = vm.request();
+    s.headers(&[(":method", "GET"), (":path", STATE_PATH)])
+        .property("source.address", "127.0.0.1:5000")
+        .send()
+        .unwrap();
+    assert_eq!(s.local_response().map(|l| l.status), Some(403));
+}
+
+#[test]
+fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot() {
+    let host = host();
+    let vm = vm(&host);
+    let good = snapshot(
+        &host,
+        3,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+        )],
+    );
+    push_ok(&vm, &good);
+    let mut truncated = snapshot(
+        &host,
+        4,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.2:8000", 0, 0, 0.1)],
+        )],
+    );
+    truncated.truncate(truncated.len() - 3);
+    for (bad, needle) in [(b"GARBAGE!".to_vec(), "magic"), (truncated, "truncated")] {
+        let mut r = push_request(&vm, &bad);
+        r.send().unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            Some(400),
+            "{}",
+            r.explain()
+        );
+        let j = json_of(&r);
+        assert_eq!(j["error"]["code"], "invalid_snapshot");
+        assert!(
+            j["error"]["message"].as_str().unwrap().contains(needle),
+            "{j}"
+        );
+    }
+    assert_eq!(
+        host.shared_data("llmr/snapshot").map(|(v, _)| v),
+        Some(good)
+    );
+    // GET on the push path is 405; an empty POST is 400.
+    let mut g = vm.request();
+    g.headers(&[
+        (":method", "GET"),
+        (":path", PUSH_PATH),
+        ("x-llm-router-secret", SECRET),
+    ])
+    .property("source.address", "127.0.0.1:1")
+    .send()
+    .unwrap();
+    assert_eq!(g.local_response().map(|l| l.status), Some(405));
+    let mut e = vm.request();
+    e.headers(&[
+        (":method", "POST"),
+        (":path", PUSH_PATH),
+        ("x-llm-router-secret", SECRET),
+    ])
+    .property("source.address", "127.0.0.1:1")
+    .send()
+    .unwrap();
+    assert_eq!(e.local_response().map(|l| l.status), Some(400));
+    assert_eq!(
+        host.metric("llm_router.snapshot_refused").map(|m| m.value),
+        Some(4)
+    );
+}
+
+#[test]
+fn a_snapshot_pushed_through_one_worker_is_used_by_the_other() {
+    let host = host();
+    let vm1 = vm(&host);
+    let vm2 = vm(&host);
+    let r0 = chat(&vm2, LLAMA, "before");
+    assert_eq!(
+        r0.upstream_header(ENDPOINT),
+        None,
+        "no snapshot yet: fallback"
+    );
+    push_ok(
+        &vm1,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.5:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let r = chat(&vm2, LLAMA, "after");
+    assert_eq!(endpoints(&r), ["10.0.0.5:8000"]);
+    // A newer generation replaces it everywhere.
+    push_ok(
+        &vm2,
+        &snapshot(
+            &host,
+            2,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.6:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let r = chat(&vm1, LLAMA, "newer");
+    assert_eq!(endpoints(&r), ["10.0.0.6:8000"]);
+}
+
+// ---------- configuration and lifecycle ----------
+
+#[test]
+fn a_bad_configuration_fails_at_load_with_a_log_line_that_says_why() {
+    let host = host();
+    for (cfg, needle) in [
+        ("{not json", "not valid configuration JSON"),
+        (r#"{"poolz": []}"#, "poolz"),
+        (
+            r#"{"pools": [{"name": "p", "models": ["m"], "preset": "fastest"}]}"#,
+            "pools[0].preset",
+        ),
+        (
+            r#"{"pools": [{"name": "p", "models": ["m"]}, {"name": "p", "models": ["n"]}]}"#,
+            "defined twice",
+        ),
+    ] {
+        match host.vm(cfg) {
+            Err(HostError::ConfigureRejected { logs }) => {
+                assert!(
+                    logs.contains(needle),
+                    "{cfg}: log does not say {needle:?}:\n{logs}"
+                );
+                assert!(logs.contains("Critical"), "{logs}");
+            }
+            Err(e) => panic!("{cfg}: unexpected error {e}"),
+            Ok(_) => panic!("{cfg}: accepted"),
+        }
+    }
+    // No configuration at all is valid (pools come from the snapshot); it warns about the secret.
+    let vm = host.builder().log_level(LogLevel::Debug).start().unwrap();
+    assert!(vm.logged("snapshot.secret is empty"), "{}", vm.log_text());
+}
+
+#[test]
+fn pools_may_come_from_the_snapshot_alone() {
+    let host = host();
+    let vm = host
+        .vm(&format!(r#"{{"snapshot": {{"secret": "{SECRET}"}}}}"#))
+        .unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "mistral",
+                "pool_mistral",
+                &["mistral-7b"],
+                vec![pod("10.0.3.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let r = chat(&vm, "mistral-7b", "bonjour");
+    assert_routed(&r);
+    assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_mistral"));
+    assert_eq!(endpoints(&r), ["10.0.3.1:8000"]);
+    assert_eq!(
+        chat(&vm, "unknown", "x").local_response().map(|l| l.status),
+        Some(404)
+    );
+}
+
+#[test]
+fn the_filter_uses_no_timers_and_reads_time_only_from_the_host() {
+    let host = host();
+    let vm = vm(&host);
+    assert_eq!(vm.tick_period(), None);
+    assert_eq!(vm.advance(std::time::Duration::from_secs(60)).unwrap(), 0);
+    // Time comes from the host clock: a snapshot accepted "now" is fresh, 10 s later stale.
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let mut s = vm.request();
+    s.headers(&[
+        (":method", "GET"),
+        (":path", STATE_PATH),
+        ("x-llm-router-secret", SECRET),
+    ])
+    .property("source.address", "127.0.0.1:1")
+    .send()
+    .unwrap();
+    assert_eq!(json_of(&s)["age_ms"], 0);
+    vm.advance(std::time::Duration::from_millis(1234)).unwrap();
+    let mut s = vm.request();
+    s.headers(&[
+        (":method", "GET"),
+        (":path", STATE_PATH),
+        ("x-llm-router-secret", SECRET),
+    ])
+    .property("source.address", "127.0.0.1:1")
+    .send()
+    .unwrap();
+    assert_eq!(json_of(&s)["age_ms"], 1234);
+    assert!(vm.shutdown().unwrap());
+}

@@ -1,0 +1,211 @@
+//! Helpers shared by the filter tests: the plugin configuration, snapshots built with the real
+//! `llm-router-snapshot` crate, and requests shaped like the ones Envoy hands the filter.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use llm_router_snapshot::{Health, LoraState, Pod, Pool, Snapshot};
+use proxy_wasm_host::{Host, Request, Vm};
+
+pub const SECRET: &str = "s3cret-for-tests";
+pub const PUSH_PATH: &str = "/__llm_router/snapshot";
+pub const STATE_PATH: &str = "/__llm_router/state";
+pub const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
+pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
+pub const CLUSTER: &str = "x-llm-router-cluster";
+pub const REASON: &str = "x-llm-router-dropped-reason";
+
+/// The plugin configuration of the brief: two pools, aliases, adapters, a secret.
+pub fn config() -> String {
+    config_with("")
+}
+
+/// The same with extra top-level fields (`extra` starts with a comma, or is empty).
+pub fn config_with(extra: &str) -> String {
+    format!(
+        r#"{{
+  "pools": [
+    {{"name": "llama", "cluster": "pool_llama",
+      "models": ["{LLAMA}", {{"name": "llama-8b", "rewrite": "{LLAMA}"}}],
+      "adapters": ["sql-lora", "chat-lora"], "preset": "latency"}},
+    {{"name": "qwen", "cluster": "pool_qwen", "models": ["Qwen/Qwen2.5-7B-Instruct"]}}
+  ],
+  "top_k": 3,
+  "snapshot": {{"secret": "{SECRET}", "stale_after_ms": 3000}}{extra}
+}}"#
+    )
+}
+
+/// A host on the release filter; a missing `.wasm` fails with the command that builds it.
+pub fn host() -> Host {
+    Host::filter().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A started VM with [`config`].
+pub fn vm(host: &Host) -> Vm {
+    host.vm(&config()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A healthy vLLM pod.
+pub fn pod(addr: &str, waiting: u32, running: u32, kv: f32) -> Pod {
+    Pod {
+        address: addr.into(),
+        engine: llm_router_snapshot::Engine::Vllm,
+        health: Health::Ok,
+        failures: 0,
+        scraped_at_ms: 0,
+        waiting,
+        running,
+        kv_usage: Some(kv),
+        block_size: 16,
+        num_blocks: 1000,
+        lora: Some(LoraState {
+            running: vec![],
+            waiting: vec![],
+            max_loras: 0,
+        }),
+    }
+}
+
+/// A pod with these adapters loaded and `slots` adapter slots.
+pub fn lora_pod(addr: &str, running: &[&str], slots: u16) -> Pod {
+    let mut p = pod(addr, 0, 1, 0.2);
+    p.lora = Some(LoraState {
+        running: running.iter().map(|s| s.to_string()).collect(),
+        waiting: vec![],
+        max_loras: slots,
+    });
+    p
+}
+
+pub fn pool(name: &str, cluster: &str, models: &[&str], pods: Vec<Pod>) -> Pool {
+    Pool {
+        name: name.into(),
+        cluster: cluster.into(),
+        models: models.iter().map(|s| s.to_string()).collect(),
+        pods,
+    }
+}
+
+/// Encoded snapshot bytes, `created_ms` from the host clock.
+pub fn snapshot(host: &Host, generation: u64, pools: Vec<Pool>) -> Vec<u8> {
+    let now = host.now_ms();
+    let mut snap = Snapshot {
+        generation,
+        created_ms: now,
+        pools,
+    };
+    for p in &mut snap.pools {
+        for pod in &mut p.pods {
+            pod.scraped_at_ms = now;
+        }
+    }
+    snap.encode().expect("test snapshot encodes")
+}
+
+/// A push as the sidecar sends it: loopback source, secret header, binary body.
+pub fn push_request(vm: &Vm, bytes: &[u8]) -> Request {
+    let mut r = vm.request();
+    r.headers(&[
+        (":method", "POST"),
+        (":path", PUSH_PATH),
+        (":authority", "127.0.0.1:10000"),
+        ("content-type", "application/octet-stream"),
+        ("x-llm-router-secret", SECRET),
+        ("content-length", &bytes.len().to_string()),
+    ])
+    .property("source.address", "127.0.0.1:41234")
+    .body(bytes);
+    r
+}
+
+/// Pushes and finishes; panics unless the filter answered 200.
+pub fn push_ok(vm: &Vm, bytes: &[u8]) {
+    let mut r = push_request(vm, bytes);
+    r.send().unwrap_or_else(|e| panic!("{e}"));
+    let lr = r
+        .local_response()
+        .unwrap_or_else(|| panic!("push got no answer\n{}", r.explain()));
+    assert_eq!(
+        lr.status,
+        200,
+        "push refused: {}\n{}",
+        lr.body_text(),
+        r.explain()
+    );
+    r.finish().unwrap();
+}
+
+/// A chat request body with this model and user prompt.
+pub fn chat_body(model: &str, prompt: &str) -> Vec<u8> {
+    serde_json::json!({"model": model, "messages": [{"role": "user", "content": prompt}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// A POST to `path` with `body` (content-length set), from a client on loopback.
+pub fn post(vm: &Vm, path: &str, body: &[u8]) -> Request {
+    let mut r = vm.request();
+    r.headers(&[
+        (":method", "POST"),
+        (":path", path),
+        (":authority", "gateway.local"),
+        (":scheme", "http"),
+        ("content-type", "application/json"),
+        ("content-length", &body.len().to_string()),
+    ])
+    .property("source.address", "10.0.0.99:50000");
+    r
+}
+
+/// Sends a chat request for `model` and returns it (not finished).
+pub fn chat(vm: &Vm, model: &str, prompt: &str) -> Request {
+    let body = chat_body(model, prompt);
+    let mut r = post(vm, "/v1/chat/completions", &body);
+    r.body(&body);
+    r.send().unwrap_or_else(|e| panic!("{e}"));
+    r
+}
+
+/// The endpoint list the filter set for the upstream.
+pub fn endpoints(r: &Request) -> Vec<String> {
+    r.upstream_header(ENDPOINT)
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// The filter's in-flight table of a pool from shared data: `count u16 | (len u8 | addr |
+/// n u32)*`.
+pub fn inflight(host: &Host, pool: &str) -> Vec<(String, u32)> {
+    let Some((bytes, _)) = host.shared_data(&format!("llmr/if/{pool}")) else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    let n = u16::from_le_bytes([bytes[0], bytes[1]]) as usize;
+    let mut at = 2;
+    for _ in 0..n {
+        let len = bytes[at] as usize;
+        let addr = String::from_utf8(bytes[at + 1..at + 1 + len].to_vec()).unwrap();
+        let c = u32::from_le_bytes(bytes[at + 1 + len..at + 5 + len].try_into().unwrap());
+        out.push((addr, c));
+        at += 5 + len;
+    }
+    out.sort();
+    out
+}
+
+/// The in-flight count of one pod.
+pub fn inflight_of(host: &Host, pool: &str, addr: &str) -> u32 {
+    inflight(host, pool)
+        .into_iter()
+        .find(|(a, _)| a == addr)
+        .map(|(_, c)| c)
+        .unwrap_or(0)
+}
+
+/// The parsed JSON body of a local reply.
+pub fn json_of(r: &Request) -> serde_json::Value {
+    let lr = r
+        .local_response()
+        .unwrap_or_else(|| panic!("no local response\n{}", r.explain()));
+    serde_json::from_slice(&lr.body)
+        .unwrap_or_else(|e| panic!("local reply body is not JSON ({e}): {}", lr.body_text()))
+}
