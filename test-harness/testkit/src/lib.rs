@@ -2,7 +2,8 @@
 //!
 //! - Paths: [`workspace_root`], [`target_dir`], [`envoy_binary`], [`filter_wasm`], [`bin`],
 //!   [`free_port`].
-//! - Processes: [`ChildGuard`] (killed by PID on drop, output in `<target>/testlogs/`).
+//! - Processes: [`ChildGuard`] (killed by PID on drop, output in `<target>/testlogs/`),
+//!   [`start_model_sim`] and [`spawn_and_wait_http`] for our own servers.
 //! - Envoy: [`EnvoySpec`] → [`EnvoyProcess`] (config generation, start, readiness, stats,
 //!   access log), [`validate_config`].
 //! - HTTP: [`post_json`], [`post_bytes`], [`get`], [`request`] and the in-process
@@ -14,6 +15,7 @@ mod error;
 mod http;
 mod paths;
 mod process;
+mod server;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
@@ -29,3 +31,7 @@ pub use paths::{
     bin, envoy_binary, file_tail, filter_wasm, free_port, target_dir, testlog_dir, workspace_root,
 };
 pub use process::{pid_alive, ChildGuard, DEFAULT_GRACE};
+pub use server::{
+    spawn_and_wait_http, start_model_sim, start_model_sim_blocking, ServerProcess,
+    SERVER_READY_TIMEOUT,
+};

@@ -410,3 +410,47 @@ async fn filter_router_routes_by_model_in_the_body() {
     .unwrap();
     assert_eq!(backend_of(&resp), a.addr().to_string());
 }
+
+#[test]
+fn spawn_and_wait_http_waits_for_health_and_reports_early_exit() {
+    let port = testkit::free_port().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let args: Vec<String> = [
+        "-m",
+        "http.server",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = testkit::spawn_and_wait_http(
+        "http-server",
+        std::path::Path::new("python3"),
+        &args,
+        addr,
+        "/",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let (status, _) = testkit::blocking_get(addr, "/", Duration::from_secs(5)).unwrap();
+    assert_eq!(status, 200);
+    let pid = server.pid();
+    drop(server);
+    assert!(!pid_alive(pid));
+    let err = testkit::spawn_and_wait_http(
+        "early-exit",
+        std::path::Path::new("sh"),
+        &["-c".to_string(), "echo boom-message; exit 3".to_string()],
+        addr,
+        "/",
+        Duration::from_secs(30),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("exited early") && err.contains("boom-message"),
+        "{err}"
+    );
+}
