@@ -396,8 +396,18 @@ pub async fn watch_loop(
                 backoff = Duration::from_millis(250);
                 publish(&pool, &tx, &map);
                 loop {
+                    let began = std::time::Instant::now();
                     match watch_once(&pool, &client, &mut rv, &mut map, &tx, &mut shutdown).await {
-                        Ok(WatchEnd::Expired) => continue,
+                        Ok(WatchEnd::Expired) => {
+                            // A server that closes watches at once must not make us spin.
+                            if began.elapsed() < Duration::from_secs(1) {
+                                tokio::select! {
+                                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                                    _ = shutdown.changed() => return,
+                                }
+                            }
+                            continue;
+                        }
                         Ok(WatchEnd::Relist) => break,
                         Ok(WatchEnd::Shutdown) => return,
                         Err(e) => {
