@@ -204,8 +204,40 @@ fn plain_envoy_examples_pass_envoy_validate() {
         return;
     };
     let dir = testlog_dir("envoy-examples").unwrap();
+    // Validation loads the module and runs its on_configure, so the plugin configuration is
+    // checked by the filter itself: a broken one must fail.
+    let (_, mut broken) = bootstraps[0].clone();
+    let mut configs = Vec::new();
+    wasm_configs(&broken, &mut configs);
+    let mut plugin: Value =
+        serde_json::from_str(configs[0]["configuration"]["value"].as_str().unwrap()).unwrap();
+    plugin["pools"] = json!("not a list");
+    set_plugin_config(&mut broken, &plugin.to_string());
+    substitute_wasm(&mut broken, &wasm);
+    let file = dir.join("broken-plugin-config.yaml");
+    std::fs::write(&file, serde_yaml::to_string(&broken).unwrap()).unwrap();
+    assert!(
+        validate_config(&file).is_err(),
+        "a broken plugin configuration passed validation"
+    );
     for (origin, bootstrap) in bootstraps {
         validate_with_envoy(&origin, bootstrap, &wasm, &dir);
+    }
+}
+
+/// Replaces the plugin configuration string of every Wasm filter config in a value.
+fn set_plugin_config(value: &mut Value, text: &str) {
+    match value {
+        Value::Object(map) => {
+            if map.get("@type").and_then(Value::as_str) == Some(WASM_TYPE) {
+                if let Some(config) = map.get_mut("config") {
+                    config["configuration"]["value"] = json!(text);
+                }
+            }
+            map.values_mut().for_each(|v| set_plugin_config(v, text));
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| set_plugin_config(v, text)),
+        _ => {}
     }
 }
 
