@@ -49,13 +49,15 @@ pub enum Preset {
 impl Preset {
     pub fn weights(self) -> Weights {
         match self {
+            // `load` (running counts) is off by default: across GPU generations a fast pod's
+            // many running requests are not comparable to a slow pod's few.
             Preset::Latency => Weights {
                 queue: 3.0,
                 kv_cache: 2.0,
-                prefix: 2.0,
+                prefix: 3.0,
                 // A missing adapter costs a load, or a wait for a slot: worth a short queue.
                 lora: 4.0,
-                load: 1.0,
+                load: 0.0,
             },
             Preset::Throughput => Weights {
                 queue: 1.0,

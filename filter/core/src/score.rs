@@ -72,15 +72,30 @@ pub struct Scored {
     pub saturation: f64,
 }
 
-/// LoRA affinity as GAIE defines it: loaded 1.0, free slot 0.8, queued 0.6, else 0.
-pub fn lora_score(lora: Option<&LoraState>, adapter: &str) -> f64 {
-    match lora {
+/// LoRA affinity. GAIE's values — loaded 1.0, free slot 0.8, queued 0.6, else 0 — plus a
+/// stable home for every adapter: among the pods, the one with the highest rendezvous hash of
+/// (adapter, address) is the adapter's home. When an adapter is loaded nowhere, its requests
+/// all go to its home instead of loading it on every pod in turn, so the adapters partition
+/// over the pods' slots and stop evicting each other. The home needs no shared state and is the
+/// same on every worker and every proxy replica.
+pub fn lora_score(lora: Option<&LoraState>, adapter: &str, home: bool) -> f64 {
+    let base: f64 = match lora {
         None => 0.0,
         Some(l) if l.running.iter().any(|a| a == adapter) => 1.0,
-        Some(l) if l.running.len() < usize::from(l.max_loras) => 0.8,
         Some(l) if l.waiting.iter().any(|a| a == adapter) => 0.6,
+        Some(l) if l.running.len() < usize::from(l.max_loras) => 0.8,
         Some(_) => 0.0,
+    };
+    match (base, home) {
+        (b, true) if b < 1.0 => (b + 0.3).min(0.95),
+        (b, _) => b,
     }
+}
+
+/// Rendezvous (highest-random-weight) hash of an adapter on a pod.
+pub fn rendezvous(adapter: &str, address: &str) -> u64 {
+    let a = xxhash_rust::xxh64::xxh64(adapter.as_bytes(), 0x4C6F_5241);
+    xxhash_rust::xxh64::xxh64(address.as_bytes(), a)
 }
 
 /// How saturated a pod is: ≥ 1 means past a threshold (GAIE: `max(queue/5, kv/0.8)`).
@@ -105,6 +120,13 @@ pub fn score_all(
             (lo.min(x), hi.max(x))
         });
     let full = mode == Mode::Full;
+    let home = f.adapter.and_then(|a| {
+        cands
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, c)| rendezvous(a, c.address))
+            .map(|(i, _)| i)
+    });
     cands
         .iter()
         .enumerate()
@@ -135,7 +157,7 @@ pub fn score_all(
                 );
             }
             if let (Some(adapter), true) = (f.adapter, full) {
-                add(w.lora, lora_score(c.lora, adapter));
+                add(w.lora, lora_score(c.lora, adapter, home == Some(index)));
             }
             let mut score = if weight > 0.0 { sum / weight } else { 0.0 };
             if c.stale && full {

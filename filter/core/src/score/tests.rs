@@ -191,11 +191,15 @@ fn lora_affinity_values_follow_gaie() {
         waiting: vec![],
         max_loras: 2,
     };
-    assert_eq!(lora_score(Some(&active), "x"), 1.0);
-    assert_eq!(lora_score(Some(&free), "x"), 0.8);
-    assert_eq!(lora_score(Some(&queued), "x"), 0.6);
-    assert_eq!(lora_score(Some(&full), "x"), 0.0);
-    assert_eq!(lora_score(None, "x"), 0.0);
+    assert_eq!(lora_score(Some(&active), "x", false), 1.0);
+    assert_eq!(lora_score(Some(&free), "x", false), 0.8);
+    assert_eq!(lora_score(Some(&queued), "x", false), 0.6);
+    assert_eq!(lora_score(Some(&full), "x", false), 0.0);
+    assert_eq!(lora_score(None, "x", false), 0.0);
+    // The adapter's home pod gets a bonus below "loaded".
+    assert_eq!(lora_score(Some(&active), "x", true), 1.0);
+    assert!((lora_score(Some(&free), "x", true) - 0.95).abs() < 1e-9);
+    assert!((lora_score(Some(&full), "x", true) - 0.3).abs() < 1e-9);
     let c = [
         Candidate {
             lora: Some(&full),
@@ -222,6 +226,47 @@ fn lora_affinity_values_follow_gaie() {
         order(&only(0.0, 0.0, 0.0, 1.0, 0.0), &c, &f),
         ["active", "free", "queued", "full"]
     );
+}
+
+#[test]
+fn adapters_loaded_nowhere_go_to_their_rendezvous_home() {
+    let full = LoraState {
+        running: vec!["a".into(), "b".into()],
+        waiting: vec![],
+        max_loras: 2,
+    };
+    let addrs: Vec<String> = (0..4).map(|i| format!("10.0.0.{i}:8000")).collect();
+    let c: Vec<Candidate<'_>> = addrs
+        .iter()
+        .map(|a| Candidate {
+            lora: Some(&full),
+            ..pod(a)
+        })
+        .collect();
+    let p = pool(Preset::Latency.weights());
+    let mut homes = std::collections::HashMap::new();
+    for n in 0..16 {
+        let adapter = format!("adapter-{n}");
+        // Whatever the tie bits, an adapter always lands on the same pod.
+        let picks: std::collections::HashSet<String> = (0..8)
+            .map(|t| {
+                order(
+                    &p,
+                    &c,
+                    &Features {
+                        adapter: Some(&adapter),
+                        tie: t,
+                        ..F
+                    },
+                )[0]
+                .clone()
+            })
+            .collect();
+        assert_eq!(picks.len(), 1, "{adapter}: {picks:?}");
+        *homes.entry(picks.into_iter().next().unwrap()).or_insert(0) += 1;
+    }
+    // ... and the adapters spread over the pods.
+    assert!(homes.len() >= 3, "{homes:?}");
 }
 
 #[test]
