@@ -31,4 +31,7 @@ pub use abi::{decode_pairs, encode_pairs, Action, LogLevel, MetricType, PairsErr
 pub use error::HostError;
 pub use request::{Request, Response};
 pub use state::{ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_START_NS};
+#[cfg(test)]
+mod tests;
+
 pub use vm::{filter_wasm_path, Host, Module, PropertyValue, Vm, VmBuilder, WASM_ENV};

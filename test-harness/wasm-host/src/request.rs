@@ -15,6 +15,7 @@ use crate::vm::{PropertyValue, Vm, VmInner};
 /// What Envoy did with one stream so far (the module's view lives in [`StreamState`]).
 #[derive(Debug, Default)]
 pub(crate) struct Flow {
+    // (fields are read through `Request`)
     pub req_paused: bool,
     /// Every request callback (headers, body to end_of_stream, trailers) was delivered.
     pub req_received: bool,

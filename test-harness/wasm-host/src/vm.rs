@@ -166,7 +166,7 @@ impl Module {
         FILTER
             .get_or_init(|| Module::from_file(&filter_wasm_path()).map_err(|e| e.to_string()))
             .clone()
-            .map_err(|e| HostError::Module(e))
+            .map_err(HostError::Module)
     }
 
     /// Every import as `module.name`.
@@ -437,6 +437,7 @@ impl VmBuilder<'_> {
         };
         let mut inner = VmInner {
             store,
+            instance,
             ex,
             dead: None,
             next_ctx: 2,
@@ -479,6 +480,9 @@ impl From<i64> for PropertyValue {
     }
 }
 
+/// `proxy_on_http_call_response(ctx, token, headers, body, trailers)`.
+pub(crate) type HttpCallResponseFn = TypedFunc<(u32, u32, u32, u32, u32), ()>;
+
 pub(crate) struct Exports {
     pub initialize: Option<TypedFunc<(), ()>>,
     pub start: Option<TypedFunc<(), ()>>,
@@ -496,12 +500,13 @@ pub(crate) struct Exports {
     pub delete: Option<TypedFunc<u32, ()>>,
     pub tick: Option<TypedFunc<u32, ()>>,
     pub queue_ready: Option<TypedFunc<(u32, u32), ()>>,
-    pub http_call_response: Option<TypedFunc<(u32, u32, u32, u32, u32), ()>>,
+    pub http_call_response: Option<HttpCallResponseFn>,
 }
 
 /// One VM: a wasmtime store with its instance, and the streams in flight on it.
 pub(crate) struct VmInner {
     pub store: Store<HostState>,
+    pub instance: wasmtime::Instance,
     pub ex: Exports,
     pub dead: Option<String>,
     pub next_ctx: u32,
@@ -549,13 +554,13 @@ impl VmInner {
         }
     }
 
-    fn trap(&mut self, what: String, e: wasmtime::Error) -> HostError {
+    pub(crate) fn trap(&mut self, what: String, e: wasmtime::Error) -> HostError {
         let backtrace = match e.downcast_ref::<WasmBacktrace>() {
             Some(bt) => bt.to_string(),
             None => "(no wasm backtrace)".into(),
         };
         let message = if let Some(t) = e.downcast_ref::<wasmtime::Trap>() {
-            format!("wasm trap: {t}")
+            t.to_string()
         } else if let Some(p) = e.downcast_ref::<ProcExit>() {
             p.to_string()
         } else {
@@ -894,6 +899,64 @@ impl Vm {
     /// Violations outside any stream (e.g. `clear_route_cache` from the root context).
     pub fn violations(&self) -> Vec<String> {
         self.0.borrow().store.data().violations.clone()
+    }
+
+    /// Drops what is kept of finished streams and the logs (long benchmark runs).
+    pub fn forget_finished(&self) {
+        let mut i = self.0.borrow_mut();
+        i.flows.retain(|_, f| !f.finished);
+        i.store.data_mut().logs.clear();
+        i.store.data_mut().foreign_calls.clear();
+    }
+
+    /// Calls any exported function with integer arguments (converted to its parameter types);
+    /// for modules written for a test. Traps are reported like callback traps.
+    pub fn call_export(&self, name: &str, args: &[i64]) -> Result<Vec<i64>, HostError> {
+        let mut i = self.0.borrow_mut();
+        if let Some(d) = &i.dead {
+            return Err(HostError::VmDead(d.clone()));
+        }
+        let inst = i.instance;
+        let Some(f) = inst.get_func(&mut i.store, name) else {
+            return Err(HostError::Usage(format!(
+                "the module exports no function {name}"
+            )));
+        };
+        let ty = f.ty(&i.store);
+        if ty.params().len() != args.len() {
+            return Err(HostError::Usage(format!(
+                "{name} takes {} arguments",
+                ty.params().len()
+            )));
+        }
+        let params: Vec<Val> = ty
+            .params()
+            .zip(args)
+            .map(|(t, a)| {
+                if t.is_i64() {
+                    Val::I64(*a)
+                } else {
+                    Val::I32(*a as i32)
+                }
+            })
+            .collect();
+        let mut results: Vec<Val> = ty.results().map(|_| Val::I32(0)).collect();
+        let what = format!("{name}{args:?}");
+        let root = i.store.data().root_ctx;
+        let st = i.store.data_mut();
+        st.effective_ctx = root;
+        st.trace.push(|| format!("[host->vm] {what}"));
+        if let Err(e) = f.call(&mut i.store, &params, &mut results) {
+            return Err(i.trap(what, e));
+        }
+        Ok(results
+            .iter()
+            .map(|v| match v {
+                Val::I32(x) => i64::from(*x),
+                Val::I64(x) => *x,
+                _ => 0,
+            })
+            .collect())
     }
 
     /// Ends the VM as Envoy does on shutdown: `proxy_on_done` then `proxy_on_delete` on the
