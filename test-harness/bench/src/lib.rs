@@ -5,6 +5,7 @@
 //! filter, and the report compares them against the targets of the issue.
 
 pub mod arrivals;
+pub mod calibrate;
 pub mod chart;
 pub mod client;
 pub mod demo;
@@ -15,6 +16,7 @@ pub mod podmetrics;
 pub mod report;
 pub mod runner;
 pub mod scenarios;
+pub mod sidecar_cost;
 pub mod sse;
 pub mod stack;
 pub mod stats;

@@ -39,6 +39,33 @@ enum Cmd {
         #[arg(long)]
         no_overhead: bool,
     },
+    /// Saturation throughput of one pod (closed loop, no Envoy), to set scenario load levels.
+    Calibrate {
+        /// GPU profile: h100 or a10g.
+        #[arg(long, default_value = "a10g")]
+        profile: String,
+        /// Prompt tokens, min and max.
+        #[arg(long, num_args = 2, default_values_t = [200u32, 1000])]
+        prompt: Vec<u32>,
+        /// max_tokens, min and max.
+        #[arg(long, num_args = 2, default_values_t = [50u32, 200])]
+        max_tokens: Vec<u32>,
+        /// Concurrent clients (repeatable).
+        #[arg(long, default_values_t = [8usize, 32, 128])]
+        concurrency: Vec<usize>,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+    },
+    /// Measure the sidecar's CPU scraping 100 metrics-only pods every 50 ms.
+    SidecarCost {
+        /// Pods.
+        #[arg(long, default_value_t = 100)]
+        pods: usize,
+        /// Window, seconds.
+        #[arg(long, default_value_t = 10)]
+        secs: u64,
+    },
     /// Mixed-GPU fleet under round robin, then under the filter, side by side.
     Demo {
         /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
@@ -99,6 +126,41 @@ fn main() -> ExitCode {
                             "Results: {0}/{stem}.json, {0}/{stem}.md, chart {0}/{stem}-ttft.png",
                             out_dir.display()
                         );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Calibrate {
+                profile,
+                prompt,
+                max_tokens,
+                concurrency,
+                secs,
+            } => {
+                let profile: &'static str = if profile == "h100" { "h100" } else { "a10g" };
+                let r = |v: &[u32]| bench::workload::Range::new(v[0], v[v.len() - 1]);
+                for c in concurrency {
+                    match bench::calibrate::capacity(profile, r(&prompt), r(&max_tokens), c, secs)
+                        .await
+                    {
+                        Ok(cap) => println!("{}", serde_json::to_string(&cap).unwrap_or_default()),
+                        Err(e) => {
+                            eprintln!("calibrate: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Cmd::SidecarCost { pods, secs } => {
+                match bench::sidecar_cost::measure(pods, std::time::Duration::from_secs(secs)).await
+                {
+                    Ok(c) => {
+                        println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
                         ExitCode::SUCCESS
                     }
                     Err(e) => {

@@ -268,6 +268,10 @@ pub struct TargetResult {
     pub target: String,
     /// Met, missed, or not measured (None).
     pub met: Option<bool>,
+    /// A remark, e.g. a latency better than round robin beyond a "±" band (a literal miss of
+    /// the band, not a loss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Look a metric up in a summary by its JSON name (contract fields or extras).
@@ -315,7 +319,14 @@ pub fn check_targets(scenarios: &BTreeMap<String, BTreeMap<String, Summary>>) ->
                 continue;
             }
             let r = ratio(scenarios, t.scenario, router, t.baseline, t.metric);
+            let note = match (t.bound, r) {
+                (Bound::Within(b), Some(x)) if x < 1.0 - b => {
+                    Some(format!("better than {} beyond the band", t.baseline))
+                }
+                _ => None,
+            };
             out.push(TargetResult {
+                note,
                 scenario: t.scenario.into(),
                 router: router.into(),
                 metric: t.metric.into(),
@@ -489,10 +500,11 @@ pub fn markdown(rep: &Report) -> String {
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
         for t in &rep.targets {
-            let res = match t.met {
-                Some(true) => "met",
-                Some(false) => "**MISSED**",
-                None => "not measured",
+            let res = match (t.met, &t.note) {
+                (Some(true), _) => "met".to_string(),
+                (Some(false), Some(n)) => format!("outside band: {n}"),
+                (Some(false), None) => "**MISSED**".to_string(),
+                (None, _) => "not measured".to_string(),
             };
             let _ = writeln!(
                 out,
@@ -701,6 +713,25 @@ mod tests {
         assert!(abs.contains("| 67.5 | 129 |"), "{abs}");
         assert!(abs.contains("| 10 (500:10) |"), "{abs}");
         assert!(md.contains("**MISSED**"));
+    }
+
+    #[test]
+    fn better_than_a_band_is_noted_not_called_a_loss() {
+        let mut scenarios = BTreeMap::new();
+        let mut uni = BTreeMap::new();
+        uni.insert("round_robin".to_string(), run(10.0, 100, 10.0));
+        uni.insert("filter".to_string(), run(8.0, 100, 10.0)); // 0.8×: better than the band
+        scenarios.insert("uniform".to_string(), uni);
+        let t = check_targets(&scenarios);
+        let p95 = find(&t, "uniform", "filter", "ttft_p95_ms", "round_robin");
+        assert_eq!(p95.met, Some(false));
+        assert!(p95.note.as_deref().unwrap().starts_with("better"));
+        let rep = Report {
+            scenarios,
+            targets: t,
+            ..Report::default()
+        };
+        assert!(markdown(&rep).contains("outside band: better than round_robin"));
     }
 
     #[test]

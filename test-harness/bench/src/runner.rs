@@ -279,6 +279,14 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             Err(e) => rep.notes.push(format!("overhead not measured: {e}")),
         }
     }
+    if cfg.overhead {
+        eprintln!("bench: sidecar cost (100 metrics-only pods, 50 ms interval)");
+        let window = Duration::from_secs(if cfg.mode.quick { 5 } else { 15 });
+        match crate::sidecar_cost::measure(100, window).await {
+            Ok(c) => rep.sidecar = serde_json::to_value(&c).ok(),
+            Err(e) => rep.notes.push(format!("sidecar cost not measured: {e}")),
+        }
+    }
     write_outputs(&rep, &cfg.out_dir, stem)?;
     Ok(rep)
 }

@@ -71,19 +71,19 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
         model: MODEL.to_string(),
         prompts,
     };
-    let drain = Duration::from_secs(if mode.quick { 25 } else { 60 });
+    let drain = Duration::from_secs(if mode.quick { 15 } else { 45 });
     let sc = match name {
-        // 2 H100-like + 2 A10G-like pods. Capacity with ~750-token prompts and ~150 output
-        // tokens: ≈ 18 req/s per H100, ≈ 2.5 req/s per A10G (prefill 0.25 ms/token, KV for ~30
-        // sequences): ≈ 40 req/s for the fleet. 20 req/s is half the fleet's capacity, but round
-        // robin gives each A10G 5 req/s, twice what it can serve.
+        // 2 H100-like + 2 A10G-like pods. Saturation throughput measured with `bench calibrate`
+        // (one pod, closed loop, no Envoy): ≈ 18 req/s per H100 with these prompts (300-1200
+        // tokens, 50-250 out), ≈ 1.8 req/s per A10G: ≈ 40 req/s for the fleet. 20 req/s is half
+        // the fleet's capacity, but round robin gives each A10G 5 req/s, ~2.8x what it serves.
         "mixed_gpu" => Scenario {
             name: "mixed_gpu",
             about: "2 H100 + 2 A10G, Poisson at half the fleet's capacity",
             fleet: fleet(pods(&["h100", "h100", "a10g", "a10g"], None)),
             workload: spec(
                 Arrival::Poisson { rate: 20.0 * s },
-                horizon(60, 15),
+                horizon(45, 10),
                 Prompts::Independent {
                     prompt_tokens: Range::new(300, 1200),
                     max_tokens: Range::new(50, 250),
@@ -92,8 +92,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
         },
-        // Uniform A10G fleet (≈ 2.5 req/s each, 10 for the fleet): bursts of 5 s at twice the
-        // fleet's capacity, then 10 s at a fifth of it (mean ≈ 8 req/s, 80%).
+        // Uniform A10G fleet (≈ 1.8 req/s each by `bench calibrate`, ≈ 7.3 for the fleet):
+        // bursts of 8 s at 20 req/s (~2.7x capacity, enough to fill the pods' KV cache), then
+        // 12 s at 1 req/s, during which the backlog drains (mean 8.6 req/s).
         "bursty" => Scenario {
             name: "bursty",
             about: "4 A10G, on/off bursts at 2x capacity",
@@ -101,11 +102,11 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             workload: spec(
                 Arrival::Bursty {
                     on_rate: 20.0 * s,
-                    off_rate: 2.0 * s,
-                    on_s: 5.0 / s,
-                    off_s: 10.0 / s,
+                    off_rate: 1.0 * s,
+                    on_s: 8.0 / s,
+                    off_s: 12.0 / s,
                 },
-                horizon(60, 15),
+                horizon(45, 10),
                 Prompts::Independent {
                     prompt_tokens: Range::new(200, 1000),
                     max_tokens: Range::new(50, 200),
@@ -123,7 +124,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["a10g"; 4], None)),
             workload: spec(
                 Arrival::Poisson { rate: 3.5 * s },
-                horizon(90, 20),
+                horizon(60, 15),
                 Prompts::SharedPrefix {
                     conversations: 48,
                     max_turns: 6,
@@ -146,7 +147,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["h100"; 4], Some(4))),
             workload: spec(
                 Arrival::Poisson { rate: 10.0 * s },
-                horizon(60, 15),
+                horizon(45, 10),
                 Prompts::Lora {
                     adapters: 16,
                     zipf_s: 1.0,
@@ -158,14 +159,15 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: (0..16).map(adapter_name).collect(),
             drain,
         },
-        // Uniform A10G fleet, steady Poisson at half its capacity: no gain expected.
+        // Uniform A10G fleet, steady Poisson at half its measured capacity (≈ 7.3 req/s):
+        // no gain expected.
         "uniform" => Scenario {
             name: "uniform",
             about: "4 A10G, steady Poisson at half capacity (no gain expected)",
             fleet: fleet(pods(&["a10g"; 4], None)),
             workload: spec(
-                Arrival::Poisson { rate: 5.0 * s },
-                horizon(60, 15),
+                Arrival::Poisson { rate: 3.6 * s },
+                horizon(45, 10),
                 Prompts::Independent {
                     prompt_tokens: Range::new(200, 1000),
                     max_tokens: Range::new(50, 200),
@@ -182,7 +184,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["h100"; 4], None)),
             workload: spec(
                 Arrival::Poisson { rate: 1.0 * s },
-                horizon(60, 15),
+                horizon(45, 10),
                 Prompts::Independent {
                     prompt_tokens: Range::new(48_000, 52_000),
                     max_tokens: Range::new(20, 80),

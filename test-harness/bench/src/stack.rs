@@ -276,19 +276,36 @@ pub async fn start_sidecar(
     envoy: SocketAddr,
     pods: &[SocketAddr],
 ) -> Result<ChildGuard, StackError> {
+    start_sidecar_at(envoy, pods, None).await.map(|(g, _)| g)
+}
+
+/// [`start_sidecar`] with its own `/metrics` on `listen` (a free port when `None`); returns the
+/// process and that address.
+pub async fn start_sidecar_at(
+    envoy: SocketAddr,
+    pods: &[SocketAddr],
+    listen: Option<SocketAddr>,
+) -> Result<(ChildGuard, SocketAddr), StackError> {
     let bin = testkit::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
     let dir = testkit::testlog_dir("bench-sidecar").map_err(tk("log dir"))?;
-    let listen_port = testkit::free_port().map_err(tk("free port"))?;
+    let listen = match listen {
+        Some(a) => a,
+        None => SocketAddr::from((
+            [127, 0, 0, 1],
+            testkit::free_port().map_err(tk("free port"))?,
+        )),
+    };
     let path: PathBuf = dir.join("sidecar.yaml");
-    let text = sidecar_config(envoy, pods, SocketAddr::from(([127, 0, 0, 1], listen_port)));
+    let text = sidecar_config(envoy, pods, listen);
     std::fs::write(&path, text).map_err(|source| StackError::Io {
         path: path.display().to_string(),
         source,
     })?;
     let mut cmd = Command::new(bin);
     cmd.arg("run").arg("--config").arg(&path);
-    ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log"))
-        .map_err(tk("start sidecar-metrics"))
+    let g = ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log"))
+        .map_err(tk("start sidecar-metrics"))?;
+    Ok((g, listen))
 }
 
 /// Wait until the filter reports a snapshot holding every pod (`GET /__llm_router/state`).
