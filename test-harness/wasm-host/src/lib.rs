@@ -34,4 +34,6 @@ pub use state::{ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_
 #[cfg(test)]
 mod tests;
 
-pub use vm::{filter_wasm_path, Host, Module, PropertyValue, Vm, VmBuilder, WASM_ENV};
+pub use vm::{
+    filter_wasm_path, Host, Module, PropertyValue, Vm, VmBuilder, DEFAULT_BUFFER_LIMIT, WASM_ENV,
+};

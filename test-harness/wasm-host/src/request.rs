@@ -30,6 +30,8 @@ pub(crate) struct Flow {
     pub downstream_trailers: Option<Pairs>,
     pub downstream_complete: bool,
     pub local_reply_sent: bool,
+    /// A local reply Envoy itself sent (e.g. 413 past the buffer limit), not the filter.
+    pub envoy_reply: Option<LocalResponse>,
     pub in_response: bool,
     pub reset: bool,
     pub finished: bool,
@@ -211,6 +213,24 @@ impl VmInner {
             match dir {
                 Dir::Request => f.req_paused = true,
                 Dir::Response => f.resp_paused = true,
+            }
+            let buffered = self.stream(ctx).request_body.as_ref().map_or(0, Vec::len);
+            let held = !self.stream(ctx).request_headers_sent;
+            if let (Dir::Request, Some(limit)) = (dir, self.buffer_limit) {
+                if buffered > limit && held {
+                    // Envoy's own answer when a filter buffers more than the limit.
+                    let lr = LocalResponse {
+                        status: 413,
+                        details: "request_payload_too_large".into(),
+                        body: b"Payload Too Large".to_vec(),
+                        headers: vec![("content-type".into(), "text/plain".into())],
+                        grpc_status: -1,
+                    };
+                    let st = self.store.data_mut();
+                    st.trace.push(|| format!("[host] Envoy: {buffered} buffered bytes > buffer limit {limit}: local reply 413"));
+                    self.flow(ctx).envoy_reply = Some(lr.clone());
+                    self.local_reply(ctx, lr)?;
+                }
             }
         }
         Ok(())
@@ -675,6 +695,11 @@ impl Request {
     /// True when the filter holds the request (paused, waiting for `proxy_continue_stream`).
     pub fn is_paused(&self) -> bool {
         self.read(|_, f| f.is_some_and(|f| f.req_paused))
+    }
+
+    /// A local reply Envoy sent on its own (413 past the buffer limit), if any.
+    pub fn envoy_reply(&self) -> Option<LocalResponse> {
+        self.read(|_, f| f?.envoy_reply.clone())
     }
 
     /// The local reply the filter sent, if any.

@@ -234,6 +234,7 @@ impl Host {
             trace: true,
             log_before_done: false,
             local_reply_through_filter: true,
+            buffer_limit: Some(DEFAULT_BUFFER_LIMIT),
         }
     }
 
@@ -309,7 +310,12 @@ pub struct VmBuilder<'h> {
     trace: bool,
     log_before_done: bool,
     local_reply_through_filter: bool,
+    buffer_limit: Option<usize>,
 }
+
+/// Envoy's default `per_connection_buffer_limit_bytes` (1 MiB), which also bounds a request
+/// body a filter buffers.
+pub const DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
 
 impl VmBuilder<'_> {
     pub fn plugin_config(mut self, config: impl AsRef<[u8]>) -> Self {
@@ -356,6 +362,14 @@ impl VmBuilder<'_> {
     /// Envoy (default true).
     pub fn local_reply_through_filter(mut self, yes: bool) -> Self {
         self.local_reply_through_filter = yes;
+        self
+    }
+
+    /// The most request body Envoy buffers for a filter that pauses (the listener's
+    /// `per_connection_buffer_limit_bytes`, 1 MiB by default); past it Envoy itself answers 413
+    /// "Payload Too Large" while the headers are held. `None` = no limit.
+    pub fn buffer_limit(mut self, limit: Option<usize>) -> Self {
+        self.buffer_limit = limit;
         self
     }
 
@@ -444,6 +458,7 @@ impl VmBuilder<'_> {
             flows: HashMap::new(),
             log_before_done: self.log_before_done,
             local_reply_through_filter: self.local_reply_through_filter,
+            buffer_limit: self.buffer_limit,
         };
         inner.boot()?;
         Ok(Vm(Rc::new(RefCell::new(inner))))
@@ -513,6 +528,7 @@ pub(crate) struct VmInner {
     pub flows: HashMap<u32, Flow>,
     pub log_before_done: bool,
     pub local_reply_through_filter: bool,
+    pub buffer_limit: Option<usize>,
 }
 
 impl VmInner {

@@ -1183,3 +1183,36 @@ fn a_request_with_trailers_is_routed_too() {
         "a snapshot push must never reach an upstream"
     );
 }
+
+/// Envoy's own buffer limit (listener `per_connection_buffer_limit_bytes`, 1 MiB by default)
+/// is below the filter's default `max_body_bytes` (8 MiB): a 2 MiB body gets Envoy's plain-text
+/// 413, not the filter's OpenAI error, unless the listener's limit is raised.
+#[test]
+fn past_envoys_buffer_limit_envoy_answers_413_before_the_filter_does() {
+    let host = host();
+    let vm = vm(&host);
+    let body = chat_body(LLAMA, &"y".repeat(2 * 1024 * 1024));
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body_split(&body, 64 * 1024).send().unwrap();
+    assert_eq!(r.response_status(), Some(413), "{}", r.explain());
+    assert!(
+        r.local_response().is_none(),
+        "this 413 is Envoy's, not the filter's"
+    );
+    assert_eq!(
+        r.envoy_reply().map(|l| l.body_text()).as_deref(),
+        Some("Payload Too Large")
+    );
+    assert!(!r.forwarded());
+    // With the listener limit raised to the filter's, the filter reads and routes it.
+    let vm2 = host
+        .builder()
+        .plugin_config(config())
+        .buffer_limit(Some(16 << 20))
+        .start()
+        .unwrap();
+    let mut r = post(&vm2, "/v1/chat/completions", &body);
+    r.body_split(&body, 64 * 1024).send().unwrap();
+    assert_routed(&r);
+    assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+}
