@@ -335,7 +335,13 @@ impl Pod {
     }
 
     fn instant_at(&self, t: f64) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.start + Duration::from_secs_f64(t.max(0.0)))
+        // Bounded so that absurd profiles (speedup 1e-300) cannot overflow a Duration.
+        let t = if t.is_finite() {
+            t.clamp(0.0, 1.0e9)
+        } else {
+            1.0e9
+        };
+        tokio::time::Instant::from_std(self.start + Duration::from_secs_f64(t))
     }
 
     /// Address the pod listens on.
@@ -654,6 +660,7 @@ pub struct SseStream {
     close_after: Option<u32>,
     sent: u32,
     done: bool,
+    cut_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl SseStream {
@@ -661,12 +668,24 @@ impl SseStream {
         if self.done {
             return Poll::Ready(None);
         }
+        if let Some(t) = self.cut_timer.as_mut() {
+            // Let what was sent reach the client, then cut.
+            return match t.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(()) => Poll::Ready(Some(Err(BodyCut("fault close_mid_stream")))),
+            };
+        }
         let mut buf = String::new();
         loop {
             match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(Event::Token { index, last, .. })) => {
                     if self.close_after.is_some_and(|n| self.sent >= n) {
-                        return Poll::Ready(Some(Err(BodyCut("fault close_mid_stream"))));
+                        self.cut_timer =
+                            Some(Box::pin(tokio::time::sleep(Duration::from_millis(50))));
+                        if buf.is_empty() {
+                            return self.poll(cx);
+                        }
+                        break;
                     }
                     buf.push_str(&self.ctx.token_events(index, last.then_some(self.finish)));
                     self.sent += 1;
@@ -1014,6 +1033,7 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             close_after: cut.then_some(CLOSE_AFTER_TOKENS),
             sent: 0,
             done: false,
+            cut_timer: None,
         };
         return response(
             StatusCode::OK,

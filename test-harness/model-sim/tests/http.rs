@@ -411,9 +411,17 @@ async fn client_disconnect_aborts_the_request() {
     s.write_all(req.as_bytes())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    // Read until the first token arrived, so the request is surely in the running batch.
+    let mut got = Vec::new();
     let mut buf = vec![0u8; 4096];
-    let n = s.read(&mut buf).await.unwrap_or(0);
-    assert!(n > 0);
+    for _ in 0..100 {
+        let n = s.read(&mut buf).await.unwrap_or(0);
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&got).contains("data: ") {
+            break;
+        }
+    }
     assert_eq!(p.pod().state().running, 1);
     drop(s);
     let mut running = 1;
