@@ -143,6 +143,8 @@ pub struct MetricsView {
     pub ttft: Histogram,
     /// E2E histogram.
     pub e2e: Histogram,
+    /// LoRA adapters loaded so far (emulator extra: `model_sim:lora_loads_total`).
+    pub lora_loads: u64,
     /// Recent generation throughput (tokens/s), for SGLang's `gen_throughput`.
     pub gen_throughput: f64,
     /// Unix time the pod started (the `_created` values).
@@ -180,6 +182,7 @@ pub fn engine_view(
         finished_abort: s.aborted,
         ttft: s.ttft.clone(),
         e2e: s.e2e.clone(),
+        lora_loads: engine.lora_loads(),
         gen_throughput,
         created,
     }
@@ -426,7 +429,22 @@ pub fn render_vllm(view: &MetricsView, kv_name: KvMetricName) -> String {
             *ts,
         );
     }
+    lora_loads_extra(&mut o, view);
     o.s
+}
+
+/// Not a vLLM metric: adapter loads, for benchmarks (`model_sim:` marks it as the emulator's).
+fn lora_loads_extra(o: &mut Out, view: &MetricsView) {
+    o.family(
+        "model_sim:lora_loads_total",
+        "counter",
+        "LoRA adapters loaded into GPU slots (emulator only).",
+    );
+    o.sample(
+        "model_sim:lora_loads_total",
+        &[("model_name", &view.model)],
+        view.lora_loads as f64,
+    );
 }
 
 /// SGLang's histogram bounds for TTFT.
@@ -537,6 +555,7 @@ pub fn render_sglang(view: &MetricsView) -> String {
         &rebucket(&view.e2e, SGLANG_E2E),
         true,
     );
+    lora_loads_extra(&mut o, view);
     o.s
 }
 

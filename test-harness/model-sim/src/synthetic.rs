@@ -118,6 +118,7 @@ pub fn view(
         finished_abort: 0,
         ttft,
         e2e,
+        lora_loads: requests / 50,
         gen_throughput: running * 25.0,
         created: created_unix,
     }

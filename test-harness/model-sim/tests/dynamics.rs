@@ -308,6 +308,8 @@ fn metrics_text_parses_and_matches_engine_state() {
     assert_eq!(g("vllm:num_preemptions_total"), s.preemptions as f64);
     assert_eq!(g("vllm:time_to_first_token_seconds"), s.ttft.count() as f64);
     assert_eq!(g("vllm:e2e_request_latency_seconds"), s.e2e.count() as f64);
+    assert_eq!(g("model_sim:lora_loads_total"), e.lora_loads() as f64);
+    assert!(e.lora_loads() >= 2);
     let cfg = common::series(&m, "vllm:cache_config_info");
     assert_eq!(cfg.len(), 1);
     assert_eq!(common::label(&cfg[0].0, "block_size"), Some("16"));
