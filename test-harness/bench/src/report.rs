@@ -376,9 +376,9 @@ fn mark(
     }
 }
 
-fn ordered<'a>(
-    scenarios: &'a BTreeMap<String, BTreeMap<String, Summary>>,
-) -> Vec<(&'a str, &'a str, &'a Summary)> {
+fn ordered(
+    scenarios: &BTreeMap<String, BTreeMap<String, Summary>>,
+) -> Vec<(&'static str, &'static str, &Summary)> {
     let mut rows = Vec::new();
     for s in SCENARIOS {
         if let Some(rs) = scenarios.get(s) {

@@ -91,10 +91,7 @@ impl SseParser {
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        loop {
-            let Some((end, sep)) = find_event_end(&self.buf) else {
-                break;
-            };
+        while let Some((end, sep)) = find_event_end(&self.buf) {
             let event: Vec<u8> = self.buf.drain(..end + sep).collect();
             if let Some(d) = event_data(&event[..end]) {
                 out.push(d);
