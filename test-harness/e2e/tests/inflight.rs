@@ -39,15 +39,7 @@ async fn a_burst_spreads_over_pods_and_counts_are_released() {
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     // While they are held by the backends, the filter counts all of them, whichever worker.
-    let mut counted = 0;
-    for _ in 0..100 {
-        counted = total_in_flight(&envoy).await;
-        if counted == 12 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(counted, 12);
+    assert_eq!(wait_in_flight(&envoy, 12).await, 12);
     let mut per_pod: HashMap<String, u32> = HashMap::new();
     for t in tasks {
         let r = t.await.unwrap();
@@ -55,17 +47,11 @@ async fn a_burst_spreads_over_pods_and_counts_are_released() {
         *per_pod.entry(backend(&r)).or_default() += 1;
     }
     assert_eq!(per_pod.len(), 3, "{per_pod:?}");
+    // Two workers may read the table at the same instant, so allow one off; herding onto
+    // the snapshot's favourite would put all 12 on one pod.
     assert!(
-        per_pod.values().all(|&n| n == 4),
-        "not spread evenly: {per_pod:?}"
+        per_pod.values().all(|&n| (3..=5).contains(&n)),
+        "not spread: {per_pod:?}"
     );
-    let mut left = u64::MAX;
-    for _ in 0..50 {
-        left = total_in_flight(&envoy).await;
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(left, 0);
+    assert_eq!(wait_in_flight(&envoy, 0).await, 0);
 }

@@ -192,3 +192,17 @@ pub async fn total_in_flight(envoy: &EnvoyProcess) -> u64 {
         .map(|pod| pod["in_flight"].as_u64().unwrap_or(0))
         .sum()
 }
+
+/// Polls the filter's state until its total in-flight count is `want` (or 2 s pass); returns
+/// the last count seen.
+pub async fn wait_in_flight(envoy: &EnvoyProcess, want: u64) -> u64 {
+    let mut seen = u64::MAX;
+    for _ in 0..100 {
+        seen = total_in_flight(envoy).await;
+        if seen == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    seen
+}
