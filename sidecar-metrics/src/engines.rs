@@ -112,6 +112,49 @@ fn wanted(name: &str) -> bool {
     )
 }
 
+/// Every metric family the normaliser reads, with its engine (the same set as [`wanted`]).
+pub const WANTED: [(&str, Engine); 22] = [
+    ("vllm:num_requests_waiting", Engine::Vllm),
+    ("vllm:num_requests_running", Engine::Vllm),
+    ("vllm:kv_cache_usage_perc", Engine::Vllm),
+    ("vllm:gpu_cache_usage_perc", Engine::Vllm),
+    ("vllm:cache_config_info", Engine::Vllm),
+    ("vllm:lora_requests_info", Engine::Vllm),
+    ("sglang:num_queue_reqs", Engine::Sglang),
+    ("sglang:num_running_reqs", Engine::Sglang),
+    ("sglang:token_usage", Engine::Sglang),
+    ("sglang:cache_config_info", Engine::Sglang),
+    ("trtllm_num_requests_waiting", Engine::TrtllmServe),
+    ("trtllm_num_requests_running", Engine::TrtllmServe),
+    ("trtllm_kv_cache_utilization", Engine::TrtllmServe),
+    ("trtllm_kv_cache_tokens_per_block", Engine::TrtllmServe),
+    ("trtllm_kv_cache_max_blocks", Engine::TrtllmServe),
+    ("nv_trt_llm_request_metrics", Engine::TritonTrtllm),
+    ("nv_trt_llm_kv_cache_block_metrics", Engine::TritonTrtllm),
+    ("nv_inference_pending_request_count", Engine::TritonTrtllm),
+    ("tgi_queue_size", Engine::Tgi),
+    ("tgi_batch_current_size", Engine::Tgi),
+    ("llamacpp:requests_deferred", Engine::LlamaCpp),
+    ("llamacpp:requests_processing", Engine::LlamaCpp),
+];
+
+/// The query that asks a `prometheus_client` server (vLLM, SGLang, trtllm-serve) for only the
+/// families we read: `name[]=a&name[]=b…`. Servers that do not know it ignore it and send
+/// everything, which the reader handles anyway. `None` = every engine's names (auto-detect).
+pub fn name_filter_query(engine: Option<Engine>) -> String {
+    let mut q = String::new();
+    for (name, e) in WANTED {
+        if engine.is_none_or(|want| want == e || want == Engine::Unknown) {
+            if !q.is_empty() {
+                q.push('&');
+            }
+            q.push_str("name%5B%5D=");
+            q.push_str(&crate::kube::query_escape(name));
+        }
+    }
+    q
+}
+
 /// The engine a metric name belongs to, by prefix.
 pub fn engine_of(name: &str) -> Option<Engine> {
     let b = name.as_bytes();
@@ -348,7 +391,7 @@ pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError
                     acc.vote(name)
                 }
             }
-            Line::Skip | Line::Eof => {}
+            Line::Skip | Line::Eof | Line::Unwanted { .. } => {}
         },
         |e| {
             bad_count += 1;
@@ -455,4 +498,33 @@ pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError
     m.waiting = waiting.unwrap_or(0);
     m.running = running.unwrap_or(0);
     Ok(m)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wanted_table_matches_the_fast_check() {
+        for (name, e) in WANTED {
+            assert!(wanted(name), "{name}");
+            assert_eq!(engine_of(name), Some(e), "{name}");
+        }
+        assert!(!wanted("vllm:num_requests_waiting_x"));
+    }
+
+    #[test]
+    fn name_filter_query_per_engine() {
+        let q = name_filter_query(Some(Engine::Sglang));
+        assert_eq!(
+            q,
+            "name%5B%5D=sglang%3Anum_queue_reqs&name%5B%5D=sglang%3Anum_running_reqs&\
+             name%5B%5D=sglang%3Atoken_usage&name%5B%5D=sglang%3Acache_config_info"
+        );
+        assert_eq!(
+            name_filter_query(None).matches("name%5B%5D=").count(),
+            WANTED.len()
+        );
+    }
 }

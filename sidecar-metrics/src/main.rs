@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Scrape and push until SIGTERM/SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Read one saved /metrics text (`-` = stdin) and print the normalised pod state as JSON.
     Parse {
         file: PathBuf,
@@ -338,7 +338,7 @@ fn parse_cmd(file: PathBuf, engine: Option<String>) -> Result<(), CliError> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Run(a) => run(a),
+        Cmd::Run(a) => run(*a),
         Cmd::Parse { file, engine } => parse_cmd(file, engine),
         Cmd::Check { file } => Config::load(&file)
             .map_err(CliError::from)

@@ -480,10 +480,14 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     let mut pools = Vec::with_capacity(cfg.pools.len());
     for p in &cfg.pools {
         let rx = discovery::start(&p.name, &p.discovery, shutdown_rx.clone())?;
-        let path = p
+        let mut path = p
             .metrics_path
             .clone()
             .unwrap_or_else(|| cfg.scrape.path.clone());
+        if cfg.scrape.name_filter {
+            path.push(if path.contains('?') { '&' } else { '?' });
+            path.push_str(&crate::engines::name_filter_query(p.engine()));
+        }
         let mut rt = PoolRt {
             name: p.name.clone(),
             cluster: p.cluster.clone(),

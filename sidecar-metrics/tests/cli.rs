@@ -1,6 +1,8 @@
 //! The command line as a user meets it: `parse` output and exit codes, `check` errors naming the
 //! field, and `run` in its flag form pushing to a fake proxy, then stopping cleanly on SIGTERM.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};

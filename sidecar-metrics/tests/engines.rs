@@ -3,6 +3,8 @@
 //! the old one, SGLang cache geometry, trtllm-serve, TGI, detection; plus a seeded fuzz test of
 //! the reader on random and mutated input (no panics, and valid lines still read right).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use llm_router_snapshot::{Engine, LoraState};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -1,6 +1,8 @@
 //! Every real `/metrics` sample in `shared/fixtures/metrics/` parses, and normalises to exactly
 //! the values written in it (or to the precise error when the text has no load gauge).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::PathBuf;
 
 use llm_router_snapshot::{Engine, LoraState};

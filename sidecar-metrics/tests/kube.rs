@@ -3,6 +3,8 @@
 //! and a `410 Gone` that forces a relist all reach the next snapshot. Also checks the request the
 //! sidecar makes (path, label selector, bearer token).
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::BTreeMap;
@@ -60,12 +62,15 @@ fn slice(name: &str, rv: u64, pod: SocketAddr, ready: bool) -> serde_json::Value
     })
 }
 
+/// Namespace, query parameters and `authorization` header of one request.
+type Request = (String, BTreeMap<String, String>, Option<String>);
+
 #[derive(Clone, Default)]
 struct Api {
     slices: Arc<Mutex<BTreeMap<String, serde_json::Value>>>,
     rv: Arc<Mutex<u64>>,
     events: Arc<Mutex<Option<broadcast::Sender<String>>>>,
-    requests: Arc<Mutex<Vec<(String, BTreeMap<String, String>, Option<String>)>>>,
+    requests: Arc<Mutex<Vec<Request>>>,
 }
 
 async fn endpointslices(

@@ -1,6 +1,6 @@
 //! Shared helpers for the integration tests: a fake fleet of `/metrics` endpoints whose text the
 //! test can change, and a fake push target that records every request it gets.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
