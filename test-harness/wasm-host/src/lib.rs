@@ -35,5 +35,6 @@ pub use state::{ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_
 mod tests;
 
 pub use vm::{
-    filter_wasm_path, Host, Module, PropertyValue, Vm, VmBuilder, DEFAULT_BUFFER_LIMIT, WASM_ENV,
+    filter_wasm_path, run_command, Host, Module, PropertyValue, Vm, VmBuilder,
+    DEFAULT_BUFFER_LIMIT, WASM_ENV,
 };

@@ -244,6 +244,10 @@ pub(crate) struct HostState {
     pub rng: u64,
     /// Count of host calls made by the module (cheap, always on; the bench reports it).
     pub host_calls: u64,
+    /// WASI command-line arguments (command modules only).
+    pub args: Vec<Vec<u8>>,
+    /// Write stdout/stderr through to this process instead of capturing them.
+    pub passthrough_output: bool,
 }
 
 impl HostState {

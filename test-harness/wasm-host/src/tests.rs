@@ -360,3 +360,26 @@ fn modules_that_are_not_proxy_wasm_are_refused_with_a_reason() {
         .unwrap();
     assert!(e.to_string().contains("./build.sh"), "{e}");
 }
+
+#[test]
+fn a_wasi_command_gets_its_arguments_and_its_exit_code_is_returned() {
+    let wat = r#"(module
+      (import "wasi_snapshot_preview1" "args_sizes_get" (func $sizes (param i32 i32) (result i32)))
+      (import "wasi_snapshot_preview1" "args_get" (func $args (param i32 i32) (result i32)))
+      (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+      (memory (export "memory") 1)
+      (func (export "_start")
+        (drop (call $sizes (i32.const 0) (i32.const 4)))
+        (drop (call $args (i32.const 16) (i32.const 64)))
+        ;; exit code = argc * 10 + first byte of argv[2] - '0'
+        (call $exit (i32.add (i32.mul (i32.load (i32.const 0)) (i32.const 10))
+          (i32.sub (i32.load8_u (i32.load (i32.const 24))) (i32.const 48))))))"#;
+    let m = crate::Module::compile_command(wat.as_bytes()).unwrap();
+    let args = ["prog".to_string(), "--flag".to_string(), "7".to_string()];
+    assert_eq!(crate::run_command(&m, &args).unwrap(), 37);
+    let ok = crate::Module::compile_command(
+        br#"(module (memory (export "memory") 1) (func (export "_start")))"#,
+    )
+    .unwrap();
+    assert_eq!(crate::run_command(&ok, &["p".to_string()]).unwrap(), 0);
+}

@@ -70,6 +70,16 @@ pub struct Module {
 impl Module {
     /// Compiles Wasm bytes (or WAT text) and binds every import.
     pub fn compile(bytes: &[u8]) -> Result<Module, HostError> {
+        Module::compile_inner(bytes, true)
+    }
+
+    /// Compiles a WASI command module (`_start`, e.g. a `cargo test --target wasm32-wasip1`
+    /// test binary) for [`run_command`]; no proxy-wasm exports required.
+    pub fn compile_command(bytes: &[u8]) -> Result<Module, HostError> {
+        Module::compile_inner(bytes, false)
+    }
+
+    fn compile_inner(bytes: &[u8], proxy_wasm: bool) -> Result<Module, HostError> {
         let mut config = Config::new();
         config.wasm_backtrace_max_frames(std::num::NonZeroUsize::new(64));
         config.cranelift_opt_level(wasmtime::OptLevel::Speed);
@@ -127,9 +137,10 @@ impl Module {
             .exports()
             .map(|e| e.name().to_string())
             .collect::<Vec<_>>();
-        if !exports
-            .iter()
-            .any(|e| e.starts_with("proxy_abi_version_0_2"))
+        if proxy_wasm
+            && !exports
+                .iter()
+                .any(|e| e.starts_with("proxy_abi_version_0_2"))
         {
             return Err(HostError::Module(
                 "it exports no proxy_abi_version_0_2_x".into(),
@@ -182,6 +193,25 @@ impl Module {
     /// Every export name.
     pub fn exports(&self) -> &[String] {
         &self.exports
+    }
+}
+
+/// Runs a WASI command module to completion with these arguments (`args[0]` is the program
+/// name), its stdout/stderr going to this process's; returns its exit code. Clock and
+/// randomness are the host's deterministic ones; there is no file system.
+pub fn run_command(module: &Module, args: &[String]) -> Result<i32, HostError> {
+    let host = Host::new(module);
+    let vm = host.builder().trace(false).start_command(args)?;
+    let mut i = vm.0.borrow_mut();
+    match i.call(|e| &e.start, 0, "_start()".into(), ()) {
+        Ok(_) => Ok(0),
+        Err(HostError::Trap { message, .. }) if message.starts_with("module called proc_exit(") => {
+            let code = message
+                .trim_start_matches("module called proc_exit(")
+                .trim_end_matches(')');
+            Ok(code.parse().unwrap_or(1))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -376,6 +406,15 @@ impl VmBuilder<'_> {
     /// Instantiates and starts the VM: `_initialize`/`_start`, root context 1,
     /// `proxy_on_vm_start`, `proxy_on_configure`.
     pub fn start(self) -> Result<Vm, HostError> {
+        self.instantiate(None)
+    }
+
+    /// Instantiates a command module without running anything (see [`run_command`]).
+    fn start_command(self, args: &[String]) -> Result<Vm, HostError> {
+        self.instantiate(Some(args))
+    }
+
+    fn instantiate(self, command_args: Option<&[String]>) -> Result<Vm, HostError> {
         let host = self.host;
         let vm_index = {
             let mut sh = lock(&host.shared);
@@ -411,6 +450,8 @@ impl VmBuilder<'_> {
             violations: Vec::new(),
             rng: 0x5eed_0000 + vm_index as u64,
             host_calls: 0,
+            args: Vec::new(),
+            passthrough_output: false,
         };
         let mut store = Store::new(&host.module.engine, state);
         let instance = host
@@ -460,6 +501,12 @@ impl VmBuilder<'_> {
             local_reply_through_filter: self.local_reply_through_filter,
             buffer_limit: self.buffer_limit,
         };
+        if let Some(args) = command_args {
+            let st = inner.store.data_mut();
+            st.args = args.iter().map(|a| a.as_bytes().to_vec()).collect();
+            st.passthrough_output = true;
+            return Ok(Vm(Rc::new(RefCell::new(inner))));
+        }
         inner.boot()?;
         Ok(Vm(Rc::new(RefCell::new(inner))))
     }

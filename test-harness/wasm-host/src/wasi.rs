@@ -36,6 +36,16 @@ fn fd_write(mut c: C<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten: u32) -> R
     let st = c.data_mut();
     st.host_calls += 1;
     let text = String::from_utf8_lossy(&out).into_owned();
+    if st.passthrough_output && (fd == 1 || fd == 2) {
+        use std::io::Write;
+        let _ = if fd == 1 {
+            std::io::stdout().write_all(&out)
+        } else {
+            std::io::stderr().write_all(&out)
+        };
+        write_u32(&mut c, nwritten, n)?;
+        return Ok(ESUCCESS);
+    }
     let errno = match fd {
         1 => {
             st.trace
@@ -55,6 +65,29 @@ fn fd_write(mut c: C<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten: u32) -> R
         write_u32(&mut c, nwritten, n)?;
     }
     Ok(errno)
+}
+
+fn args_sizes_get(mut c: C<'_>, count: u32, size: u32) -> R {
+    let args = &c.data().args;
+    let n = u32::try_from(args.len()).unwrap_or(u32::MAX);
+    let bytes = u32::try_from(args.iter().map(|a| a.len() + 1).sum::<usize>()).unwrap_or(u32::MAX);
+    write_u32(&mut c, count, n)?;
+    write_u32(&mut c, size, bytes)?;
+    Ok(ESUCCESS)
+}
+
+fn args_get(mut c: C<'_>, argv: u32, buf: u32) -> R {
+    let args = c.data().args.clone();
+    let mut at = buf;
+    for (i, a) in args.iter().enumerate() {
+        let slot = argv.wrapping_add(u32::try_from(4 * i).unwrap_or(u32::MAX));
+        write_u32(&mut c, slot, at)?;
+        let mut z = a.clone();
+        z.push(0);
+        write(&mut c, at, &z)?;
+        at = at.wrapping_add(u32::try_from(z.len()).unwrap_or(u32::MAX));
+    }
+    Ok(ESUCCESS)
 }
 
 /// Defines the WASI functions this host offers; returns their names.
@@ -118,17 +151,8 @@ pub(crate) fn define(linker: &mut Linker<HostState>) -> wasmtime::Result<Vec<&'s
     def!("environ_get", |_c: C<'_>, _env: u32, _buf: u32| -> R {
         Ok(ESUCCESS)
     });
-    def!("args_sizes_get", |mut c: C<'_>,
-                            count: u32,
-                            size: u32|
-     -> R {
-        write_u32(&mut c, count, 0)?;
-        write_u32(&mut c, size, 0)?;
-        Ok(ESUCCESS)
-    });
-    def!("args_get", |_c: C<'_>, _argv: u32, _buf: u32| -> R {
-        Ok(ESUCCESS)
-    });
+    def!("args_sizes_get", args_sizes_get);
+    def!("args_get", args_get);
     def!("clock_time_get", |mut c: C<'_>,
                             id: u32,
                             _precision: i64,
