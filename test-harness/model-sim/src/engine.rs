@@ -613,7 +613,9 @@ impl Engine {
             if seq.generated == 1 && seq.first_token_at.is_none() {
                 seq.first_token_at = Some(at);
                 self.stats.prompt_tokens += u64::from(seq.req.prompt_tokens);
-                self.stats.ttft.observe(at - seq.arrival);
+                // Never negative: the server may start a step at the previous step's planned
+                // end, a little before a request that arrived meanwhile.
+                self.stats.ttft.observe((at - seq.arrival).max(0.0));
             }
             let last = seq.generated >= seq.req.output_tokens;
             out.push(Event::Token {
@@ -632,8 +634,8 @@ impl Engine {
                     completion_tokens: seq.generated,
                     cached_tokens: seq.cached_tokens.unwrap_or(0),
                 };
-                let ttft = seq.first_token_at.unwrap_or(at) - seq.arrival;
-                let e2e = at - seq.arrival;
+                let ttft = (seq.first_token_at.unwrap_or(at) - seq.arrival).max(0.0);
+                let e2e = (at - seq.arrival).max(0.0);
                 let blocks = std::mem::take(&mut seq.blocks);
                 self.kv.release(&blocks);
                 self.seqs.remove(&s.id);

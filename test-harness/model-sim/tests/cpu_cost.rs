@@ -166,3 +166,48 @@ async fn hundred_metrics_only_pods() {
     );
     assert!(scrapes > 100);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: prints wall-clock vs modelled latency at several speed-ups"]
+async fn timing_fidelity() {
+    use model_sim::profile::Profile;
+    use model_sim::server::{spawn_pod, PodConfig};
+    for profile in [Profile::h100(), Profile::a10g()] {
+        for speedup in [1.0, 5.0, 20.0] {
+            let mut cfg = PodConfig::new(0, profile.clone());
+            cfg.speedup = speedup;
+            let p = spawn_pod(cfg).await.unwrap_or_else(|e| panic!("{e}"));
+            let body = serde_json::json!({
+                "messages": [{"role": "user", "content": "x".repeat(4000)}],
+                "max_tokens": 256, "stream": true
+            })
+            .to_string();
+            let t0 = Instant::now();
+            let r = common::http(p.addr(), "POST", "/v1/chat/completions", Some(&body))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let wall = t0.elapsed().as_secs_f64();
+            assert!(r.complete);
+            let m = common::parse_metrics(&p.pod().metrics_text());
+            // Modelled e2e: the histogram's sum (one request).
+            let text = p.pod().metrics_text();
+            let sum: f64 = text
+                .lines()
+                .find(|l| l.starts_with("vllm:e2e_request_latency_seconds_sum"))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN);
+            assert_eq!(
+                common::get(&m, "vllm:e2e_request_latency_seconds", &[]),
+                Some(1.0)
+            );
+            println!(
+                "timing fidelity {} speedup {speedup:>4}: modelled e2e {:.4} s, wall {:.4} s, ratio {:.3}",
+                profile.name,
+                sum,
+                wall,
+                wall / sum
+            );
+        }
+    }
+}
