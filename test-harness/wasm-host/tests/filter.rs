@@ -1216,3 +1216,31 @@ fn past_envoys_buffer_limit_envoy_answers_413_before_the_filter_does() {
     assert_routed(&r);
     assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
 }
+
+/// A trap inside the real filter (here: the SDK's panic on a context id Envoy never created)
+/// fails with the Rust panic message and a symbolicated Wasm backtrace, and the VM is dead.
+#[test]
+fn a_trap_in_the_real_filter_is_reported_with_its_backtrace() {
+    let host = host();
+    let vm = vm(&host);
+    let err = vm
+        .call_export("proxy_on_request_headers", &[999, 0, 0])
+        .err()
+        .expect("must trap");
+    let HostError::Trap {
+        backtrace, output, ..
+    } = &err
+    else {
+        panic!("not a trap: {err}")
+    };
+    assert!(
+        backtrace.contains("llm_router_filter.wasm!proxy_on_request_headers"),
+        "{backtrace}"
+    );
+    assert!(backtrace.contains("begin_panic"), "{backtrace}");
+    assert!(
+        output.contains("invalid context_id"),
+        "the panic message is shown: {output}"
+    );
+    assert!(vm.is_dead());
+}
