@@ -1225,8 +1225,7 @@ fn a_trap_in_the_real_filter_is_reported_with_its_backtrace() {
     let vm = vm(&host);
     let err = vm
         .call_export("proxy_on_request_headers", &[999, 0, 0])
-        .err()
-        .expect("must trap");
+        .expect_err("must trap");
     let HostError::Trap {
         backtrace, output, ..
     } = &err
