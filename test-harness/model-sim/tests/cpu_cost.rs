@@ -73,7 +73,9 @@ fn start(spec: &str, extra: &[&str], n: usize) -> (Sim, Vec<SocketAddr>) {
 #[ignore = "benchmark: prints the emulator's CPU cost"]
 async fn fleet_of_8_at_50_rps() {
     let spec = "h100:0,h100:0,h100:0,h100:0,a10g:0,a10g:0,a10g:0,a10g:0";
-    let (sim, addrs) = start(spec, &[], 8);
+    // MODEL_SIM_BENCH_SPEEDUP=10 measures a sped-up fleet (more tokens per second).
+    let speedup = std::env::var("MODEL_SIM_BENCH_SPEEDUP").unwrap_or_else(|_| "1".into());
+    let (sim, addrs) = start(spec, &["--speedup", &speedup], 8);
     let pid = sim.0.id();
 
     // Idle cost first.
@@ -119,7 +121,7 @@ async fn fleet_of_8_at_50_rps() {
     let cpu = cpu_seconds(pid) - c0;
     let served = ok.load(Ordering::Relaxed);
     println!(
-        "model-sim CPU cost: 8 pods (4 h100 + 4 a10g), {rate} req/s for {secs} s, half streaming: \
+        "model-sim CPU cost: 8 pods (4 h100 + 4 a10g, speedup {speedup}), {rate} req/s for {secs} s, half streaming: \
          {:.3} cores ({cpu:.2} s CPU over {wall:.1} s wall; {served}/{n} requests, {} output tokens); idle {:.4} cores",
         cpu / wall,
         tokens.load(Ordering::Relaxed),
