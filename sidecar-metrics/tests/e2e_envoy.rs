@@ -53,7 +53,7 @@ async fn state(envoy: &EnvoyProcess) -> Value {
     r.json().unwrap()
 }
 
-fn pod<'a>(s: &'a Value, addr: SocketAddr) -> Option<&'a Value> {
+fn pod(s: &Value, addr: SocketAddr) -> Option<&Value> {
     s["pools"][0]["pods"]
         .as_array()?
         .iter()
