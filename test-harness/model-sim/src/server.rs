@@ -807,6 +807,7 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
         }
         (Method::POST, "/v1/chat/completions") => infer(pod, Api::Chat, req).await,
         (Method::POST, "/v1/completions") => infer(pod, Api::Completions, req).await,
+        (Method::POST, "/v1/embeddings") => embeddings(pod, req).await,
         (Method::POST, "/admin/fault") => {
             let body = match read_body(req).await {
                 Ok(b) => b,
@@ -887,16 +888,14 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
     }
 }
 
-async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<SimBody> {
-    let fault = pod.fault();
+/// Answers the inference faults (`error500`, `error429`, `hang`); `None` means "go on".
+async fn inference_fault(pod: &Arc<Pod>, fault: Fault) -> Option<Response<SimBody>> {
     match fault {
-        Fault::Error500 => {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                "injected fault: error500",
-            )
-        }
+        Fault::Error500 => Some(error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            "injected fault: error500",
+        )),
         Fault::Error429 => {
             let mut r = error_response(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -905,7 +904,7 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             );
             r.headers_mut()
                 .insert("retry-after", HeaderValue::from_static("1"));
-            return r;
+            Some(r)
         }
         Fault::Hang => {
             let mut die = pod.die.subscribe();
@@ -913,13 +912,84 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
                 _ = tokio::time::sleep(HANG_LIMIT) => {}
                 _ = die.changed() => {}
             }
-            return error_response(
+            Some(error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ServiceUnavailableError",
                 "injected fault: hang ended",
-            );
+            ))
         }
-        _ => {}
+        _ => None,
+    }
+}
+
+/// `/v1/embeddings`: answered at once (the emulator gives embeddings no GPU cost), with the
+/// same token counting and the inference faults.
+async fn embeddings(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
+    if let Some(r) = inference_fault(pod, pod.fault()).await {
+        return r;
+    }
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &format!("request body is not valid JSON: {e}"),
+            )
+        }
+    };
+    let inputs: Vec<u32> = match v.get("input") {
+        Some(Value::String(s)) => vec![prompt::count_tokens(s)],
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => {
+            vec![a.len() as u32]
+        }
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .map(|x| match x {
+                Value::String(s) => prompt::count_tokens(s),
+                Value::Array(ids) => ids.len().max(1) as u32,
+                _ => 1,
+            })
+            .collect(),
+        _ => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                "field `input` is required",
+            )
+        }
+    };
+    let model = v
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&pod.cfg.model)
+        .to_string();
+    let total: u32 = inputs.iter().fold(0u32, |a, b| a.saturating_add(*b));
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let e: Vec<f64> = (0..8)
+                .map(|k| (((*n as usize + i * 7 + k) % 17) as f64 - 8.0) / 8.0)
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": e})
+        })
+        .collect();
+    let out = json!({
+        "id": format!("embd-{:08x}", pod.addr.port()), "object": "list", "created": unix_now() as u64,
+        "model": model, "data": data, "usage": {"prompt_tokens": total, "total_tokens": total}
+    });
+    json_response(StatusCode::OK, out.to_string())
+}
+
+async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<SimBody> {
+    let fault = pod.fault();
+    if let Some(r) = inference_fault(pod, fault).await {
+        return r;
     }
     let body = match read_body(req).await {
         Ok(b) => b,
@@ -1101,4 +1171,71 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
         "ServiceUnavailableError",
         "pod stopped",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn override_parse() {
+        let o = MetricsOverride::parse(
+            br#"{"waiting": 2, "running_adapters": "a,b", "waiting_adapters": []}"#,
+        );
+        assert_eq!(
+            o,
+            Ok(MetricsOverride {
+                waiting: Some(2.0),
+                running_adapters: Some(vec!["a".into(), "b".into()]),
+                waiting_adapters: Some(vec![]),
+                ..MetricsOverride::default()
+            })
+        );
+        assert_eq!(
+            MetricsOverride::parse(b"{}"),
+            Ok(MetricsOverride::default())
+        );
+        assert!(MetricsOverride::parse(b"{\"kv\": 1}").is_err());
+        assert!(MetricsOverride::parse(b"[1]").is_err());
+        assert!(MetricsOverride::parse(b"{\"running_adapters\": [1]}").is_err());
+        assert_eq!(
+            Fault::parse("close_mid_stream").map(Fault::as_str),
+            Some("close_mid_stream")
+        );
+        assert_eq!(Fault::parse("boom"), None);
+    }
+
+    #[test]
+    fn seeded_random_override_bodies_never_panic() {
+        let base = br#"{"waiting": 7, "running": 3, "kv_usage": 0.5, "running_adapters": ["a","b"], "waiting_adapters": "c"}"#;
+        let mut s: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut ok = 0;
+        for _ in 0..5000 {
+            let mut body = base.to_vec();
+            for _ in 0..(next() % 5) {
+                let pos = (next() as usize) % body.len().max(1);
+                match next() % 3 {
+                    0 => body[pos] = (next() & 0xff) as u8,
+                    1 => {
+                        body.remove(pos);
+                    }
+                    _ => body.insert(pos, b"{}[]\":,0-e.n"[(next() % 12) as usize]),
+                }
+                if body.is_empty() {
+                    body.push(b'{');
+                }
+            }
+            if let Ok(o) = MetricsOverride::parse(&body) {
+                ok += 1;
+                assert!(o.kv_usage.is_none_or(f64::is_finite));
+            }
+        }
+        assert!(ok > 0);
+    }
 }

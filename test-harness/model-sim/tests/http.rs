@@ -72,6 +72,21 @@ async fn non_streaming_chat_and_completions() {
     assert_eq!(v["usage"]["prompt_tokens"], 2);
     assert_eq!(v["usage"]["completion_tokens"], 3);
 
+    // Embeddings: answered at once, same token counting.
+    let body = serde_json::json!({"model": MODEL, "input": ["abcd", "abcdefgh"]}).to_string();
+    let r = http(addr, "POST", "/v1/embeddings", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+    assert!(r.header("x-model-sim-pod").is_some());
+    let r = http(addr, "POST", "/v1/embeddings", Some("{}"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 400);
+
     // Health, models, errors.
     let r = http(addr, "GET", "/health", None)
         .await
