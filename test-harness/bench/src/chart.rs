@@ -152,10 +152,8 @@ fn draw_panel<DB: DrawingBackend>(
     if finite.is_empty() {
         return Ok(());
     }
-    let lo = finite
-        .iter()
-        .copied()
-        .fold(f64::INFINITY, f64::min)
+    // Leave room below the smallest bar so it stays visible.
+    let lo = (finite.iter().copied().fold(f64::INFINITY, f64::min) * 0.7)
         .log10()
         .floor();
     let hi = finite

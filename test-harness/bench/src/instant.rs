@@ -1,5 +1,7 @@
 //! An instant backend for the overhead bench: answers every request at once with a tiny JSON
 //! body (after reading the whole request body), so only the proxy's own cost is left to measure.
+//! `GET /metrics` answers an idle vLLM pod's metrics, so the sidecar can put it in a snapshot and
+//! the filter takes its full scoring path.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

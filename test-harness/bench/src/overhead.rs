@@ -93,7 +93,8 @@ async fn max_rps(uri: &hyper::Uri, body: &Bytes, opts: &OverheadOptions) -> (f64
 }
 
 /// Run the overhead bench for 2 KB and 200 KB bodies.
-pub async fn run(opts: OverheadOptions) -> Result<Vec<OverheadCase>, OverheadError> {
+/// Returns the cases and whether the filter held a snapshot (full scoring path) during them.
+pub async fn run(opts: OverheadOptions) -> Result<(Vec<OverheadCase>, bool), OverheadError> {
     let backend = InstantBackend::start()
         .await
         .map_err(|e| OverheadError::Setup(format!("instant backend: {e}")))?;
@@ -116,6 +117,20 @@ pub async fn run(opts: OverheadOptions) -> Result<Vec<OverheadCase>, OverheadErr
         u.parse()
             .map_err(|e| OverheadError::Setup(format!("bad URL {u}: {e}")))
     };
+    // The sidecar scrapes the backend's /metrics and pushes a snapshot, so the filter arm takes
+    // its full path (body parse, pool lookup, scoring), not the no-snapshot fallback. It runs
+    // during both arms, so its CPU use burdens both alike.
+    let sidecar = crate::stack::start_sidecar(filt.listen_addr, &[backend.addr()])
+        .await
+        .map_err(|e| OverheadError::Setup(format!("sidecar: {e}")))?;
+    let snapshot = crate::stack::wait_snapshot_at(
+        filt.listen_addr,
+        1,
+        Duration::from_secs(15),
+        &sidecar.log_path().display().to_string(),
+    )
+    .await
+    .is_ok();
     let plain_uri = parse(plain.url("/v1/chat/completions"))?;
     let filt_uri = parse(filt.url("/v1/chat/completions"))?;
     let client = http_client();
@@ -172,7 +187,8 @@ pub async fn run(opts: OverheadOptions) -> Result<Vec<OverheadCase>, OverheadErr
             errors: errors + ep + ef,
         });
     }
+    drop(sidecar);
     drop(plain);
     drop(filt);
-    Ok(cases)
+    Ok((cases, snapshot))
 }

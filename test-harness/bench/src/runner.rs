@@ -275,7 +275,12 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             concurrency: 16,
         };
         match crate::overhead::run(opts).await {
-            Ok(c) => rep.overhead = c,
+            Ok((c, snapshot)) => {
+                rep.overhead = c;
+                if !snapshot {
+                    rep.notes.push("overhead: the filter had no snapshot (sidecar push did not arrive); its arm measured the fallback path".into());
+                }
+            }
             Err(e) => rep.notes.push(format!("overhead not measured: {e}")),
         }
     }

@@ -71,7 +71,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
         model: MODEL.to_string(),
         prompts,
     };
-    let drain = Duration::from_secs(if mode.quick { 15 } else { 45 });
+    let drain = Duration::from_secs(if mode.quick { 10 } else { 45 });
     let sc = match name {
         // 2 H100-like + 2 A10G-like pods. Saturation throughput measured with `bench calibrate`
         // (one pod, closed loop, no Envoy): ≈ 18 req/s per H100 with these prompts (300-1200
@@ -83,7 +83,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["h100", "h100", "a10g", "a10g"], None)),
             workload: spec(
                 Arrival::Poisson { rate: 20.0 * s },
-                horizon(45, 10),
+                horizon(45, 8),
                 Prompts::Independent {
                     prompt_tokens: Range::new(300, 1200),
                     max_tokens: Range::new(50, 250),
@@ -106,7 +106,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
                     on_s: 8.0 / s,
                     off_s: 12.0 / s,
                 },
-                horizon(45, 10),
+                horizon(45, 8),
                 Prompts::Independent {
                     prompt_tokens: Range::new(200, 1000),
                     max_tokens: Range::new(50, 200),
@@ -124,7 +124,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["a10g"; 4], None)),
             workload: spec(
                 Arrival::Poisson { rate: 3.5 * s },
-                horizon(60, 15),
+                horizon(60, 12),
                 Prompts::SharedPrefix {
                     conversations: 48,
                     max_turns: 6,
@@ -147,7 +147,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["h100"; 4], Some(4))),
             workload: spec(
                 Arrival::Poisson { rate: 10.0 * s },
-                horizon(45, 10),
+                horizon(45, 8),
                 Prompts::Lora {
                     adapters: 16,
                     zipf_s: 1.0,
@@ -167,7 +167,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["a10g"; 4], None)),
             workload: spec(
                 Arrival::Poisson { rate: 3.6 * s },
-                horizon(45, 10),
+                horizon(45, 8),
                 Prompts::Independent {
                     prompt_tokens: Range::new(200, 1000),
                     max_tokens: Range::new(50, 200),
@@ -184,7 +184,7 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             fleet: fleet(pods(&["h100"; 4], None)),
             workload: spec(
                 Arrival::Poisson { rate: 1.0 * s },
-                horizon(45, 10),
+                horizon(45, 8),
                 Prompts::Independent {
                     prompt_tokens: Range::new(48_000, 52_000),
                     max_tokens: Range::new(20, 80),

@@ -310,11 +310,31 @@ pub async fn start_sidecar_at(
 
 /// Wait until the filter reports a snapshot holding every pod (`GET /__llm_router/state`).
 pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), StackError> {
-    let want = stack.pods.addrs.len() as u64;
+    let log = stack
+        .sidecar
+        .as_ref()
+        .map(|s| s.log_path().display().to_string())
+        .unwrap_or_default();
+    wait_snapshot_at(
+        stack.envoy.listen_addr,
+        stack.pods.addrs.len() as u64,
+        timeout,
+        &log,
+    )
+    .await
+}
+
+/// Wait until the filter behind `listener` reports a snapshot with at least `want` pods.
+pub async fn wait_snapshot_at(
+    listener: SocketAddr,
+    want: u64,
+    timeout: Duration,
+    sidecar_log: &str,
+) -> Result<(), StackError> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if let Ok(r) = testkit::get(
-            stack.envoy.listen_addr,
+            listener,
             "/__llm_router/state",
             &[("x-llm-router-secret", SECRET)],
         )
@@ -333,11 +353,7 @@ pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), Stack
     Err(StackError::NotReady {
         what: "filter snapshot (sidecar push)".into(),
         secs: timeout.as_secs(),
-        log: stack
-            .sidecar
-            .as_ref()
-            .map(|s| s.log_path().display().to_string())
-            .unwrap_or_default(),
+        log: sidecar_log.to_string(),
     })
 }
 
