@@ -1053,7 +1053,8 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
                     },
                 );
                 if let Some(a) = &adapter {
-                    if !core.adapters_seen.contains(&**a) {
+                    // Bounded: clients choose these names.
+                    if core.adapters_seen.len() < 256 && !core.adapters_seen.contains(&**a) {
                         core.adapters_seen.insert(a.to_string());
                     }
                 }
