@@ -281,6 +281,12 @@ fn a_body_in_many_chunks_is_decided_once_at_the_end() {
         );
         r.finish().unwrap();
     }
+    // HTTP/2 often ends a body with an empty DATA frame carrying END_STREAM.
+    let small = chat_body(LLAMA, "h2 client");
+    let mut r = post(&vm, "/v1/chat/completions", &small);
+    r.body_chunks([&small[..], b""]).send().unwrap();
+    assert_routed(&r);
+    assert_eq!(r.upstream_body(), small);
     // A small body byte by byte.
     let small = chat_body(LLAMA, "hi there");
     let mut r = post(&vm, "/v1/chat/completions", &small);
@@ -1242,4 +1248,38 @@ fn a_trap_in_the_real_filter_is_reported_with_its_backtrace() {
         "the panic message is shown: {output}"
     );
     assert!(vm.is_dead());
+}
+
+#[test]
+fn an_inference_objective_header_maps_to_a_priority() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "objectives": {"batch": -1, "chat": 0}"#))
+        .unwrap();
+    push_ok(&vm, &saturated_fleet(&host, 6));
+    let body = chat_body(LLAMA, "nightly batch");
+    for (objective, status) in [("batch", Some(429)), ("chat", None), ("unknown", None)] {
+        let mut r = post(&vm, "/v1/chat/completions", &body);
+        r.header("x-gateway-inference-objective", objective)
+            .body(&body)
+            .send()
+            .unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            status,
+            "{objective}\n{}",
+            r.explain()
+        );
+        r.finish().unwrap();
+    }
+    // An explicit priority header wins over the objective.
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.headers(&[
+        ("x-gateway-inference-objective", "batch"),
+        ("x-llm-router-priority", "0"),
+    ])
+    .body(&body)
+    .send()
+    .unwrap();
+    assert_routed(&r);
 }
