@@ -508,3 +508,75 @@ async fn sglang_and_metrics_only_pods() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(r.body.ends_with("data: [DONE]\n\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_prompt_is_served_from_the_prefix_cache_and_uniform_lengths_stop() {
+    let p = pod(Profile::h100(), |c| {
+        c.output_len = model_sim::server::OutputLen::Uniform
+    })
+    .await;
+    let addr = p.addr();
+    let prompt = "You are a routing test. ".repeat(40); // 960 chars ≈ 241 tokens with the role
+    let first = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat(&prompt, 16, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .json();
+    let second = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&chat(&prompt, 16, false, false, MODEL)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .json();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        cached >= 224,
+        "whole 16-token blocks of the repeated prompt are cached: {cached}"
+    );
+    let m = parse_metrics(&p.pod().metrics_text());
+    assert_eq!(
+        get(&m, "vllm:prefix_cache_hits_total", &[]),
+        Some(cached as f64)
+    );
+
+    // --output-len uniform: lengths vary in 1..=max_tokens, shorter ones finish with "stop".
+    let mut lens = std::collections::BTreeSet::new();
+    let mut stops = 0;
+    for i in 0..12 {
+        let v = http(
+            addr,
+            "POST",
+            "/v1/chat/completions",
+            Some(&chat(&format!("q{i}"), 16, false, false, MODEL)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json();
+        let n = v["usage"]["completion_tokens"].as_u64().unwrap_or(0);
+        assert!((1..=16).contains(&n));
+        if n < 16 {
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+            stops += 1;
+        }
+        lens.insert(n);
+    }
+    assert!(lens.len() > 3 && stops > 0, "{lens:?}");
+    // ignore_eos forces max_tokens.
+    let body = serde_json::json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 9, "ignore_eos": true}).to_string();
+    let v = http(addr, "POST", "/v1/chat/completions", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json();
+    assert_eq!(v["usage"]["completion_tokens"], 9);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
