@@ -16,6 +16,18 @@ use crate::request::Piece;
 use crate::store::SharedStore;
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
+/// Every one of the first `DENSE_BLOCKS` blocks is indexed (short prompts and the first turns of
+/// a conversation match block by block) …
+const DENSE_BLOCKS: usize = 16;
+/// … then every `STRIDE`-th block and the last one: a long prompt costs at most
+/// 16 + 240/8 = 46 index writes instead of 256, at a resolution of 8 blocks (≈ 128 tokens).
+const STRIDE: usize = 8;
+
+/// Whether block `i` of an `n`-block prompt is kept in (and looked up in) the index.
+pub fn indexed(i: usize, n: usize) -> bool {
+    i < DENSE_BLOCKS || (i + 1) % STRIDE == 0 || i + 1 == n
+}
+
 /// Separates pieces in the hashed stream, so `["ab","c"]` and `["a","bc"]` differ.
 const PIECE_SEPARATOR: u8 = 0x1E;
 
@@ -176,16 +188,21 @@ impl<'s, S: SharedStore> PrefixIndex<'s, S> {
         format!("llmr/px/{}/{}", self.pool, hash % u64::from(self.slots))
     }
 
-    /// Walks the blocks from the start until two blocks in a row are found in no slot. Because
-    /// hashes are chained, a pod found at block `i` held the whole prefix `0..=i` when it was
-    /// recorded; one missing block (its slot taken by a colliding prefix) is skipped over.
+    /// Walks the [`indexed`] blocks from the start until two of them in a row are found in no
+    /// slot. Because hashes are chained, a pod found at block `i` held the whole prefix `0..=i`
+    /// when it was recorded; one missing block (its slot taken by a colliding prefix) is skipped.
     pub fn lookup(&self, hashes: &[u64]) -> PrefixMatch {
         let mut m = PrefixMatch {
             total: hashes.len() as u32,
             ..PrefixMatch::default()
         };
         let mut misses = 0;
+        let n = hashes.len();
         for (i, &h) in hashes.iter().enumerate() {
+            if !indexed(i, n) {
+                m.hits.push(None);
+                continue;
+            }
             let found = self.store.get(&self.key(h)).and_then(|(bytes, cas)| {
                 Slot::decode(&bytes)
                     .filter(|s| s.hash == h)
@@ -216,7 +233,8 @@ impl<'s, S: SharedStore> PrefixIndex<'s, S> {
     /// are left alone; the rest are written (blindly past the first miss: such a slot holds
     /// another prefix, which the newer one replaces). Best effort: a lost CAS race is ignored.
     pub fn record(&self, hashes: &[u64], pod: &str, found: &PrefixMatch) {
-        for (i, &h) in hashes.iter().enumerate() {
+        let n = hashes.len();
+        for (i, &h) in hashes.iter().enumerate().filter(|(i, _)| indexed(*i, n)) {
             match found.hits.get(i).and_then(Option::as_ref) {
                 Some((slot, cas)) => {
                     if slot.pods.first().map(String::as_str) == Some(pod) {
@@ -357,6 +375,29 @@ mod tests {
             )
             .unwrap();
         assert_eq!(idx.lookup(&h).blocks_for("a:1"), h.len() as u32);
+    }
+
+    #[test]
+    fn a_long_prompt_writes_a_bounded_number_of_slots_and_still_matches() {
+        let store = MemoryStore::new();
+        let idx = PrefixIndex::new(&store, "pool", 65_536, 4);
+        let doc = "a long shared document, read by many questions. ".repeat(400);
+        let h = block_hashes("m", &text(&doc), 64, 256);
+        assert_eq!(h.len(), 256);
+        idx.record(&h, "a:1", &PrefixMatch::default());
+        assert_eq!(store.len(), 16 + 30);
+        // A question about the document matches at the last indexed block inside the document.
+        let q = format!("{doc} What does it say about slots?");
+        let hq = block_hashes("m", &text(&q), 64, 256);
+        let m = idx.lookup(&hq);
+        assert_eq!(m.blocks_for("a:1"), 256);
+        // A conversation's second turn matches its first, short turn block by block.
+        let t1 = "system: be brief. user: hello there, how are you today? ".repeat(3);
+        let h1 = block_hashes("m", &text(&t1), 64, 256);
+        idx.record(&h1, "b:2", &idx.lookup(&h1));
+        let t2 = format!("{t1} assistant: fine. user: and now a follow-up question");
+        let m2 = idx.lookup(&block_hashes("m", &text(&t2), 64, 256));
+        assert_eq!(m2.blocks_for("b:2"), h1.len() as u32);
     }
 
     #[test]

@@ -107,6 +107,7 @@ impl RootContext for Root {
             id: context_id,
             worker,
             kind: Kind::Pass,
+            body_size: 0,
             routed: None,
         }))
     }
@@ -136,6 +137,8 @@ struct Http {
     id: u32,
     worker: Rc<RefCell<Worker>>,
     kind: Kind,
+    /// Bytes of request body buffered so far.
+    body_size: usize,
     routed: Option<Routed>,
 }
 
@@ -312,8 +315,12 @@ impl Http {
                 new_body.extend_from_slice(head);
                 new_body.extend_from_slice(quoted.as_bytes());
                 new_body.extend_from_slice(tail);
+                let had_length = host::request_header("content-length").is_some();
                 if host::replace_request_body(size, &new_body) {
-                    host::set_request_header("content-length", &new_body.len().to_string());
+                    // A chunked request stays chunked; a sized one gets its new size.
+                    if had_length {
+                        host::set_request_header("content-length", &new_body.len().to_string());
+                    }
                     host::set_request_header(&cfg.rewrite_header, new_model);
                 }
             }
@@ -417,6 +424,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.body_size = body_size;
         match self.kind {
             Kind::Pass => Action::Continue,
             Kind::Done => Action::Pause,
@@ -448,22 +456,37 @@ impl HttpContext for Http {
         }
     }
 
+    /// Trailers end a request whose last body chunk did not say end-of-stream: the body is
+    /// complete now, so decide here (otherwise the request would pass unrouted).
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        let size = self.body_size;
+        match self.kind {
+            Kind::Pass => Action::Continue,
+            Kind::Done => Action::Pause,
+            Kind::Push => self.on_push_body(size),
+            Kind::Api(kind) => {
+                self.kind = Kind::Pass;
+                self.on_api_body(kind, size)
+            }
+        }
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Some(r) = &self.routed else {
             return Action::Continue;
         };
-        let served = host::property(&["upstream", "address"]).filter(|a| !a.is_empty());
+        // Only a real upstream served the request (not, say, Envoy's own 503).
+        let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
+        else {
+            return Action::Continue;
+        };
         let w = self.worker.borrow();
-        let served_header = w.router.config.served_header.clone();
-        let value = served.clone().unwrap_or_else(|| r.pod.clone());
-        host::set_response_header(&served_header, &value);
-        if let Some(served) = served {
-            if served != r.pod {
-                w.router.moved(&HostStore, &r.pool, &r.pod, &served);
-                let pool = r.pool.clone();
-                drop(w);
-                self.routed = Some(Routed { pool, pod: served });
-            }
+        host::set_response_header(&w.router.config.served_header, &served);
+        if served != r.pod {
+            w.router.moved(&HostStore, &r.pool, &r.pod, &served);
+            let pool = r.pool.clone();
+            drop(w);
+            self.routed = Some(Routed { pool, pod: served });
         }
         Action::Continue
     }

@@ -1141,13 +1141,10 @@ fn the_filter_uses_no_timers_and_reads_time_only_from_the_host() {
     assert!(vm.shutdown().unwrap());
 }
 
-/// FILTER BUG (reported to the lead): the filter has no `on_http_request_trailers`, so a
-/// request whose body ends with trailers (HTTP/2, or HTTP/1.1 chunked with trailers) never sees
-/// `end_of_stream` on a body callback; the SDK's default `Continue` on the trailers then
-/// releases it unrouted: no cluster header, no endpoint, no in-flight count (and a snapshot
-/// push with trailers would be forwarded upstream). Un-ignore once fixed.
+/// A request whose body ends with trailers (HTTP/2, or HTTP/1.1 chunked with trailers) never
+/// sees `end_of_stream` on a body callback; the filter decides in its trailers callback, so it
+/// is routed like any other (and a snapshot push with trailers never reaches an upstream).
 #[test]
-#[ignore = "filter bug: requests with trailers bypass routing (on_http_request_trailers missing)"]
 fn a_request_with_trailers_is_routed_too() {
     let host = host();
     let vm = vm(&host);
