@@ -467,7 +467,10 @@ impl Config {
             objectives: HashMap::new(),
             objective_header: "x-gateway-inference-objective".into(),
             top_k: 3,
-            max_body_bytes: 8 * 1024 * 1024,
+            // Just under Envoy's default 1 MiB stream buffer, so an oversized body gets this
+            // filter's OpenAI-style 413 rather than Envoy's plain-text one. Raise both together
+            // (listener `per_connection_buffer_limit_bytes`).
+            max_body_bytes: 1_000_000,
             retry_after_s: 1,
             snapshot: SnapshotConfig {
                 push_path: "/__llm_router/snapshot".into(),

@@ -1187,15 +1187,29 @@ fn a_request_with_trailers_is_routed_too() {
     );
 }
 
-/// Envoy's own buffer limit (listener `per_connection_buffer_limit_bytes`, 1 MiB by default)
-/// is below the filter's default `max_body_bytes` (8 MiB): a 2 MiB body gets Envoy's plain-text
-/// 413, not the filter's OpenAI error, unless the listener's limit is raised.
+/// Envoy buffers the body while the filter reads it, up to the listener's
+/// `per_connection_buffer_limit_bytes` (1 MiB by default). The filter's default `max_body_bytes`
+/// sits just below, so an oversized body gets the filter's OpenAI-style 413; a filter limit
+/// raised alone lets Envoy's plain-text 413 win; both raised, the body is routed.
 #[test]
-fn past_envoys_buffer_limit_envoy_answers_413_before_the_filter_does() {
+fn body_limits_of_the_filter_and_of_envoy_fit_together() {
     let host = host();
-    let vm = vm(&host);
     let body = chat_body(LLAMA, &"y".repeat(2 * 1024 * 1024));
+    let vm = vm(&host);
     let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body_split(&body, 64 * 1024).send().unwrap();
+    assert_eq!(r.response_status(), Some(413), "{}", r.explain());
+    let local = r.local_response().expect("the filter's own 413");
+    assert!(
+        local.body_text().contains("request_too_large"),
+        "{}",
+        local.body_text()
+    );
+    assert!(!r.forwarded());
+    // Only the filter's limit raised: Envoy's own buffer limit answers first.
+    let big = config_with(r#", "max_body_bytes": 16777216"#);
+    let vm1 = host.vm(&big).unwrap();
+    let mut r = post(&vm1, "/v1/chat/completions", &body);
     r.body_split(&body, 64 * 1024).send().unwrap();
     assert_eq!(r.response_status(), Some(413), "{}", r.explain());
     assert!(
@@ -1206,11 +1220,10 @@ fn past_envoys_buffer_limit_envoy_answers_413_before_the_filter_does() {
         r.envoy_reply().map(|l| l.body_text()).as_deref(),
         Some("Payload Too Large")
     );
-    assert!(!r.forwarded());
-    // With the listener limit raised to the filter's, the filter reads and routes it.
+    // Both raised: the filter reads and routes it.
     let vm2 = host
         .builder()
-        .plugin_config(config())
+        .plugin_config(big)
         .buffer_limit(Some(16 << 20))
         .start()
         .unwrap();
