@@ -377,10 +377,15 @@ fn main() {
         small.len()
     );
     let mut json = Vec::new();
+    // BENCH_PHASES=full|filter runs one phase only (e.g. under a profiler).
+    let only = std::env::var("BENCH_PHASES").unwrap_or_default();
     for (label, filter, body) in [
         ("full text (server ignores name[])", false, &text),
         ("name[] filter (prometheus_client servers)", true, &small),
     ] {
+        if (only == "full" && filter) || (only == "filter" && !filter) {
+            continue;
+        }
         let p = phase(&endpoints, push, secs, filter);
         let cores = p.cpu / p.wall;
         let scrapes = p.rounds as f64 * pods as f64;

@@ -7,6 +7,7 @@ pub mod config;
 pub mod discovery;
 pub mod engines;
 pub mod face;
+pub mod http1;
 pub mod kube;
 pub mod prom;
 pub mod push;

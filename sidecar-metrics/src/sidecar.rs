@@ -16,7 +16,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use hyper::Uri;
 use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
 use rand::Rng;
 use tokio::sync::watch;
@@ -26,8 +25,9 @@ use crate::config::Config;
 use crate::discovery::{self, DiscoveryError, Endpoints};
 use crate::engines::PodMetrics;
 use crate::face;
+use crate::http1::Target;
 use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
-use crate::scrape::{self, ScrapeClient, ScrapeError};
+use crate::scrape::{self, PodIo, ScrapeError};
 use crate::stats::Stats;
 
 /// Consecutive failures are reported up to this count; beyond it the snapshot stops changing
@@ -59,9 +59,9 @@ pub fn now_ms() -> u64 {
 struct PodSlot {
     addr: SocketAddr,
     addr_str: String,
-    uri: Uri,
+    target: Target,
     in_flight: bool,
-    buf: Vec<u8>,
+    io: Option<PodIo>,
     last: Option<PodMetrics>,
     last_ok_ms: u64,
     failures: u32,
@@ -78,19 +78,12 @@ struct PoolRt {
 }
 
 fn new_slot(addr: SocketAddr, path: &str) -> Option<PodSlot> {
-    let addr_str = addr.to_string();
-    let uri = Uri::builder()
-        .scheme("http")
-        .authority(addr_str.as_str())
-        .path_and_query(path)
-        .build()
-        .ok()?;
     Some(PodSlot {
         addr,
-        addr_str,
-        uri,
+        addr_str: addr.to_string(),
+        target: Target::new(addr, path)?,
         in_flight: false,
-        buf: Vec::new(),
+        io: Some(PodIo::default()),
         last: None,
         last_ok_ms: 0,
         failures: 0,
@@ -127,7 +120,7 @@ struct Done {
     pool: usize,
     addr: SocketAddr,
     round: u64,
-    buf: Vec<u8>,
+    io: PodIo,
     result: Result<PodMetrics, ScrapeError>,
     elapsed: Duration,
 }
@@ -137,7 +130,6 @@ type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 struct Loop {
     cfg: Config,
     pools: Vec<PoolRt>,
-    client: ScrapeClient,
     pusher: Pusher,
     stats: Arc<Stats>,
     next_generation: u64,
@@ -176,19 +168,18 @@ impl Loop {
                     continue;
                 }
                 slot.in_flight = true;
-                let client = self.client.clone();
-                let uri = slot.uri.clone();
+                let target = slot.target.clone();
                 let engine = pool.engine;
                 let addr = slot.addr;
-                let mut buf = std::mem::take(&mut slot.buf);
+                let mut io = slot.io.take().unwrap_or_default();
                 inflight.push(Box::pin(async move {
                     let t = Instant::now();
-                    let result = scrape::scrape(&client, uri, engine, timeout, max, &mut buf).await;
+                    let result = scrape::scrape(&target, &mut io, engine, timeout, max).await;
                     Done {
                         pool: pi,
                         addr,
                         round,
-                        buf,
+                        io,
                         result,
                         elapsed: t.elapsed(),
                     }
@@ -210,7 +201,7 @@ impl Loop {
             return;
         };
         slot.in_flight = false;
-        slot.buf = d.buf;
+        slot.io = Some(d.io);
         let err_kind = d.result.as_ref().err().map(ScrapeError::kind);
         self.stats.scrape_done(
             &pool.name,
@@ -533,7 +524,6 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     ));
     let lp = Loop {
         pools,
-        client: scrape::client(),
         pusher,
         stats: stats.clone(),
         next_generation: now_ms(),
