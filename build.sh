@@ -164,7 +164,8 @@ cmd_test() {
 run_bench() {
   local sub="$1"
   shift
-  cmd_setup
+  step "setup (Envoy)"
+  setup_envoy
   cmd_build
   local bench="$TARGET_DIR/release/bench"
   [ -x "$bench" ] || die "$bench was not built (cargo build --release -p bench)"

@@ -130,6 +130,8 @@ impl EchoBackend {
             let mut connections = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // E.g. out of file descriptors: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
                 let state = serving.clone();
