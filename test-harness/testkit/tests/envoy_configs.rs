@@ -695,3 +695,75 @@ fn the_schema_check_rejects_bad_manifests() {
         .iter()
         .any(|e| e.contains("expected an array")));
 }
+
+#[test]
+fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
+    let docs = example_docs();
+    let mut found = Vec::new();
+    for doc in docs.iter().filter(|d| d.value["kind"] == "ConfigMap") {
+        for (key, text) in doc.value["data"].as_object().into_iter().flatten() {
+            let text = text.as_str().unwrap_or_default();
+            let parsed = documents(text, &doc.origin);
+            if parsed
+                .first()
+                .is_some_and(|v| v.get("push").is_some() && v.get("pools").is_some())
+            {
+                found.push((format!("{} data.{key}", doc.origin), text.to_string()));
+            }
+        }
+    }
+    assert_eq!(
+        found.len(),
+        1,
+        "one sidecar configuration expected: {:?}",
+        found.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    // The manifests start the sidecar as `sidecar-metrics run --config FILE`.
+    for doc in docs.iter().filter(|d| d.value["kind"] == "Deployment") {
+        for c in doc.value["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+        {
+            if c["name"] == "sidecar-metrics" {
+                assert_eq!(c["args"][0], "run", "{}", doc.origin);
+                assert_eq!(c["args"][1], "--config", "{}", doc.origin);
+            }
+        }
+    }
+    let sidecar = match testkit::bin("sidecar-metrics") {
+        Ok(path) => path,
+        Err(e) if ci() => panic!("CI is set and sidecar-metrics is not built: {e}"),
+        Err(e) => {
+            eprintln!("SKIPPED sidecar_config_in_the_configmap_passes_sidecar_metrics_check: {e}");
+            return;
+        }
+    };
+    let dir = testlog_dir("sidecar-config").unwrap();
+    for (origin, text) in found {
+        let file = dir.join("sidecar.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let out = std::process::Command::new(&sidecar)
+            .arg("check")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{origin}: sidecar-metrics check failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // And a broken copy must fail (the check has teeth).
+        let broken = dir.join("broken.yaml");
+        std::fs::write(&broken, text.replace("push:", "pushh:")).unwrap();
+        let out = std::process::Command::new(&sidecar)
+            .arg("check")
+            .arg(&broken)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{origin}: a broken sidecar config passed the check"
+        );
+    }
+}
