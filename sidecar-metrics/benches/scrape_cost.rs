@@ -245,6 +245,25 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / clk_tck()
 }
 
+/// Context switches (voluntary + involuntary) of this process so far (all threads).
+fn ctx_switches() -> u64 {
+    let mut total = 0;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            for line in status.lines() {
+                if let Some(v) = line
+                    .strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+                {
+                    total += v.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    total
+}
+
 fn clk_tck() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
@@ -270,6 +289,7 @@ struct Phase {
     pushes: u64,
     pods_ok: usize,
     last_push: &'static str,
+    switches: u64,
 }
 
 /// Runs the sidecar against the fleet for `secs` (after a 2 s warm-up) and measures its CPU.
@@ -314,9 +334,11 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         tokio::time::sleep(Duration::from_secs(2)).await; // warm-up: connections open
         let s0 = running.stats.summary();
         let c0 = cpu_seconds();
+        let x0 = ctx_switches();
         let t0 = Instant::now();
         tokio::time::sleep(Duration::from_secs(secs)).await;
         let cpu = cpu_seconds() - c0;
+        let switches = ctx_switches() - x0;
         let wall = t0.elapsed().as_secs_f64();
         let s1 = running.stats.summary();
         running.stop().await;
@@ -327,6 +349,7 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
             pushes: s1.pushes.values().sum::<u64>() - s0.pushes.values().sum::<u64>(),
             pods_ok: s1.pods_ok,
             last_push: s1.last_push_result,
+            switches,
         }
     })
 }
@@ -410,13 +433,14 @@ fn main() {
         let parse_cpu_us = (cpu_seconds() - c0) * 1e6 / n as f64;
         println!("  [{label}]");
         println!(
-            "    rounds {} ({:.1}/s), pushes {} ({:.1}/s), pods ok at end {}, last push {}",
+            "    rounds {} ({:.1}/s), pushes {} ({:.1}/s), pods ok at end {}, last push {}, context switches {:.0}/s",
             p.rounds,
             p.rounds as f64 / p.wall,
             p.pushes,
             p.pushes as f64 / p.wall,
             p.pods_ok,
-            p.last_push
+            p.last_push,
+            p.switches as f64 / p.wall
         );
         println!(
             "    sidecar CPU {:.3} s in {:.1} s = {cores:.4} cores ({:.2}x the 0.05 goal; {:.0}x below the 7.5-core anchor)",

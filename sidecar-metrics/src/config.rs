@@ -119,6 +119,14 @@ pub struct ScrapeConfig {
     /// such as vLLM and SGLang; ignored by the others). Cuts bytes and CPU on both sides.
     #[serde(default = "d_true")]
     pub name_filter: bool,
+    /// After handling the answers that are ready, wait this long (ms) for the rest of the round
+    /// so they are handled in one wake-up; 0 handles each answer as it comes.
+    #[serde(default = "d_coalesce")]
+    pub coalesce_ms: u64,
+}
+
+fn d_coalesce() -> u64 {
+    1
 }
 
 fn d_true() -> bool {
@@ -154,6 +162,7 @@ impl Default for ScrapeConfig {
             concurrency: d_concurrency(),
             path: d_metrics_path(),
             name_filter: true,
+            coalesce_ms: d_coalesce(),
         }
     }
 }
@@ -387,6 +396,12 @@ impl Config {
             return Err(invalid(
                 "scrape.max_response_bytes",
                 "must be at least 1024",
+            ));
+        }
+        if s.coalesce_ms * 2 > s.interval_ms {
+            return Err(invalid(
+                "scrape.coalesce_ms",
+                "must be at most half of interval_ms",
             ));
         }
         if s.concurrency == 0 {
