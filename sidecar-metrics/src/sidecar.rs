@@ -140,6 +140,8 @@ struct Loop {
     retry: bool,
     last_push_label: &'static str,
     snapshots: watch::Sender<Option<Snapshot>>,
+    /// Fleet-wide index of the pod the next round starts with.
+    next_pod: usize,
 }
 
 impl Loop {
@@ -158,35 +160,60 @@ impl Loop {
         let timeout = Duration::from_millis(self.cfg.scrape.timeout_ms);
         let max = self.cfg.scrape.max_response_bytes;
         let cap = self.cfg.scrape.concurrency;
-        let mut started = 0;
-        for (pi, pool) in self.pools.iter_mut().enumerate() {
+        for pool in &mut self.pools {
             if pool.rx.has_changed().unwrap_or(false) {
                 let set = pool.rx.borrow_and_update().clone();
                 pool.resync(&set, &self.stats);
             }
-            for slot in &mut pool.pods {
-                if slot.in_flight || inflight.len() >= cap {
-                    continue;
-                }
-                slot.in_flight = true;
-                let target = slot.target.clone();
-                let engine = pool.engine;
-                let addr = slot.addr;
-                let mut io = slot.io.take().unwrap_or_default();
-                inflight.push(Box::pin(async move {
-                    let t = Instant::now();
-                    let result = scrape::scrape(&target, &mut io, engine, timeout, max).await;
-                    Done {
-                        pool: pi,
-                        addr,
-                        round,
-                        io,
-                        result,
-                        elapsed: t.elapsed(),
-                    }
-                }));
-                started += 1;
+        }
+        // Pods in one fleet-wide order, starting where the last round stopped, so that with more
+        // pods than `concurrency` every pod gets its turn.
+        let total: usize = self.pools.iter().map(|p| p.pods.len()).sum();
+        if total == 0 {
+            return 0;
+        }
+        let mut started = 0;
+        let first = self.next_pod % total;
+        for k in 0..total {
+            if inflight.len() >= cap {
+                break;
             }
+            let mut idx = (first + k) % total;
+            let Some((pi, pool)) = self.pools.iter_mut().enumerate().find(|(_, p)| {
+                if idx < p.pods.len() {
+                    true
+                } else {
+                    idx -= p.pods.len();
+                    false
+                }
+            }) else {
+                continue;
+            };
+            let engine = pool.engine;
+            let Some(slot) = pool.pods.get_mut(idx) else {
+                continue;
+            };
+            if slot.in_flight {
+                continue;
+            }
+            slot.in_flight = true;
+            let target = slot.target.clone();
+            let addr = slot.addr;
+            let mut io = slot.io.take().unwrap_or_default();
+            inflight.push(Box::pin(async move {
+                let t = Instant::now();
+                let result = scrape::scrape(&target, &mut io, engine, timeout, max).await;
+                Done {
+                    pool: pi,
+                    addr,
+                    round,
+                    io,
+                    result,
+                    elapsed: t.elapsed(),
+                }
+            }));
+            started += 1;
+            self.next_pod = first + k + 1;
         }
         started
     }
@@ -545,6 +572,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         retry: false,
         last_push_label: "none",
         snapshots: snap_tx,
+        next_pod: 0,
         cfg,
     };
     let loop_task = tokio::spawn(run_loop(lp, shutdown_rx));

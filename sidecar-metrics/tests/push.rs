@@ -291,3 +291,20 @@ async fn face_serves_metrics_and_health_and_stops() {
         "face still listening after stop"
     );
 }
+
+#[tokio::test]
+async fn more_pods_than_the_concurrency_bound_all_get_scraped() {
+    let fleet = FakeFleet::start(7, Answer::Text(vllm_text(1, 1, 0.5))).await;
+    let proxy = FakeProxy::start().await;
+    let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+    cfg.scrape.concurrency = 2;
+    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    proxy
+        .wait_for("all 7 pods ok", LIMIT, |s| {
+            s.last()
+                .and_then(|s| s.pool("llama"))
+                .is_some_and(|p| p.pods.len() == 7 && p.pods.iter().all(|p| p.health == Health::Ok))
+        })
+        .await;
+    running.stop().await;
+}
