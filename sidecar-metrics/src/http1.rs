@@ -217,6 +217,24 @@ async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>, max: usize) -> Result<u
     Ok(n)
 }
 
+/// A complete answer: its status, and where its body is — a range of the raw buffer (no copy),
+/// or the decoded-body buffer (chunked answers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub status: u16,
+    in_raw: Option<std::ops::Range<usize>>,
+}
+
+impl Answer {
+    /// The body, given the two buffers passed to [`get`].
+    pub fn body<'a>(&self, raw: &'a [u8], decoded: &'a [u8]) -> &'a [u8] {
+        match &self.in_raw {
+            Some(r) => raw.get(r.clone()).unwrap_or(&[]),
+            None => decoded,
+        }
+    }
+}
+
 /// One exchange on an open stream. `Err((e, fresh_retry_ok))`: whether nothing was received.
 async fn exchange(
     stream: &mut TcpStream,
@@ -224,7 +242,7 @@ async fn exchange(
     raw: &mut Vec<u8>,
     body: &mut Vec<u8>,
     max: usize,
-) -> Result<(u16, bool), (HttpError, bool)> {
+) -> Result<(Answer, bool), (HttpError, bool)> {
     raw.clear();
     body.clear();
     stream
@@ -260,14 +278,21 @@ async fn exchange(
                     return Err((HttpError::Closed, false));
                 }
             }
-            body.extend_from_slice(raw.get(head.len..head.len + n).unwrap_or(&[]));
+            let answer = Answer {
+                status: head.status,
+                in_raw: Some(head.len..head.len + n),
+            };
             // Extra bytes after the body would be a protocol error on a keep-alive connection.
-            Ok((head.status, head.keep_alive && raw.len() == head.len + n))
+            Ok((answer, head.keep_alive && raw.len() == head.len + n))
         }
         Framing::Chunked => loop {
             let src = raw.get(head.len..).unwrap_or(&[]);
             if let Some(used) = decode_chunked(src, body, max).map_err(|e| (e, false))? {
-                return Ok((head.status, head.keep_alive && head.len + used == raw.len()));
+                let answer = Answer {
+                    status: head.status,
+                    in_raw: None,
+                };
+                return Ok((answer, head.keep_alive && head.len + used == raw.len()));
             }
             if fill(stream, raw, limit).await.map_err(|e| (e, false))? == 0 {
                 return Err((HttpError::Closed, false));
@@ -275,12 +300,16 @@ async fn exchange(
         },
         Framing::UntilClose => loop {
             if fill(stream, raw, limit).await.map_err(|e| (e, false))? == 0 {
-                let b = raw.get(head.len..).unwrap_or(&[]);
-                if b.len() > max {
+                if raw.len() - head.len > max {
                     return Err((HttpError::TooLarge(max), false));
                 }
-                body.extend_from_slice(b);
-                return Ok((head.status, false));
+                return Ok((
+                    Answer {
+                        status: head.status,
+                        in_raw: Some(head.len..raw.len()),
+                    },
+                    false,
+                ));
             }
         },
     }
@@ -295,8 +324,8 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, HttpE
     Ok(s)
 }
 
-/// GETs `target` on `conn` (opening it if needed), the body into `body` (`raw` is scratch).
-/// Returns the status. The caller bounds the whole call with a timeout; a timed-out call drops
+/// GETs `target` on `conn` (opening it if needed), reading into `raw` (and decoding chunked
+/// bodies into `body`); [`Answer::body`] gives the body. The caller bounds the whole call with a timeout; a timed-out call drops
 /// the future, and the connection, which was taken out of `conn`, is not reused.
 pub async fn get(
     conn: &mut Conn,
@@ -305,7 +334,7 @@ pub async fn get(
     body: &mut Vec<u8>,
     max: usize,
     connect_timeout: Duration,
-) -> Result<u16, HttpError> {
+) -> Result<Answer, HttpError> {
     let reused = conn.stream.is_some();
     let mut stream = match conn.stream.take() {
         Some(s) => s,
@@ -320,11 +349,11 @@ pub async fn get(
         r => r,
     };
     match result {
-        Ok((status, keep)) => {
+        Ok((answer, keep)) => {
             if keep {
                 conn.stream = Some(stream);
             }
-            Ok(status)
+            Ok(answer)
         }
         Err((e, _)) => Err(e),
     }
@@ -471,33 +500,41 @@ mod tests {
         let t = Target::new(addr, "/metrics").unwrap();
         let (mut conn, mut raw, mut body) = (Conn::default(), Vec::new(), Vec::new());
         let to = Duration::from_secs(2);
+        async fn fetch(
+            conn: &mut Conn,
+            t: &Target,
+            raw: &mut Vec<u8>,
+            body: &mut Vec<u8>,
+            max: usize,
+        ) -> Result<(u16, Vec<u8>), HttpError> {
+            let a = get(conn, t, raw, body, max, Duration::from_secs(2)).await?;
+            Ok((a.status, a.body(raw, body).to_vec()))
+        }
         assert_eq!(
-            get(&mut conn, &t, &mut raw, &mut body, 1000, to).await,
-            Ok(200)
+            fetch(&mut conn, &t, &mut raw, &mut body, 1000).await,
+            Ok((200, b"abc".to_vec()))
         );
-        assert_eq!(body, b"abc");
         assert!(conn.is_open());
         // Same connection, chunked, then the server closes it.
         assert_eq!(
-            get(&mut conn, &t, &mut raw, &mut body, 1000, to).await,
-            Ok(200)
+            fetch(&mut conn, &t, &mut raw, &mut body, 1000).await,
+            Ok((200, b"def".to_vec()))
         );
-        assert_eq!(body, b"def");
         // The kept connection is dead: one retry on a new one succeeds.
         assert_eq!(
-            get(&mut conn, &t, &mut raw, &mut body, 1000, to).await,
-            Ok(503)
+            fetch(&mut conn, &t, &mut raw, &mut body, 1000).await,
+            Ok((503, b"no".to_vec()))
         );
-        assert_eq!(body, b"no");
         assert_eq!(
-            get(&mut conn, &t, &mut raw, &mut body, 1000, to).await,
-            Ok(200)
+            fetch(&mut conn, &t, &mut raw, &mut body, 1000).await,
+            Ok((200, b"until close".to_vec()))
         );
-        assert_eq!(body, b"until close");
         assert!(!conn.is_open());
         // A declared length over the bound is refused without reading it.
         assert_eq!(
-            get(&mut conn, &t, &mut raw, &mut body, 50, to).await,
+            get(&mut conn, &t, &mut raw, &mut body, 50, to)
+                .await
+                .map(|a| a.status),
             Err(HttpError::TooLarge(50))
         );
         // Nothing listens any more after the replies ran out: a connect or close error.

@@ -76,17 +76,19 @@ pub async fn scrape(
         ),
     )
     .await;
-    let status = match got {
+    let answer = match got {
         Err(_) => return Err(ScrapeError::Timeout(timeout)),
         Ok(Err(HttpError::TooLarge(n))) => return Err(ScrapeError::TooLarge(n.min(max_bytes))),
         Ok(Err(e)) => return Err(ScrapeError::Request(e.to_string())),
-        Ok(Ok(s)) => s,
+        Ok(Ok(a)) => a,
     };
     io.conn = conn;
-    if !(200..300).contains(&status) {
-        return Err(ScrapeError::Status(status));
+    if !(200..300).contains(&answer.status) {
+        return Err(ScrapeError::Status(answer.status));
     }
-    let text = std::str::from_utf8(&io.body).map_err(|_| ScrapeError::NotUtf8)?;
+    // The body is read in place from the receive buffer (or the chunk-decoded one): no copy.
+    let text =
+        std::str::from_utf8(answer.body(&io.raw, &io.body)).map_err(|_| ScrapeError::NotUtf8)?;
     Ok(normalise(
         text,
         Options {
