@@ -194,7 +194,12 @@ fn serve(n: usize) {
                         .duration_since(std::time::UNIX_EPOCH)
                         .map(|d| d.as_millis() as u64)
                         .unwrap_or(0);
-                    let tick = t / 100 + i as u64;
+                    // BENCH_STATIC=1: figures never move (an idle fleet: heartbeat pushes only).
+                    let tick = if std::env::var_os("BENCH_STATIC").is_some() {
+                        i as u64
+                    } else {
+                        t / 100 + i as u64
+                    };
                     let text = vllm_text(
                         "meta-llama/Llama-3.1-8B-Instruct",
                         (tick % 7) as u32,
