@@ -152,11 +152,21 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
     // Pod A gets busy: the filter hears of it within a few scrape rounds and picks B.
     let before = rounds(face).await;
     override_metrics(pa, json!({"waiting": 40, "running": 16, "kv_usage": 0.97})).await;
-    wait_state(&envoy, "pod A busy", |s| {
-        pod(s, pa).is_some_and(|p| p["waiting"] == json!(40))
-    })
-    .await;
-    let took = rounds(face).await - before;
+    // Count rounds just before each look at the filter's state, so the count taken with the
+    // first state that shows the change is not inflated by the time the look itself takes.
+    let start = Instant::now();
+    let took = loop {
+        let r = rounds(face).await;
+        let s = state(&envoy).await;
+        if pod(&s, pa).is_some_and(|p| p["waiting"] == json!(40)) {
+            break r - before;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "pod A's load never reached the filter: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     eprintln!("pod A's new load reached the filter after {took} scrape round(s)");
     // Two scrape intervals, plus the round in flight when the override landed.
     assert!(
