@@ -20,10 +20,29 @@ pub struct InstantBackend {
 
 const ANSWER: &str = r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
 
+/// An idle vLLM pod's metrics.
+pub const METRICS: &str = "# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name=\"m\"} 0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name=\"m\"} 0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name=\"m\"} 0.1
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"28000\"} 1
+";
+
 async fn answer(
     addr: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() == hyper::Method::GET && req.uri().path() == "/metrics" {
+        let mut resp = Response::new(Full::new(Bytes::from_static(METRICS.as_bytes())));
+        resp.headers_mut().insert(
+            "content-type",
+            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        return Ok(resp);
+    }
     // Read (and drop) the whole body, as a model server would.
     let _ = req.into_body().collect().await;
     let mut resp = Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));

@@ -57,6 +57,12 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         secs: u64,
     },
+    /// Only the overhead bench (same Envoy with and without the filter, instant backend).
+    Overhead {
+        /// Sequential requests per arm (2 KB; the 200 KB case uses a quarter).
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+    },
     /// Measure the sidecar's CPU scraping 100 metrics-only pods every 50 ms.
     SidecarCost {
         /// Pods.
@@ -155,6 +161,27 @@ fn main() -> ExitCode {
                     }
                 }
                 ExitCode::SUCCESS
+            }
+            Cmd::Overhead { requests } => {
+                let opts = bench::overhead::OverheadOptions {
+                    latency_requests: requests,
+                    rps_duration: std::time::Duration::from_secs(3),
+                    concurrency: 16,
+                };
+                match bench::overhead::run(opts).await {
+                    Ok((cases, snapshot)) => {
+                        println!("filter had a snapshot: {snapshot}");
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&cases).unwrap_or_default()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Cmd::SidecarCost { pods, secs } => {
                 match bench::sidecar_cost::measure(pods, std::time::Duration::from_secs(secs)).await

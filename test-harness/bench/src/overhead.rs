@@ -54,10 +54,31 @@ async fn one(client: &HttpClient, uri: &hyper::Uri, body: &Bytes) -> Option<f64>
         .header("content-type", "application/json")
         .body(Full::new(body.clone()))
         .ok()?;
-    let resp = client.request(req).await.ok()?;
-    let ok = resp.status().is_success();
-    let _ = resp.into_body().collect().await.ok()?;
-    ok.then(|| ms(t.elapsed()))
+    let resp = match client.request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            note_error(format!("transport: {e}"));
+            return None;
+        }
+    };
+    let status = resp.status();
+    let headers = format!("{:?}", resp.headers());
+    let body = resp.into_body().collect().await.ok()?.to_bytes();
+    if status.is_success() {
+        Some(ms(t.elapsed()))
+    } else {
+        note_error(format!(
+            "status {status}: {headers} {}",
+            String::from_utf8_lossy(&body[..body.len().min(300)])
+        ));
+        None
+    }
+}
+
+/// The first error of the bench, printed once so a failing arm says why.
+fn note_error(e: String) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| eprintln!("bench: overhead: first failed request: {e}"));
 }
 
 async fn max_rps(uri: &hyper::Uri, body: &Bytes, opts: &OverheadOptions) -> (f64, u64) {

@@ -540,7 +540,7 @@ pub fn markdown(rep: &Report) -> String {
             let _ = writeln!(
                 out,
                 "| {} KB | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {verdict} |",
-                c.body_bytes / 1000,
+                (c.body_bytes + 500) / 1000,
                 c.plain_p50_ms,
                 c.filter_p50_ms,
                 c.added_p50_ms,

@@ -326,3 +326,73 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
     write(&out.join(format!("{stem}.md")), md.as_bytes())?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Outcome;
+    use crate::loadgen::Sample;
+
+    #[test]
+    fn reads_own_cpu_time() {
+        let a = cpu_seconds("self").unwrap();
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        assert!(x != 1);
+        let b = cpu_seconds("self").unwrap();
+        assert!(b >= a);
+        assert!(cpu_seconds("no-such-pid").is_none());
+    }
+
+    #[test]
+    fn csv_has_one_row_per_sample() {
+        let r = RunResult {
+            samples: vec![Sample {
+                id: 3,
+                model: "m".into(),
+                at_ms: 1.0,
+                lag_ms: 0.0,
+                outcome: Outcome {
+                    status: 503,
+                    error: Some("status 503: a, b\nc".into()),
+                    ..Outcome::default()
+                },
+            }],
+            wall_s: 1.0,
+        };
+        let csv = samples_csv(&r);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].split(',').count(), lines[1].split(',').count());
+        assert!(lines[1].starts_with("3,m,1.0,0.0,503,"));
+    }
+
+    #[test]
+    fn selection_rejects_unknown_names() {
+        let mut cfg = BenchConfig {
+            mode: Mode {
+                quick: true,
+                speedup: 1.0,
+                seed: 1,
+            },
+            scenarios: vec![],
+            routers: vec![],
+            overhead: false,
+            out_dir: PathBuf::from("/nonexistent"),
+        };
+        let (s, r) = select(&cfg).unwrap();
+        assert_eq!(s.len(), 6);
+        assert_eq!(r.len(), 4);
+        cfg.scenarios = vec!["lora".into()];
+        cfg.routers = vec!["filter".into()];
+        let (s, r) = select(&cfg).unwrap();
+        assert_eq!((s[0].name, r[0]), ("lora", RouterKind::Filter));
+        cfg.routers = vec!["magic".into()];
+        assert!(matches!(
+            select(&cfg),
+            Err(RunError::Unknown { what: "router", .. })
+        ));
+    }
+}

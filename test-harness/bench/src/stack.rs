@@ -385,3 +385,70 @@ pub fn count_pods(v: &Value) -> u64 {
         })
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_config_is_the_default_plus_membership() {
+        let c = plugin_config(&[], false);
+        let pool = &c["pools"][0];
+        assert_eq!(pool["cluster"], CLUSTER);
+        assert_eq!(pool["models"][0], MODEL);
+        assert!(pool.get("weights").is_none() && pool.get("preset").is_none());
+        assert_eq!(c["snapshot"]["secret"], SECRET);
+        let g = plugin_config(&["a".into()], true);
+        assert_eq!(g["pools"][0]["adapters"][0], "a");
+        let w = &g["pools"][0]["weights"];
+        assert_eq!(
+            (
+                w["queue"].as_f64(),
+                w["kv_cache"].as_f64(),
+                w["prefix"].as_f64()
+            ),
+            (Some(2.0), Some(2.0), Some(3.0))
+        );
+        assert_eq!(
+            (w["lora"].as_f64(), w["load"].as_f64()),
+            (Some(0.0), Some(0.0))
+        );
+    }
+
+    #[test]
+    fn sidecar_config_lists_every_pod() {
+        let pods = [
+            SocketAddr::from(([127, 0, 0, 1], 9001)),
+            SocketAddr::from(([127, 0, 0, 1], 9002)),
+        ];
+        let y = sidecar_config(
+            SocketAddr::from(([127, 0, 0, 1], 10000)),
+            &pods,
+            SocketAddr::from(([127, 0, 0, 1], 9464)),
+        );
+        assert!(y.contains("address: 127.0.0.1:10000"));
+        assert!(y.contains("static: [\"127.0.0.1:9001\", \"127.0.0.1:9002\"]"));
+        assert!(y.contains(&format!("secret: {SECRET}")));
+        assert!(y.contains("interval_ms: 50"));
+    }
+
+    #[test]
+    fn counts_pods_in_state_answers() {
+        assert_eq!(count_pods(&json!({"pods": 4})), 4);
+        assert_eq!(count_pods(&json!({"pods": [1, 2]})), 2);
+        assert_eq!(
+            count_pods(&json!({"snapshot": {"pools": [{"pods": [1, 2, 3]}, {"pods": 1}]}})),
+            4
+        );
+        assert_eq!(count_pods(&json!({"nothing": true})), 0);
+    }
+
+    #[test]
+    fn router_names_round_trip() {
+        for r in RouterKind::ALL {
+            assert_eq!(RouterKind::from_name(r.name()), Some(r));
+        }
+        assert_eq!(RouterKind::from_name("random"), None);
+        assert!(RouterKind::Filter.uses_filter() && !RouterKind::LeastRequest.uses_filter());
+    }
+}
