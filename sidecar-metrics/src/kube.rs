@@ -85,6 +85,19 @@ fn read(what: &'static str, path: &str) -> Result<String, KubeError> {
     })
 }
 
+/// The error text with its causes (hyper's own message is only "client error (Connect)"; the
+/// TLS or connect reason is in the sources).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
 /// Percent-encodes a query value (RFC 3986 unreserved characters pass).
 pub fn query_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 3);
@@ -217,7 +230,7 @@ impl Client {
             .http
             .request(req)
             .await
-            .map_err(|e| http_err(e.to_string()))?;
+            .map_err(|e| http_err(error_chain(&e)))?;
         if !resp.status().is_success() {
             let status = resp.status().as_u16();
             let body = tokio::time::timeout(Duration::from_secs(5), resp.into_body().collect())

@@ -340,3 +340,182 @@ fn https_without_a_ca_is_refused_at_start() {
         Err(sidecar_metrics::kube::KubeError::NoCa)
     ));
 }
+
+/// Makes a CA and a server certificate for 127.0.0.1 with the openssl command; returns
+/// (dir, ca.crt, server.crt, server.key).
+fn certs() -> (std::path::PathBuf, String, String, String) {
+    let dir = std::env::temp_dir().join(format!(
+        "sidecar-kube-tls-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = |n: &str| dir.join(n).display().to_string();
+    std::fs::write(
+        p("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .expect("openssl (Debian package openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("ca.key"),
+        "-out",
+        &p("ca.crt"),
+        "-subj",
+        "/CN=test-ca",
+        "-days",
+        "1",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        &p("srv.key"),
+        "-out",
+        &p("srv.csr"),
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &p("srv.csr"),
+        "-CA",
+        &p("ca.crt"),
+        "-CAkey",
+        &p("ca.key"),
+        "-CAcreateserial",
+        "-out",
+        &p("srv.crt"),
+        "-days",
+        "1",
+        "-extfile",
+        &p("ext.cnf"),
+    ]);
+    (dir.clone(), p("ca.crt"), p("srv.crt"), p("srv.key"))
+}
+
+/// An https API server stand-in answering every request with one EndpointSlice list.
+async fn tls_api(cert: &str, key: &str, list: String) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Vec<_> = rustls_pki_types::CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .map(|c| c.unwrap())
+        .collect();
+    let key = rustls_pki_types::PrivateKeyDer::from_pem_file(key).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            let list = list.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let list = list.clone();
+                        async move {
+                            let ok = req
+                                .headers()
+                                .get("authorization")
+                                .and_then(|v| v.to_str().ok())
+                                == Some("Bearer tls-token");
+                            let (code, body) = if ok {
+                                (200, list)
+                            } else {
+                                (401, "{}".to_owned())
+                            };
+                            Ok::<_, Infallible>(
+                                hyper::Response::builder()
+                                    .status(code)
+                                    .body(http_body_util::Full::new(Bytes::from(body)))
+                                    .unwrap(),
+                            )
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn https_api_server_with_a_ca_file_and_a_token_file() {
+    let (dir, ca, cert, key) = certs();
+    let pod: SocketAddr = "10.0.0.9:8000".parse().unwrap();
+    let list = json!({"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1",
+                      "metadata": {"resourceVersion": "7"}, "items": [slice("vllm-x", 7, pod, true)]})
+    .to_string();
+    let (addr, task) = tls_api(&cert, &key, list).await;
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, "tls-token\n").unwrap();
+    let cfg = |ca_file: &str| KubeConfig {
+        namespace: Some("llm".into()),
+        service: Some("vllm".into()),
+        label_selector: None,
+        port: Some(PortRef::Name("http".into())),
+        api: Some(KubeApi {
+            server: format!("https://{addr}"),
+            token: None,
+            token_file: Some(token_file.display().to_string()),
+            ca_file: Some(ca_file.into()),
+        }),
+    };
+    let client = sidecar_metrics::kube::Client::from_config(&cfg(&ca)).expect("client");
+    let (rv, map) = client.list().await.expect("list over https");
+    assert_eq!(rv, "7");
+    assert_eq!(map.get("vllm-x"), Some(&vec![pod]));
+
+    // A server certificate from another CA is refused.
+    let (dir2, other_ca, _, _) = certs();
+    let client = sidecar_metrics::kube::Client::from_config(&cfg(&other_ca)).expect("client");
+    let e = client.list().await.expect_err("untrusted server");
+    assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    // A CA file without a certificate is refused at start.
+    std::fs::write(dir.join("empty.pem"), "not a pem\n").unwrap();
+    let e = sidecar_metrics::kube::Client::from_config(&cfg(&dir
+        .join("empty.pem")
+        .display()
+        .to_string()));
+    assert!(matches!(
+        e,
+        Err(sidecar_metrics::kube::KubeError::BadCa { .. })
+    ));
+    task.abort();
+    let _ = std::fs::remove_dir_all(dir);
+    let _ = std::fs::remove_dir_all(dir2);
+}
