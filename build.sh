@@ -129,11 +129,22 @@ cmd_clippy() {
 }
 
 run_tests() {
+  # Each Envoy / model-sim / sidecar a test starts keeps its config and logs here; start clean
+  # so the folder holds this run only.
+  rm -rf "$TARGET_DIR/testlogs"
+  if ! run_test_runner; then
+    printf '\nbuild.sh: tests failed; logs of the processes they started: %s\n' "$TARGET_DIR/testlogs" >&2
+    return 1
+  fi
+}
+
+# Called as an `if` condition, where `set -e` does not apply: every failure returns explicitly.
+run_test_runner() {
   if cargo nextest --version >/dev/null 2>&1; then
     step "cargo test --release --workspace --doc"
-    cargo test --release --workspace --doc
+    cargo test --release --workspace --doc || return 1
     step "cargo nextest run --release --workspace"
-    cargo nextest run --release --workspace --no-fail-fast
+    cargo nextest run --release --workspace --no-fail-fast || return 1
   else
     step "cargo test --release --workspace"
     local out rc=0
