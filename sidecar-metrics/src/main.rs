@@ -237,7 +237,8 @@ fn init_logs(cfg: &Config) {
         .unwrap_or_else(|_| EnvFilter::new("info"));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match cfg.log.format {
         LogFormat::Json => b.json().init(),
         LogFormat::Text => b.init(),
