@@ -68,6 +68,10 @@ pub fn side_by_side(rep: &Report) -> String {
     };
     let _ = writeln!(out, "\nPod share, round robin: {}", share(rr));
     let _ = writeln!(out, "Pod share, filter:      {}", share(f));
+    let _ = writeln!(
+        out,
+        "(errors = requests still waiting when the run was cut, 30 s after the last arrival)"
+    );
     out
 }
 

@@ -113,8 +113,23 @@ pub async fn run_one(sc: &Scenario, router: RouterKind) -> Result<(Summary, RunR
         *cpu.entry(k.clone()).or_default() += cpu_seconds(p).unwrap_or(c0) - c0;
     }
     let metrics = podmetrics::scrape(&stack.pods.addrs).await;
+    let profiles: BTreeMap<String, &str> = stack
+        .pods
+        .addrs
+        .iter()
+        .zip(&sc.fleet.pods)
+        .map(|(a, p)| (a.to_string(), p.profile))
+        .collect();
     stack.stop();
     let mut summary = summarize(&result);
+    // Name each pod's GPU profile next to its address.
+    summary.pod_share = std::mem::take(&mut summary.pod_share)
+        .into_iter()
+        .map(|(k, v)| match profiles.get(&k) {
+            Some(p) => (format!("{k} ({p})"), v),
+            None => (k, v),
+        })
+        .collect();
     let max_loras = sc
         .fleet
         .pods
