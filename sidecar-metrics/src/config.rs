@@ -425,6 +425,15 @@ impl Config {
         if self.pools.is_empty() {
             return Err(invalid("pools", "at least one pool is needed"));
         }
+        if self.pools.len() > llm_router_snapshot::MAX_POOLS {
+            return Err(invalid(
+                "pools",
+                format!(
+                    "at most {} pools fit in a snapshot",
+                    llm_router_snapshot::MAX_POOLS
+                ),
+            ));
+        }
         for (i, p) in self.pools.iter().enumerate() {
             let f = |k: &str| format!("pools[{i}].{k}");
             if p.name.is_empty() || p.name.len() > 1000 {
@@ -436,8 +445,27 @@ impl Config {
                     format!("pool {:?} is defined twice", p.name),
                 ));
             }
-            if p.cluster.is_empty() {
-                return Err(invalid(f("cluster"), "must not be empty"));
+            if p.cluster.is_empty() || p.cluster.len() > 1000 {
+                return Err(invalid(f("cluster"), "must be 1..1000 bytes"));
+            }
+            if p.models.len() > llm_router_snapshot::MAX_MODELS_PER_POOL {
+                return Err(invalid(
+                    f("models"),
+                    format!(
+                        "at most {} models fit in a snapshot",
+                        llm_router_snapshot::MAX_MODELS_PER_POOL
+                    ),
+                ));
+            }
+            if let Some(j) = p
+                .models
+                .iter()
+                .position(|m| m.is_empty() || m.len() > 65535)
+            {
+                return Err(invalid(
+                    f(&format!("models[{j}]")),
+                    "must be 1..65535 bytes",
+                ));
             }
             if let Some(e) = &p.engine {
                 if Engine::from_name(e).is_none() {

@@ -255,11 +255,14 @@ fn value_u32(v: f64) -> Option<u32> {
     (!v.is_nan()).then(|| v.max(0.0).round() as u32)
 }
 
+/// A comma list of adapter names. Names the snapshot cannot carry (over 255 bytes) and entries
+/// past its per-list limit are dropped, so one odd label never makes the snapshot unencodable.
 fn adapters(list: Option<std::borrow::Cow<'_, str>>) -> Vec<String> {
     list.map(|l| {
         l.split(',')
             .map(str::trim)
-            .filter(|a| !a.is_empty())
+            .filter(|a| !a.is_empty() && a.len() <= 255)
+            .take(llm_router_snapshot::MAX_ADAPTERS)
             .map(str::to_owned)
             .collect()
     })
@@ -512,6 +515,21 @@ mod tests {
             assert_eq!(engine_of(name), Some(e), "{name}");
         }
         assert!(!wanted("vllm:num_requests_waiting_x"));
+    }
+
+    #[test]
+    fn adapter_lists_stay_encodable() {
+        let long = "x".repeat(256);
+        let many: Vec<String> = (0..2000).map(|i| format!("a{i}")).collect();
+        let text = format!(
+            "vllm:lora_requests_info{{max_lora=\"99999\",running_lora_adapters=\"ok,{long}\",waiting_lora_adapters=\"{}\"}} 1\nvllm:num_requests_waiting 0\n",
+            many.join(",")
+        );
+        let m = normalise(&text, Options::default()).expect("ok");
+        let l = m.lora.expect("lora");
+        assert_eq!(l.running, vec!["ok"]);
+        assert_eq!(l.waiting.len(), llm_router_snapshot::MAX_ADAPTERS);
+        assert_eq!(l.max_loras, u16::MAX - 1);
     }
 
     #[test]

@@ -94,6 +94,14 @@ fn new_slot(addr: SocketAddr, path: &str) -> Option<PodSlot> {
 impl PoolRt {
     /// Replaces the pod list by `set`, keeping the state of pods that stay.
     fn resync(&mut self, set: &[SocketAddr], stats: &Stats) {
+        let max = llm_router_snapshot::MAX_PODS_PER_POOL;
+        let set = match set.get(..max) {
+            Some(head) if set.len() > max => {
+                tracing::error!(pool = %self.name, pods = set.len(), max, "more pods than a snapshot can carry; keeping the first");
+                head
+            }
+            _ => set,
+        };
         let mut old: Vec<PodSlot> = std::mem::take(&mut self.pods);
         let before = old.len();
         for addr in set {
