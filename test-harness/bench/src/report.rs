@@ -463,7 +463,7 @@ pub fn markdown(rep: &Report) -> String {
             .pod_share
             .iter()
             .map(|(k, v)| format!("{}:{:.0}%", k.rsplit(':').next().unwrap_or(k), v * 100.0))
-            .map(|s| s.replace(" (", "(").replace(')', ")"))
+            .map(|s| s.replace(" (", "("))
             .collect();
         let errs = if x.errors_by_status.is_empty() {
             x.errors.to_string()
