@@ -61,6 +61,9 @@ struct PodSlot {
     addr: SocketAddr,
     addr_str: String,
     target: Target,
+    /// The plain `/metrics` target, while `target` carries the `name[]` query: used instead if
+    /// the pod refuses the query.
+    fallback: Option<Target>,
     in_flight: bool,
     io: Option<PodIo>,
     last: Option<PodMetrics>,
@@ -74,15 +77,23 @@ struct PoolRt {
     models: Vec<String>,
     engine: Option<Engine>,
     path: String,
+    /// `path` with the `name[]` query (when `scrape.name_filter`).
+    filtered_path: Option<String>,
     rx: watch::Receiver<Endpoints>,
     pods: Vec<PodSlot>,
 }
 
-fn new_slot(addr: SocketAddr, path: &str) -> Option<PodSlot> {
+fn new_slot(addr: SocketAddr, path: &str, filtered: Option<&str>) -> Option<PodSlot> {
+    let plain = Target::new(addr, path)?;
+    let (target, fallback) = match filtered.and_then(|f| Target::new(addr, f)) {
+        Some(t) => (t, Some(plain)),
+        None => (plain, None),
+    };
     Some(PodSlot {
         addr,
         addr_str: addr.to_string(),
-        target: Target::new(addr, path)?,
+        target,
+        fallback,
         in_flight: false,
         io: Some(PodIo::default()),
         last: None,
@@ -107,7 +118,7 @@ impl PoolRt {
         for addr in set {
             match old.iter().position(|p| p.addr == *addr) {
                 Some(i) => self.pods.push(old.swap_remove(i)),
-                None => match new_slot(*addr, &self.path) {
+                None => match new_slot(*addr, &self.path, self.filtered_path.as_deref()) {
                     Some(s) => self.pods.push(s),
                     None => {
                         tracing::error!(pool = %self.name, pod = %addr, path = %self.path, "cannot form a scrape URI")
@@ -256,6 +267,16 @@ impl Loop {
                 slot.failures = 0;
                 slot.last_ok_ms = now_ms();
                 slot.last = Some(m);
+            }
+            Err(ScrapeError::Status(code @ (400 | 404 | 405 | 414 | 422)))
+                if slot.fallback.is_some() =>
+            {
+                // A server that refuses the query string: scrape the plain path from now on.
+                tracing::info!(pool = %pool.name, pod = %slot.addr_str, status = code, "pod refuses ?name[]=…; scraping the full /metrics");
+                if let Some(plain) = slot.fallback.take() {
+                    slot.target = plain;
+                }
+                slot.failures = slot.failures.saturating_add(1);
             }
             Err(e) => {
                 slot.failures = slot.failures.saturating_add(1);
@@ -518,20 +539,24 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     let mut pools = Vec::with_capacity(cfg.pools.len());
     for p in &cfg.pools {
         let rx = discovery::start(&p.name, &p.discovery, shutdown_rx.clone())?;
-        let mut path = p
+        let path = p
             .metrics_path
             .clone()
             .unwrap_or_else(|| cfg.scrape.path.clone());
-        if cfg.scrape.name_filter {
-            path.push(if path.contains('?') { '&' } else { '?' });
-            path.push_str(&crate::engines::name_filter_query(p.engine()));
-        }
+        let filtered_path = cfg.scrape.name_filter.then(|| {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            format!(
+                "{path}{sep}{}",
+                crate::engines::name_filter_query(p.engine())
+            )
+        });
         let mut rt = PoolRt {
             name: p.name.clone(),
             cluster: p.cluster.clone(),
             models: p.models.clone(),
             engine: p.engine(),
             path,
+            filtered_path,
             rx,
             pods: Vec::new(),
         };

@@ -308,3 +308,58 @@ async fn more_pods_than_the_concurrency_bound_all_get_scraped() {
         .await;
     running.stop().await;
 }
+
+#[tokio::test]
+async fn a_pod_that_refuses_the_name_filter_is_scraped_plain() {
+    // Answers 400 to any query string, like a strict server would.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let queries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let q = queries.clone();
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(
+            move |axum::extract::RawQuery(query): axum::extract::RawQuery| {
+                let q = q.clone();
+                async move {
+                    if query.is_some() {
+                        q.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        (axum::http::StatusCode::BAD_REQUEST, String::new())
+                    } else {
+                        (axum::http::StatusCode::OK, vllm_text(3, 4, 0.5))
+                    }
+                }
+            },
+        ),
+    );
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    let proxy = FakeProxy::start().await;
+    let cfg = config(
+        proxy.addr,
+        Discovery::Static(vec![addr.to_string()]),
+        20,
+        1000,
+    );
+    assert!(cfg.scrape.name_filter);
+    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    proxy
+        .wait_for("the pod scraped without the query", LIMIT, |s| {
+            s.last().and_then(|s| s.pool("llama")).is_some_and(|p| {
+                p.pods
+                    .iter()
+                    .all(|p| p.health == Health::Ok && p.waiting == 3)
+            })
+        })
+        .await;
+    running.stop().await;
+    assert_eq!(
+        queries.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the filtered path was tried once"
+    );
+    server.abort();
+}
