@@ -24,7 +24,8 @@ struct PodStat {
 
 #[derive(Default)]
 struct Inner {
-    pods: BTreeMap<(String, String), PodStat>,
+    /// pool → pod → numbers (nested so that a lookup by `&str` allocates nothing).
+    pods: BTreeMap<String, BTreeMap<String, PodStat>>,
     pushes: BTreeMap<&'static str, u64>,
     rounds: u64,
     last_round_ms: u64,
@@ -58,6 +59,27 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+impl Inner {
+    /// The numbers of one pod, created on first use (no allocation once it exists).
+    fn pod_mut(&mut self, pool: &str, pod: &str) -> Option<&mut PodStat> {
+        if !self.pods.contains_key(pool) {
+            self.pods.insert(pool.to_owned(), BTreeMap::new());
+        }
+        let pods = self.pods.get_mut(pool)?;
+        if !pods.contains_key(pod) {
+            pods.insert(pod.to_owned(), PodStat::default());
+        }
+        pods.get_mut(pod)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = ((&str, &str), &PodStat)> {
+        self.pods.iter().flat_map(|(pool, pods)| {
+            pods.iter()
+                .map(move |(pod, s)| ((pool.as_str(), pod.as_str()), s))
+        })
+    }
+}
+
 impl Stats {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
         // A panic while holding the lock cannot leave counters inconsistent in a harmful way.
@@ -70,7 +92,9 @@ impl Stats {
 
     pub fn scrape_done(&self, pool: &str, pod: &str, seconds: f64, error: Option<&'static str>) {
         self.with(|i| {
-            let s = i.pods.entry((pool.to_owned(), pod.to_owned())).or_default();
+            let Some(s) = i.pod_mut(pool, pod) else {
+                return;
+            };
             s.count += 1;
             s.sum += seconds;
             for (b, le) in s.buckets.iter_mut().zip(LATENCY_BUCKETS) {
@@ -86,7 +110,9 @@ impl Stats {
 
     pub fn pod_health(&self, pool: &str, pod: &str, health: &'static str, failures: u32) {
         self.with(|i| {
-            let s = i.pods.entry((pool.to_owned(), pod.to_owned())).or_default();
+            let Some(s) = i.pod_mut(pool, pod) else {
+                return;
+            };
             s.health = health;
             s.failures = failures;
         });
@@ -94,7 +120,12 @@ impl Stats {
 
     /// Forget pods that discovery no longer lists.
     pub fn retain_pods(&self, keep: impl Fn(&str, &str) -> bool) {
-        self.with(|i| i.pods.retain(|(pool, pod), _| keep(pool, pod)));
+        self.with(|i| {
+            for (pool, pods) in i.pods.iter_mut() {
+                pods.retain(|pod, _| keep(pool, pod));
+            }
+            i.pods.retain(|_, pods| !pods.is_empty());
+        });
     }
 
     pub fn round_done(&self, now_ms: u64) {
@@ -119,8 +150,8 @@ impl Stats {
         self.with(|i| Summary {
             rounds: i.rounds,
             last_round_ms: i.last_round_ms,
-            pods: i.pods.len(),
-            pods_ok: i.pods.values().filter(|p| p.health == "ok").count(),
+            pods: i.iter().count(),
+            pods_ok: i.iter().filter(|(_, p)| p.health == "ok").count(),
             pushes: i.pushes.clone(),
             last_push_result: if i.last_push_result.is_empty() {
                 "none"
@@ -135,10 +166,10 @@ impl Stats {
     /// Prometheus text exposition of everything above.
     pub fn render(&self, now_ms: u64) -> String {
         self.with(|i| {
-            let mut o = String::with_capacity(1024 + i.pods.len() * 1024);
+            let mut o = String::with_capacity(1024 + i.iter().count() * 1024);
             let _ = writeln!(o, "# HELP sidecar_scrape_duration_seconds Time to fetch and read one pod's /metrics.");
             let _ = writeln!(o, "# TYPE sidecar_scrape_duration_seconds histogram");
-            for ((pool, pod), s) in &i.pods {
+            for ((pool, pod), s) in i.iter() {
                 let l = format!("pool=\"{}\",pod=\"{}\"", escape(pool), escape(pod));
                 for (n, le) in s.buckets.iter().zip(LATENCY_BUCKETS) {
                     let _ = writeln!(o, "sidecar_scrape_duration_seconds_bucket{{{l},le=\"{le}\"}} {n}");
@@ -149,7 +180,7 @@ impl Stats {
             }
             let _ = writeln!(o, "# HELP sidecar_scrape_errors_total Failed scrapes by pod and kind.");
             let _ = writeln!(o, "# TYPE sidecar_scrape_errors_total counter");
-            for ((pool, pod), s) in &i.pods {
+            for ((pool, pod), s) in i.iter() {
                 for (kind, n) in &s.errors {
                     let _ = writeln!(
                         o,
@@ -161,7 +192,7 @@ impl Stats {
             }
             let _ = writeln!(o, "# HELP sidecar_pod_consecutive_failures Failed scrapes in a row per pod.");
             let _ = writeln!(o, "# TYPE sidecar_pod_consecutive_failures gauge");
-            for ((pool, pod), s) in &i.pods {
+            for ((pool, pod), s) in i.iter() {
                 let _ = writeln!(
                     o,
                     "sidecar_pod_consecutive_failures{{pool=\"{}\",pod=\"{}\"}} {}",
@@ -173,7 +204,7 @@ impl Stats {
             let _ = writeln!(o, "# HELP sidecar_pods Pods by pool and health in the last snapshot.");
             let _ = writeln!(o, "# TYPE sidecar_pods gauge");
             let mut by: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-            for ((pool, _), s) in &i.pods {
+            for ((pool, _), s) in i.iter() {
                 *by.entry((pool, if s.health.is_empty() { "unknown" } else { s.health })).or_default() += 1;
             }
             for ((pool, h), n) in by {
