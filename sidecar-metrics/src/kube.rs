@@ -29,6 +29,8 @@ use crate::discovery::{normalise_set, Endpoints};
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// A single watch event line larger than this is refused (a slice holds at most 1000 endpoints).
 const MAX_EVENT_BYTES: usize = 8 * 1024 * 1024;
+/// A watch that sends nothing for this long is taken for dead.
+const WATCH_SILENCE: Duration = Duration::from_secs(330);
 
 /// Why the API server cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -458,8 +460,13 @@ async fn watch_once(
     let mut body = resp.into_body();
     let mut buf: Vec<u8> = Vec::new();
     loop {
+        // The server ends a watch after `timeoutSeconds` (290) and sends bookmarks meanwhile;
+        // silence well past that means a dead connection: relist.
         let frame = tokio::select! {
-            f = body.frame() => f,
+            f = tokio::time::timeout(WATCH_SILENCE, body.frame()) => match f {
+                Ok(f) => f,
+                Err(_) => return Err(KubeError::Http { url, reason: format!("no data for {WATCH_SILENCE:?}") }),
+            },
             _ = shutdown.changed() => return Ok(WatchEnd::Shutdown),
         };
         let frame = match frame {
