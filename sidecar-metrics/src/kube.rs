@@ -175,11 +175,14 @@ impl Client {
         .map_err(|e| KubeError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_connect_timeout(Some(Duration::from_secs(10)));
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(tcp);
         let http =
             hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
         let selector = match (&k.service, &k.label_selector) {
