@@ -16,16 +16,17 @@ use crate::request::Piece;
 use crate::store::SharedStore;
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
-/// Every one of the first `DENSE_BLOCKS` blocks is indexed (short prompts and the first turns of
-/// a conversation match block by block) …
-const DENSE_BLOCKS: usize = 16;
-/// … then every `STRIDE`-th block and the last one: a long prompt costs at most
-/// 16 + 240/8 = 46 index writes instead of 256, at a resolution of 8 blocks (≈ 128 tokens).
-const STRIDE: usize = 8;
+/// Past the power-of-two positions, every `STRIDE`-th block is indexed too.
+const STRIDE: usize = 32;
 
-/// Whether block `i` of an `n`-block prompt is kept in (and looked up in) the index.
+/// Whether block `i` of an `n`-block prompt is kept in (and looked up in) the index: blocks
+/// 1, 2, 4, 8, … (counting from one), every 32nd, and the last. A prompt costs at most
+/// 13 index writes (256 blocks) — 6 for a 2 KB one — instead of one per block, while short
+/// prompts and the first turns of a conversation still match at fine resolution (a second
+/// turn finds the first turn's blocks 1, 2, 4, 8, …) and long documents every 2 KB.
 pub fn indexed(i: usize, n: usize) -> bool {
-    i < DENSE_BLOCKS || (i + 1) % STRIDE == 0 || i + 1 == n
+    let k = i + 1;
+    k.is_power_of_two() || k % STRIDE == 0 || k == n
 }
 
 /// Separates pieces in the hashed stream, so `["ab","c"]` and `["a","bc"]` differ.
@@ -385,7 +386,8 @@ mod tests {
         let h = block_hashes("m", &text(&doc), 64, 256);
         assert_eq!(h.len(), 256);
         idx.record(&h, "a:1", &PrefixMatch::default());
-        assert_eq!(store.len(), 16 + 30);
+        // 1, 2, 4, …, 256 (9) and 32, 64, …, 256 (8, 4 of them powers of two).
+        assert_eq!(store.len(), 9 + 4);
         // A question about the document matches at the last indexed block inside the document.
         let q = format!("{doc} What does it say about slots?");
         let hq = block_hashes("m", &text(&q), 64, 256);
@@ -397,7 +399,16 @@ mod tests {
         idx.record(&h1, "b:2", &idx.lookup(&h1));
         let t2 = format!("{t1} assistant: fine. user: and now a follow-up question");
         let m2 = idx.lookup(&block_hashes("m", &text(&t2), 64, 256));
-        assert_eq!(m2.blocks_for("b:2"), h1.len() as u32);
+        // The first turn's last block is not a probe point of the longer second turn: the
+        // match is the largest power of two below it.
+        let expect = 1u32 << (u32::BITS - 1 - (h1.len() as u32).leading_zeros());
+        assert_eq!(
+            m2.blocks_for("b:2"),
+            expect,
+            "{} blocks in turn 1",
+            h1.len()
+        );
+        assert!(expect * 2 > h1.len() as u32);
     }
 
     #[test]
