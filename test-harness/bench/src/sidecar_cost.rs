@@ -52,8 +52,7 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
     let bin = testkit::bin("model-sim").map_err(|x| e(x.to_string()))?;
     let mut addrs = Vec::new();
     let mut cmd = Command::new(bin);
-    for _ in 0..pods {
-        let p = testkit::free_port().map_err(|x| e(x.to_string()))?;
+    for p in crate::stack::free_ports(pods).map_err(|x| e(x.to_string()))? {
         cmd.arg("--port").arg(p.to_string());
         addrs.push(SocketAddr::from(([127, 0, 0, 1], p)));
     }

@@ -140,13 +140,28 @@ async fn wait_http_ok(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
     false
 }
 
+/// `n` distinct free loopback ports: all are held open while picking (so the OS cannot hand the
+/// same one out twice), then released for the child processes to bind.
+pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(std::net::TcpListener::bind(("127.0.0.1", 0))?);
+    }
+    held.iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect()
+}
+
 /// Start fresh model-sim pods (one process each) and wait for their `/health`.
 pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
     let bin = testkit::bin("model-sim").map_err(tk("model-sim binary"))?;
     let mut guards = Vec::new();
     let mut addrs = Vec::new();
-    for (i, p) in fleet.pods.iter().enumerate() {
-        let port = testkit::free_port().map_err(tk("free port"))?;
+    let ports = free_ports(fleet.pods.len()).map_err(|source| StackError::Io {
+        path: "bind 127.0.0.1:0 (free ports)".into(),
+        source,
+    })?;
+    for ((i, p), port) in fleet.pods.iter().enumerate().zip(ports) {
         let mut cmd = Command::new(&bin);
         cmd.arg("--port")
             .arg(port.to_string())
@@ -441,6 +456,13 @@ mod tests {
             4
         );
         assert_eq!(count_pods(&json!({"nothing": true})), 0);
+    }
+
+    #[test]
+    fn free_ports_are_distinct() {
+        let p = free_ports(50).unwrap();
+        let set: std::collections::BTreeSet<u16> = p.iter().copied().collect();
+        assert_eq!(set.len(), 50);
     }
 
     #[test]
