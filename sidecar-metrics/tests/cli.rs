@@ -14,22 +14,7 @@ use llm_router_snapshot::Health;
 const BIN: &str = env!("CARGO_BIN_EXE_sidecar-metrics");
 
 fn fixture(name: &str) -> String {
-    let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var("LLMR_SHARED")
-            .ok()
-            .map(|s| std::path::PathBuf::from(s).join("fixtures/metrics")),
-        here.parent()
-            .and_then(|r| r.parent())
-            .map(|p| p.join("shared/fixtures/metrics")),
-        Some("/work/shared/fixtures/metrics".into()),
-    ];
-    let dir = candidates
-        .into_iter()
-        .flatten()
-        .find(|d| d.is_dir())
-        .expect("fixtures dir");
-    dir.join(name).display().to_string()
+    metrics_fixtures_dir().join(name).display().to_string()
 }
 
 fn tmp_file(name: &str, text: &str) -> std::path::PathBuf {

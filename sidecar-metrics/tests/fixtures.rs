@@ -1,36 +1,16 @@
-//! Every real `/metrics` sample in `shared/fixtures/metrics/` parses, and normalises to exactly
-//! the values written in it (or to the precise error when the text has no load gauge).
+//! Every real `/metrics` sample in `test-harness/fixtures/metrics/` parses, and normalises to
+//! exactly the values written in it (or to the precise error when the text has no load gauge).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+mod common;
 
 use llm_router_snapshot::{Engine, LoraState};
 use sidecar_metrics::engines::{normalise, NormaliseError, Options, PodMetrics};
 use sidecar_metrics::prom::{parse_all, LineError};
 
-fn fixtures_dir() -> PathBuf {
-    // Workspace layout: <repo>/sidecar-metrics, shared/ beside the repo (as in CI).
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var("LLMR_SHARED")
-            .map(|s| PathBuf::from(s).join("fixtures/metrics"))
-            .ok(),
-        here.parent()
-            .and_then(|r| r.parent())
-            .map(|p| p.join("shared/fixtures/metrics")),
-        Some(PathBuf::from("/work/shared/fixtures/metrics")),
-    ];
-    for c in candidates.into_iter().flatten() {
-        if c.is_dir() {
-            return c;
-        }
-    }
-    panic!("shared/fixtures/metrics not found (set LLMR_SHARED to the shared/ folder)");
-}
-
 fn read(name: &str) -> String {
-    let p = fixtures_dir().join(name);
+    let p = common::metrics_fixtures_dir().join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -92,7 +72,7 @@ fn fast_agrees(name: &str) {
 
 #[test]
 fn every_fixture_is_covered_by_a_test() {
-    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
+    let mut names: Vec<String> = std::fs::read_dir(common::metrics_fixtures_dir())
         .expect("read fixtures")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.ends_with(".prom"))

@@ -16,6 +16,21 @@ use llm_router_snapshot::Snapshot;
 use sidecar_metrics::config::{Config, Discovery, PoolConfig, PushConfig, ScrapeConfig};
 use tokio::net::TcpListener;
 
+/// The real `/metrics` samples kept in the repository (`test-harness/fixtures/metrics`); a
+/// missing folder fails the calling test and names the path.
+pub fn metrics_fixtures_dir() -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../test-harness/fixtures/metrics"
+    ));
+    assert!(
+        dir.is_dir(),
+        "metrics fixtures missing: {} (part of the repository; is the checkout complete?)",
+        dir.display()
+    );
+    dir
+}
+
 /// vLLM text with the given load figures.
 pub fn vllm_text(waiting: u32, running: u32, kv: f64) -> String {
     format!(

@@ -207,11 +207,11 @@ mod tests {
     fn real_openai_fixture_counts_content_chunks() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures/sse/openai-chat-gpt-4o-2024-08-06-content-usage.sse"
+            "/../fixtures/sse/openai-chat-gpt-4o-2024-08-06-content-usage.sse"
         );
-        let Ok(text) = std::fs::read(path) else {
-            return; // shared/ is beside the repo on dev machines and in CI; skip elsewhere.
-        };
+        let text = std::fs::read(path).unwrap_or_else(|e| {
+            panic!("SSE fixture missing: {path}: {e} (part of the repository)")
+        });
         let i = infos(&[&text]);
         assert!(!i[0].content);
         assert!(i.iter().filter(|e| e.content).count() > 3);

@@ -4,7 +4,8 @@
 //! label names sorted, floats printed the way `prometheus_client` prints them (`3.0`,
 //! `1.7382173358407154e+09`), counters followed by their `_created` gauge families, and
 //! `vllm:lora_requests_info` as one series per label set whose value is the time it was last
-//! set (so readers must take the newest series). See `shared/fixtures/metrics/` for the samples.
+//! set (so readers must take the newest series). See `test-harness/fixtures/metrics/` for the
+//! samples.
 
 use std::fmt::Write as _;
 

@@ -1,8 +1,9 @@
 //! OpenAI-shaped response bodies: completions, SSE chunks, `usage`, errors, `/v1/models`.
 //!
-//! Chunk shapes follow vLLM's (and `shared/fixtures/sse/`): a first chat chunk whose delta
-//! carries the role, one chunk per token, `finish_reason` on the last token's chunk, then (with
-//! `stream_options.include_usage`) a usage-only chunk with `"choices":[]`, then `data: [DONE]`.
+//! Chunk shapes follow vLLM's (and `test-harness/fixtures/sse/`): a first chat chunk whose
+//! delta carries the role, one chunk per token, `finish_reason` on the last token's chunk, then
+//! (with `stream_options.include_usage`) a usage-only chunk with `"choices":[]`, then
+//! `data: [DONE]`.
 
 use serde_json::{json, Value};
 

@@ -348,15 +348,13 @@ fn metrics_text_parses_and_matches_engine_state() {
 #[test]
 fn the_parser_accepts_colon_names_in_real_fixtures() {
     // Guard against a parser that silently rejects `vllm:`/`sglang:` names.
-    let root = concat!(
+    let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/fixtures/metrics/"
+        "/../fixtures/metrics/sglang-docs-production-metrics.prom"
     );
-    let Ok(text) = std::fs::read_to_string(format!("{root}sglang-docs-production-metrics.prom"))
-    else {
-        eprintln!("shared fixtures not found at {root}; skipping");
-        return;
-    };
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        panic!("metrics fixture missing: {path}: {e} (part of the repository)")
+    });
     let m = common::parse_metrics(&text);
     assert_eq!(
         common::get(

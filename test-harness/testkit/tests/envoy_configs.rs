@@ -3,8 +3,8 @@
 //! the Envoy fragments inside Istio's EnvoyFilter and Envoy Gateway's EnvoyPatchPolicy are put
 //! into a bootstrap and validated too; every Kubernetes manifest has a known kind/apiVersion and,
 //! for custom resources, only fields that exist in the CRD schemas of
-//! `shared/fixtures/crds/` (types, enums, required fields); and the pools named by the filter,
-//! the routes and the sidecar agree.
+//! `test-harness/fixtures/crds/` (types, enums, required fields); and the pools named by the
+//! filter, the routes and the sidecar agree.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,23 +31,16 @@ fn wasm_or_skip(test: &str) -> Option<PathBuf> {
     }
 }
 
-/// The CRD fixtures: `$LLMR_CRDS_DIR`, else `shared/fixtures/crds` beside the repository.
-fn crds_dir_or_skip(test: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("LLMR_CRDS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/fixtures/crds"));
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    let msg = format!(
-        "{test}: CRD fixtures not found at {} (set LLMR_CRDS_DIR)",
+/// The CRD schemas kept in the repository (`test-harness/fixtures/crds`); a missing folder fails
+/// the calling test and names the path.
+fn crds_dir() -> PathBuf {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/crds"));
+    assert!(
+        dir.is_dir(),
+        "CRD fixtures missing: {} (part of the repository; is the checkout complete?)",
         dir.display()
     );
-    if ci() {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED {msg}");
-    None
+    dir
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
@@ -610,10 +603,7 @@ fn check_manifest(doc: &Value, crds: &Crds) -> Vec<String> {
 
 #[test]
 fn kubernetes_manifests_match_kinds_and_crd_schemas() {
-    let Some(dir) = crds_dir_or_skip("kubernetes_manifests_match_kinds_and_crd_schemas") else {
-        return;
-    };
-    let crds = load_crds(&dir);
+    let crds = load_crds(&crds_dir());
     assert!(crds.contains_key(&("networking.istio.io".into(), "EnvoyFilter".into())));
     let mut checked = BTreeSet::new();
     let mut errors = Vec::new();
@@ -655,10 +645,7 @@ fn kubernetes_manifests_match_kinds_and_crd_schemas() {
 
 #[test]
 fn the_schema_check_rejects_bad_manifests() {
-    let Some(dir) = crds_dir_or_skip("the_schema_check_rejects_bad_manifests") else {
-        return;
-    };
-    let crds = load_crds(&dir);
+    let crds = load_crds(&crds_dir());
     let good = json!({
         "apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy",
         "metadata": {"name": "x"},

@@ -676,13 +676,7 @@ fn a_conversation_keeps_its_pod_across_workers_by_prefix_affinity() {
 
 #[test]
 fn every_fixture_body_is_routed_on_its_endpoint() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/bodies");
-    let dir = if dir.is_dir() {
-        dir
-    } else {
-        std::path::PathBuf::from("/work/shared/fixtures/bodies")
-    };
+    let dir = bodies_fixtures_dir();
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()

@@ -1,5 +1,5 @@
-//! Body parsing against every real body in `shared/fixtures/bodies`, plus garbage, truncation,
-//! wrong types, huge prompts and seeded random mutations.
+//! Body parsing against every real body in `test-harness/fixtures/bodies`, plus garbage,
+//! truncation, wrong types, huge prompts and seeded random mutations.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -10,23 +10,18 @@
 use super::*;
 use std::path::PathBuf;
 
+/// The real request bodies kept in the repository; a missing folder fails the test by name.
 fn fixtures_dir() -> PathBuf {
-    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    // filter/core → workspace root → ../shared
-    let root = here
-        .parent()
-        .and_then(|p| p.parent())
-        .unwrap()
-        .to_path_buf();
-    let candidates = [
-        root.join("../shared/fixtures/bodies"),
-        root.join("shared/fixtures/bodies"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_dir())
-        .cloned()
-        .unwrap_or_else(|| panic!("fixtures not found next to the workspace: {candidates:?}"))
+    let dir = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../test-harness/fixtures/bodies"
+    ));
+    assert!(
+        dir.is_dir(),
+        "request body fixtures missing: {} (part of the repository; is the checkout complete?)",
+        dir.display()
+    );
+    dir
 }
 
 fn kind_for(name: &str) -> ApiKind {

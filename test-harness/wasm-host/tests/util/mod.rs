@@ -13,6 +13,18 @@ pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
 pub const CLUSTER: &str = "x-llm-router-cluster";
 pub const REASON: &str = "x-llm-router-dropped-reason";
 
+/// The real request bodies kept in the repository (`test-harness/fixtures/bodies`); a missing
+/// folder fails the calling test and names the path.
+pub fn bodies_fixtures_dir() -> std::path::PathBuf {
+    let dir = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/bodies"));
+    assert!(
+        dir.is_dir(),
+        "request body fixtures missing: {} (part of the repository; is the checkout complete?)",
+        dir.display()
+    );
+    dir
+}
+
 /// The plugin configuration of the brief: two pools, aliases, adapters, a secret.
 pub fn config() -> String {
     config_with("")
