@@ -398,7 +398,11 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
             }
             Ok(())
         };
-        positive("chars_per_token", p.chars_per_token, &mut out.predict.chars_per_token)?;
+        positive(
+            "chars_per_token",
+            p.chars_per_token,
+            &mut out.predict.chars_per_token,
+        )?;
         positive(
             "prior_ms_per_token",
             p.prior_ms_per_token,
@@ -464,9 +468,7 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
         }
         if let Some(n) = p.page_blocks {
             if !(1..=255).contains(&n) {
-                return err(format!(
-                    "{path}.prefix.page_blocks: {n} must be in 1..=255"
-                ));
+                return err(format!("{path}.prefix.page_blocks: {n} must be in 1..=255"));
             }
             out.prefix.page_blocks = n;
         }

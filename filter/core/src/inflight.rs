@@ -146,8 +146,7 @@ impl Table {
     /// Pods with nothing in flight and nothing learned do not accumulate; past the bound, idle
     /// entries go first.
     fn tidy(&mut self) {
-        self.entries
-            .retain(|(_, l)| !(l.idle() && l.fit.n < 1e-3));
+        self.entries.retain(|(_, l)| !(l.idle() && l.fit.n < 1e-3));
         if self.entries.len() > MAX_ENTRIES {
             self.entries.sort_by_key(|(_, l)| l.idle());
             self.entries.truncate(MAX_ENTRIES);
@@ -294,7 +293,13 @@ mod tests {
         let s = MemoryStore::new();
         for i in 0..5u32 {
             routed(&s, "p", "a:1", 100 * (i + 1));
-            first_byte(&s, "p", "a:1", 100 * (i + 1), Some((f64::from(100 * (i + 1)), 50.0)));
+            first_byte(
+                &s,
+                "p",
+                "a:1",
+                100 * (i + 1),
+                Some((f64::from(100 * (i + 1)), 50.0)),
+            );
             finished(&s, "p", "a:1", 0);
         }
         let l = read(&s, "p").get("a:1");
@@ -309,7 +314,10 @@ mod tests {
         moved(&s, "p", "a:1", "b:2", 70);
         let t = read(&s, "p");
         assert_eq!(t.get("a:1"), PodLoad::default());
-        assert_eq!((t.get("b:2").in_flight, t.get("b:2").pending_tokens), (1, 70));
+        assert_eq!(
+            (t.get("b:2").in_flight, t.get("b:2").pending_tokens),
+            (1, 70)
+        );
     }
 
     #[test]
@@ -331,13 +339,20 @@ mod tests {
         };
         assert_eq!(Table::decode(&good).in_flight("x:1"), 1);
         for cut in 0..good.len() {
-            assert_eq!(Table::decode(&good[..cut]), Table::default(), "cut at {cut}");
+            assert_eq!(
+                Table::decode(&good[..cut]),
+                Table::default(),
+                "cut at {cut}"
+            );
         }
         let mut extra = good.clone();
         extra.push(0);
         assert_eq!(Table::decode(&extra), Table::default());
         // The version-1 layout (count u16 first) is not misread.
-        assert_eq!(Table::decode(&[1, 0, 3, b'a', b':', b'1', 1, 0, 0, 0]), Table::default());
+        assert_eq!(
+            Table::decode(&[1, 0, 3, b'a', b':', b'1', 1, 0, 0, 0]),
+            Table::default()
+        );
     }
 
     /// Two "workers" interleaving read-modify-write: CAS keeps every update.

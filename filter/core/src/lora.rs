@@ -43,7 +43,11 @@ pub fn homes(adapters: &[String], pods: &[&str], slots: &[u16]) -> HashMap<Strin
     }
     let share = names.len().div_ceil(pods.len());
     let mut room: Vec<usize> = (0..pods.len())
-        .map(|i| usize::from(slots.get(i).copied().unwrap_or(0)).max(share).max(1))
+        .map(|i| {
+            usize::from(slots.get(i).copied().unwrap_or(0))
+                .max(share)
+                .max(1)
+        })
         .collect();
     let mut order: Vec<usize> = (0..pods.len()).collect();
     for name in names {
@@ -187,9 +191,8 @@ pub fn placement(
     home: bool,
 ) -> Placement {
     let slots = engine.map_or(0, |l| usize::from(l.max_loras));
-    let listed = |a: &str| {
-        engine.is_some_and(|l| l.running.iter().chain(&l.waiting).any(|x| x == a))
-    };
+    let listed =
+        |a: &str| engine.is_some_and(|l| l.running.iter().chain(&l.waiting).any(|x| x == a));
     let recent_loaded = || recent.iter().take(slots);
     let resident = listed(adapter) || recent_loaded().any(|a| a == adapter);
     let mut loaded: Vec<&str> = engine
@@ -229,7 +232,10 @@ mod tests {
                 per_pod[i] += 1;
             }
             let cap = usize::from(slots).max(adapters.div_ceil(4));
-            assert!(per_pod.iter().all(|&n| n <= cap), "{adapters}/{slots}: {per_pod:?}");
+            assert!(
+                per_pod.iter().all(|&n| n <= cap),
+                "{adapters}/{slots}: {per_pod:?}"
+            );
         }
         // Plain rendezvous (no bound) is uneven for the same names: the bound matters.
         let plain = names(16)

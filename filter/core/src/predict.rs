@@ -109,9 +109,9 @@ pub fn pool_rate(fitted: impl Iterator<Item = Rate>, prior: Rate) -> Rate {
     let mut costs: Vec<f64> = rates.iter().map(|r| r.base_ms).collect();
     costs.sort_by(f64::total_cmp);
     Rate {
-        cost_ms_per_token: rates.get(mid).map_or(prior.cost_ms_per_token, |r| {
-            r.cost_ms_per_token
-        }),
+        cost_ms_per_token: rates
+            .get(mid)
+            .map_or(prior.cost_ms_per_token, |r| r.cost_ms_per_token),
         base_ms: costs.get(mid).copied().unwrap_or(prior.base_ms),
     }
 }
@@ -147,7 +147,10 @@ mod tests {
             slow.observe(w, 40.0 + 0.3 * w);
         }
         let (f, s) = (fast.rate().unwrap(), slow.rate().unwrap());
-        assert!(s.cost_ms_per_token > 10.0 * f.cost_ms_per_token, "{f:?} {s:?}");
+        assert!(
+            s.cost_ms_per_token > 10.0 * f.cost_ms_per_token,
+            "{f:?} {s:?}"
+        );
     }
 
     #[test]

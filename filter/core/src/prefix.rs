@@ -343,7 +343,11 @@ impl<'s, S: SharedStore> PrefixIndex<'s, S> {
                     None,
                 ),
             };
-            if self.store.set(&self.key(anchor), &page.encode(), cas).is_ok() {
+            if self
+                .store
+                .set(&self.key(anchor), &page.encode(), cas)
+                .is_ok()
+            {
                 writes += 1;
             }
         }
@@ -381,7 +385,9 @@ mod tests {
         assert_eq!(blocks(&"a".repeat(64 * 10)).len(), 10);
         let capped = block_hashes("m", &text(&"a".repeat(64 * 10)), 64, 4, None);
         assert_eq!(capped.blocks.len(), 4);
-        assert!(block_hashes("m", &text("abc"), 64, 0, None).blocks.is_empty());
+        assert!(block_hashes("m", &text("abc"), 64, 0, None)
+            .blocks
+            .is_empty());
     }
 
     #[test]
@@ -440,8 +446,16 @@ mod tests {
             ];
             let h2 = block_hashes("m", &t2, 64, 256, None).blocks;
             let m = idx.lookup(&h2);
-            assert_eq!(m.blocks_for(A), turn1_blocks as u32, "turn 1 of {turn1_blocks}");
-            assert_eq!(m.blocks_for(B), shared.len() as u32, "turn 1 of {turn1_blocks}");
+            assert_eq!(
+                m.blocks_for(A),
+                turn1_blocks as u32,
+                "turn 1 of {turn1_blocks}"
+            );
+            assert_eq!(
+                m.blocks_for(B),
+                shared.len() as u32,
+                "turn 1 of {turn1_blocks}"
+            );
         }
     }
 
@@ -467,7 +481,7 @@ mod tests {
         assert_eq!(idx.record(&h1, A, &idx.lookup(&h1)), 3);
         assert_eq!(idx.record(&h1, A, &idx.lookup(&h1)), 0);
         let h2 = blocks(&format!("{t1} {}", "more words ".repeat(60))); // 45 blocks
-        // Pages 0 and 1 are unchanged; page 2 grows.
+                                                                        // Pages 0 and 1 are unchanged; page 2 grows.
         assert_eq!(idx.record(&h2, A, &idx.lookup(&h2)), 1);
         // The old, shorter entry of A in page 2 was replaced, not kept beside the new one.
         let m = idx.lookup(&h2);
@@ -562,7 +576,10 @@ mod tests {
             block_hashes("m", &pieces, 64, 256, Some(4)).key
         };
         let c1 = turn("what is a KV cache?", &[]);
-        let c1_turn2 = turn("what is a KV cache?", &["assistant", "memory.", "user", "and?"]);
+        let c1_turn2 = turn(
+            "what is a KV cache?",
+            &["assistant", "memory.", "user", "and?"],
+        );
         let c2 = turn("how do LoRA adapters work?", &[]);
         assert_eq!(c1, c1_turn2);
         assert_ne!(c1, c2);

@@ -262,11 +262,7 @@ impl Router {
         let empty = Table::default();
         let baseline = fleet.baselines.get(pool_index).unwrap_or(&empty);
         let derived = fleet.pools.get(pool_index);
-        let pod_id = |i: usize| {
-            derived
-                .and_then(|d| d.pod_ids.get(i).copied())
-                .unwrap_or(0)
-        };
+        let pod_id = |i: usize| derived.and_then(|d| d.pod_ids.get(i).copied()).unwrap_or(0);
         let hashes = prefix::block_hashes(
             model,
             &req.pieces,
@@ -323,8 +319,16 @@ impl Router {
             let adapter_ms = match adapter_name {
                 None => 0.0,
                 Some(_) => {
-                    let load = if placement.resident { 0.0 } else { pool.lora.load_ms };
-                    let stray = if placement.home { 0.0 } else { pool.lora.stray_ms };
+                    let load = if placement.resident {
+                        0.0
+                    } else {
+                        pool.lora.load_ms
+                    };
+                    let stray = if placement.home {
+                        0.0
+                    } else {
+                        pool.lora.stray_ms
+                    };
                     load + stray
                 }
             };

@@ -38,13 +38,34 @@ pub const N: usize = 7;
 
 /// Every scorer, in the order of [`Weights`] and [`PRESETS`].
 pub const SCORERS: [Scorer; N] = [
-    Scorer { name: "ttft", score: ttft::score },
-    Scorer { name: "queue", score: queue::score },
-    Scorer { name: "kv_cache", score: kv::score },
-    Scorer { name: "prefix", score: prefix::score },
-    Scorer { name: "lora", score: lora::score },
-    Scorer { name: "load", score: load::score },
-    Scorer { name: "affinity", score: affinity::score },
+    Scorer {
+        name: "ttft",
+        score: ttft::score,
+    },
+    Scorer {
+        name: "queue",
+        score: queue::score,
+    },
+    Scorer {
+        name: "kv_cache",
+        score: kv::score,
+    },
+    Scorer {
+        name: "prefix",
+        score: prefix::score,
+    },
+    Scorer {
+        name: "lora",
+        score: lora::score,
+    },
+    Scorer {
+        name: "load",
+        score: load::score,
+    },
+    Scorer {
+        name: "affinity",
+        score: affinity::score,
+    },
 ];
 
 /// Named weight sets, one weight per scorer in [`SCORERS`] order:
@@ -94,7 +115,11 @@ impl Weights {
 
     /// Scorer names, for messages.
     pub fn names() -> String {
-        SCORERS.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+        SCORERS
+            .iter()
+            .map(|s| s.name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -290,9 +315,7 @@ pub fn retry_after_s(
     let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens;
     let drain_ms = cands
         .iter()
-        .map(|c| {
-            (c.queued_tokens(f, Mode::Full) - allowed).max(0.0) * c.rate.cost_ms_per_token
-        })
+        .map(|c| (c.queued_tokens(f, Mode::Full) - allowed).max(0.0) * c.rate.cost_ms_per_token)
         .fold(f64::INFINITY, f64::min);
     if !drain_ms.is_finite() {
         return min_s;

@@ -202,7 +202,14 @@ mod tests {
                 pods: 1
             }
         );
-        assert_eq!(cache.current(&s, &Config::default()).unwrap().snapshot.generation, 2);
+        assert_eq!(
+            cache
+                .current(&s, &Config::default())
+                .unwrap()
+                .snapshot
+                .generation,
+            2
+        );
         assert_eq!(
             accept(&s, &snap(2), 101),
             PushOutcome::StaleGeneration {

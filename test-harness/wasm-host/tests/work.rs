@@ -107,7 +107,11 @@ fn a_retry_moves_the_pending_work_and_teaches_nothing() {
     );
     assert_eq!((c.in_flight, c.pending_tokens), (0, 0), "{c:?}");
     assert_eq!((s.in_flight, s.pending_tokens), (1, 0), "{s:?}");
-    assert_eq!(s.fit.n + c.fit.n, 0.0, "work measured on one pod, served by another");
+    assert_eq!(
+        s.fit.n + c.fit.n,
+        0.0,
+        "work measured on one pod, served by another"
+    );
     r.finish().unwrap();
     assert_eq!(inflight(&host, "llama"), vec![]);
 }
@@ -129,7 +133,8 @@ fn errors_and_unstreamed_replies_release_work_without_teaching_a_rate() {
     let pod2 = endpoints(&r)[0].clone();
     host.advance_clock(Duration::from_millis(3_000));
     r.property("upstream.address", pod2.as_str());
-    r.respond(&[(":status", "200")], &[b"{\"choices\":[]}"]).unwrap();
+    r.respond(&[(":status", "200")], &[b"{\"choices\":[]}"])
+        .unwrap();
     r.finish().unwrap();
     for p in [A, B] {
         let l = pod_load(&host, "llama", p);
@@ -175,7 +180,10 @@ fn learned_rates_steer_requests_to_the_faster_pod() {
         }
         open.push(r);
     }
-    assert!(to_fast >= 15, "{to_fast} of 20 to the fast pod; {f:?} {s:?}");
+    assert!(
+        to_fast >= 15,
+        "{to_fast} of 20 to the fast pod; {f:?} {s:?}"
+    );
     for mut r in open {
         r.finish().unwrap();
     }

@@ -119,7 +119,10 @@ fn routes_to_the_pod_the_snapshot_favours_with_fallbacks() {
     assert_eq!(out.mode, RouteMode::Scored);
     assert_eq!(out.inflight_pod.as_deref(), Some("10.0.0.2:8000"));
     let load = inflight::read(&s, "llama").get("10.0.0.2:8000");
-    assert_eq!((load.in_flight, load.pending_tokens), (1, out.pending_tokens));
+    assert_eq!(
+        (load.in_flight, load.pending_tokens),
+        (1, out.pending_tokens)
+    );
     assert!(out.pending_tokens > 0 && out.work_tokens >= f64::from(out.pending_tokens));
     r.finished(&s, "llama", "10.0.0.2:8000", out.pending_tokens);
     assert_eq!(
@@ -408,7 +411,10 @@ fn a_burst_between_snapshots_spreads_over_pods() {
         *per_pod.entry(out.endpoints[0].clone()).or_default() += 1;
     }
     assert_eq!(per_pod.len(), 3, "{per_pod:?}");
-    assert!(per_pod.values().all(|&n| (8..=12).contains(&n)), "{per_pod:?}");
+    assert!(
+        per_pod.values().all(|&n| (8..=12).contains(&n)),
+        "{per_pod:?}"
+    );
 }
 
 #[test]
@@ -506,7 +512,10 @@ fn config_errors_name_the_field() {
             r#"{"pools":[{"name":"a","prefix":{"page_blocks":0}}]}"#,
             "pools[0].prefix.page_blocks",
         ),
-        (r#"{"retry_after_s":5,"retry_after_max_s":2}"#, "retry_after_max_s"),
+        (
+            r#"{"retry_after_s":5,"retry_after_max_s":2}"#,
+            "retry_after_max_s",
+        ),
         (
             r#"{"pools":[{"name":"a","saturation":{"kv_threshold":1.5}}]}"#,
             "kv_threshold",

@@ -322,7 +322,10 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
         adapter: Some("x"),
         ..F
     };
-    assert_eq!(order(&only("lora"), &c, &f), ["home", "loaded", "free", "full"]);
+    assert_eq!(
+        order(&only("lora"), &c, &f),
+        ["home", "loaded", "free", "full"]
+    );
     // Only for adapter requests.
     assert!(score_all(&only("lora"), &c, &F, Mode::Full)
         .iter()
@@ -352,7 +355,11 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
 #[test]
 fn the_replica_home_breaks_near_ties_only() {
     let c = [pod("a"), pod("b"), pod("c")];
-    let f = Features { home: Some(2), ..F };
+    let f = Features {
+        home: Some(2),
+        prompt_tokens: 2_000,
+        ..F
+    };
     for tie in 0..16 {
         assert_eq!(order(&latency(), &c, &Features { tie, ..f })[0], "c");
     }
@@ -366,6 +373,23 @@ fn the_replica_home_breaks_near_ties_only() {
         },
     ];
     assert_ne!(order(&latency(), &busy, &f)[0], "c");
+    // A short prompt gains little from its home: one more waiting request outweighs it.
+    let short = Features {
+        prompt_tokens: 20,
+        ..f
+    };
+    let one_waiting = [
+        pod("a"),
+        Candidate {
+            waiting: 1,
+            ..pod("c")
+        },
+    ];
+    let f1 = Features {
+        home: Some(1),
+        ..short
+    };
+    assert_eq!(order(&latency(), &one_waiting, &f1)[0], "a");
 }
 
 #[test]
@@ -416,8 +440,15 @@ fn saturation_sheds_sheddable_first_then_standard() {
             ..pod("b")
         },
     ];
-    let shed = rank(&p, &busy, &Features { priority: -1, ..F }, Mode::Full, 3, (7, 30))
-        .unwrap_err();
+    let shed = rank(
+        &p,
+        &busy,
+        &Features { priority: -1, ..F },
+        Mode::Full,
+        3,
+        (7, 30),
+    )
+    .unwrap_err();
     assert_eq!(shed.status, 429);
     assert_eq!(shed.retry_after_s, Some(7));
     assert_eq!(shed.reason, "rejected-saturated");
@@ -470,7 +501,12 @@ fn retry_after_is_the_time_to_drain_the_least_loaded_queue_bounded() {
     // 20 waiting × 1,000 tokens, 5 allowed: 15,000 tokens at 0.2 ms = 3 s (the other pod: 12 s).
     let c = [queue(20, 0.2), queue(20, 0.8)];
     assert_eq!(retry_after_s(&p, &c, &f, 1, 30), 3);
-    assert_eq!(rank(&p, &c, &f, Mode::Full, 3, (1, 30)).unwrap_err().retry_after_s, Some(3));
+    assert_eq!(
+        rank(&p, &c, &f, Mode::Full, 3, (1, 30))
+            .unwrap_err()
+            .retry_after_s,
+        Some(3)
+    );
     // Bounded on both sides, and the minimum without a known prefill size.
     assert_eq!(retry_after_s(&p, &[queue(500, 1.0)], &f, 1, 30), 30);
     assert_eq!(retry_after_s(&p, &[queue(6, 0.001)], &f, 2, 30), 2);
