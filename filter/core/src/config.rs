@@ -5,7 +5,7 @@
 //! configuration fails at load with one clear log line instead of misrouting traffic later.
 
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// A configuration problem, with the path of the field at fault.
@@ -20,68 +20,49 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Relative importance of each scorer; each scorer yields a value in [0, 1].
+pub use crate::score::Weights;
+
+/// How prompt size and pod speed are estimated before the filter has learned them.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Weights {
-    /// Fewer waiting requests (absolute: an empty queue scores 1, one waiting 0.5, …).
-    pub queue: f64,
-    /// More free KV cache.
-    pub kv_cache: f64,
-    /// Longer cached prompt prefix (matched blocks / prompt blocks).
-    pub prefix: f64,
-    /// The requested LoRA adapter is loaded (1), a slot is free (0.8), it is queued (0.6).
-    pub lora: f64,
-    /// Less total load (running + waiting + own in-flight), min-max normalised over the pool.
-    pub load: f64,
+pub struct PredictConfig {
+    /// Characters per token when estimating prompt tokens from text (English ≈ 4).
+    pub chars_per_token: f64,
+    /// Prefill cost assumed for a pod until the filter has observed it (ms per token).
+    pub prior_ms_per_token: f64,
+    /// Fixed latency assumed likewise (ms).
+    pub prior_base_ms: f64,
 }
 
-/// Named weight sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Preset {
-    /// Interactive chat: time to first token above all.
-    Latency,
-    /// Offline batch: pack for cache reuse, tolerate queues.
-    Throughput,
-    /// The Gateway API Inference Extension's default weights (queue 2, kv 2, prefix 3).
-    Gaie,
-}
-
-impl Preset {
-    pub fn weights(self) -> Weights {
-        match self {
-            // `load` (running counts) is off by default: across GPU generations a fast pod's
-            // many running requests are not comparable to a slow pod's few.
-            Preset::Latency => Weights {
-                queue: 3.0,
-                kv_cache: 2.0,
-                prefix: 3.0,
-                // A missing adapter costs a load, or a wait for a slot: worth a short queue.
-                lora: 4.0,
-                load: 0.0,
-            },
-            Preset::Throughput => Weights {
-                queue: 1.0,
-                kv_cache: 3.0,
-                prefix: 3.0,
-                lora: 4.0,
-                load: 1.0,
-            },
-            Preset::Gaie => Weights {
-                queue: 2.0,
-                kv_cache: 2.0,
-                prefix: 3.0,
-                lora: 0.0,
-                load: 0.0,
-            },
+impl Default for PredictConfig {
+    fn default() -> Self {
+        // Priors only order pods until a few streamed requests have been observed; with every
+        // pod at the prior, the ranking follows queued work alone. 0.2 ms/token ≈ 5,000 prompt
+        // tokens/s, a mid-range GPU's prefill rate for an 8B model.
+        PredictConfig {
+            chars_per_token: 4.0,
+            prior_ms_per_token: 0.2,
+            prior_base_ms: 30.0,
         }
     }
+}
 
-    fn from_name(s: &str) -> Option<Preset> {
-        match s {
-            "latency" => Some(Preset::Latency),
-            "throughput" => Some(Preset::Throughput),
-            "gaie" => Some(Preset::Gaie),
-            _ => None,
+/// What LoRA adapters cost, in the unit of predicted time to first token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoraConfig {
+    /// Loading an adapter that is not resident (ms): vLLM loads a rank-16 adapter of an 8B
+    /// model from local disk in a few hundred ms, from its CPU cache in far less.
+    pub load_ms: f64,
+    /// Sending an adapter away from its home (ms): it takes a slot there, evicting another
+    /// adapter that will have to be loaded again. The home keeps an adapter's requests until
+    /// its predicted time to first token is this much worse than elsewhere.
+    pub stray_ms: f64,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            load_ms: 300.0,
+            stray_ms: 500.0,
         }
     }
 }
@@ -117,8 +98,10 @@ pub struct PrefixConfig {
     pub max_blocks: usize,
     /// Slots of the shared prefix index per pool (bounded memory; collisions overwrite).
     pub index_slots: u32,
-    /// Pods remembered per block.
-    pub pods_per_block: usize,
+    /// Blocks per index page (one shared-data key per page of a prompt).
+    pub page_blocks: usize,
+    /// Pods (with how far they got) remembered per page.
+    pub entries_per_page: usize,
 }
 
 impl Default for PrefixConfig {
@@ -127,7 +110,8 @@ impl Default for PrefixConfig {
             block_chars: 64,
             max_blocks: 256,
             index_slots: 65_536,
-            pods_per_block: 4,
+            page_blocks: 16,
+            entries_per_page: 16,
         }
     }
 }
@@ -140,6 +124,8 @@ pub struct PoolConfig {
     pub weights: Weights,
     pub saturation: Saturation,
     pub prefix: PrefixConfig,
+    pub predict: PredictConfig,
+    pub lora: LoraConfig,
 }
 
 /// What a model name from a request resolves to.
@@ -207,7 +193,10 @@ pub struct Config {
     pub objective_header: String,
     pub top_k: usize,
     pub max_body_bytes: usize,
+    /// Bounds of the `Retry-After` of a saturated pool (seconds): the estimated drain time of
+    /// the least loaded pod's queue, at least `retry_after_s`, at most `retry_after_max_s`.
     pub retry_after_s: u32,
+    pub retry_after_max_s: u32,
     pub snapshot: SnapshotConfig,
 }
 
@@ -237,6 +226,7 @@ struct RawConfig {
     top_k: Option<usize>,
     max_body_bytes: Option<usize>,
     retry_after_s: Option<u32>,
+    retry_after_max_s: Option<u32>,
     snapshot: Option<RawSnapshot>,
     /// Applied to pools that appear only in the snapshot.
     defaults: Option<RawPoolTuning>,
@@ -255,6 +245,8 @@ struct RawPool {
     weights: Option<RawWeights>,
     saturation: Option<RawSaturation>,
     prefix: Option<RawPrefix>,
+    predict: Option<RawPredict>,
+    lora: Option<RawLora>,
 }
 
 #[derive(Deserialize, Default, Clone)]
@@ -264,6 +256,8 @@ struct RawPoolTuning {
     weights: Option<RawWeights>,
     saturation: Option<RawSaturation>,
     prefix: Option<RawPrefix>,
+    predict: Option<RawPredict>,
+    lora: Option<RawLora>,
 }
 
 #[derive(Deserialize)]
@@ -278,14 +272,22 @@ enum RawModel {
     },
 }
 
+/// Scorer name → weight; names are checked against the scorer registry.
+type RawWeights = BTreeMap<String, f64>;
+
 #[derive(Deserialize, Default, Clone, Copy)]
 #[serde(deny_unknown_fields)]
-struct RawWeights {
-    queue: Option<f64>,
-    kv_cache: Option<f64>,
-    prefix: Option<f64>,
-    lora: Option<f64>,
-    load: Option<f64>,
+struct RawLora {
+    load_ms: Option<f64>,
+    stray_ms: Option<f64>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawPredict {
+    chars_per_token: Option<f64>,
+    prior_ms_per_token: Option<f64>,
+    prior_base_ms: Option<f64>,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -302,7 +304,8 @@ struct RawPrefix {
     block_chars: Option<usize>,
     max_blocks: Option<usize>,
     index_slots: Option<u32>,
-    pods_per_block: Option<usize>,
+    page_blocks: Option<usize>,
+    entries_per_page: Option<usize>,
 }
 
 #[derive(Deserialize, Default)]
@@ -338,37 +341,78 @@ fn header_name(path: &str, v: Option<String>, default: &str) -> Result<String, C
 fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig, ConfigError> {
     let mut out = base.clone();
     if let Some(p) = &t.preset {
-        out.weights = match Preset::from_name(p) {
-            Some(p) => p.weights(),
+        out.weights = match Weights::preset(p) {
+            Some(w) => w,
             None => {
+                let names: Vec<&str> = crate::score::PRESETS.iter().map(|(n, _)| *n).collect();
                 return err(format!(
-                    "{path}.preset: {p:?} is not one of latency, throughput, gaie"
-                ))
+                    "{path}.preset: {p:?} is not one of {}",
+                    names.join(", ")
+                ));
             }
         };
     }
-    if let Some(w) = t.weights {
-        let set = |name: &str, v: Option<f64>, slot: &mut f64| -> Result<(), ConfigError> {
+    if let Some(w) = &t.weights {
+        for (name, &v) in w {
+            let Some(i) = Weights::index(name) else {
+                return err(format!(
+                    "{path}.weights.{name}: unknown scorer (one of {})",
+                    Weights::names()
+                ));
+            };
+            if !v.is_finite() || v < 0.0 {
+                return err(format!(
+                    "{path}.weights.{name}: {v} must be a finite number >= 0"
+                ));
+            }
+            if let Some(slot) = out.weights.0.get_mut(i) {
+                *slot = v;
+            }
+        }
+        if out.weights.0.iter().sum::<f64>() <= 0.0 {
+            return err(format!(
+                "{path}.weights: at least one weight must be above 0"
+            ));
+        }
+    }
+    if let Some(l) = t.lora {
+        for (name, v, slot) in [
+            ("load_ms", l.load_ms, &mut out.lora.load_ms),
+            ("stray_ms", l.stray_ms, &mut out.lora.stray_ms),
+        ] {
             if let Some(v) = v {
-                if !v.is_finite() || v < 0.0 {
-                    return err(format!(
-                        "{path}.weights.{name}: {v} must be a finite number >= 0"
-                    ));
+                if !(v.is_finite() && v >= 0.0) {
+                    return err(format!("{path}.lora.{name}: {v} must be >= 0"));
+                }
+                *slot = v;
+            }
+        }
+    }
+    if let Some(p) = t.predict {
+        let positive = |name: &str, v: Option<f64>, slot: &mut f64| -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                if !(v.is_finite() && v > 0.0) {
+                    return err(format!("{path}.predict.{name}: {v} must be > 0"));
                 }
                 *slot = v;
             }
             Ok(())
         };
-        set("queue", w.queue, &mut out.weights.queue)?;
-        set("kv_cache", w.kv_cache, &mut out.weights.kv_cache)?;
-        set("prefix", w.prefix, &mut out.weights.prefix)?;
-        set("lora", w.lora, &mut out.weights.lora)?;
-        set("load", w.load, &mut out.weights.load)?;
-        let ws = out.weights;
-        if ws.queue + ws.kv_cache + ws.prefix + ws.lora + ws.load <= 0.0 {
-            return err(format!(
-                "{path}.weights: at least one weight must be above 0"
-            ));
+        positive(
+            "chars_per_token",
+            p.chars_per_token,
+            &mut out.predict.chars_per_token,
+        )?;
+        positive(
+            "prior_ms_per_token",
+            p.prior_ms_per_token,
+            &mut out.predict.prior_ms_per_token,
+        )?;
+        if let Some(b) = p.prior_base_ms {
+            if !(b.is_finite() && b >= 0.0) {
+                return err(format!("{path}.predict.prior_base_ms: {b} must be >= 0"));
+            }
+            out.predict.prior_base_ms = b;
         }
     }
     if let Some(s) = t.saturation {
@@ -422,13 +466,19 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
             }
             out.prefix.index_slots = s;
         }
-        if let Some(n) = p.pods_per_block {
-            if !(1..=16).contains(&n) {
+        if let Some(n) = p.page_blocks {
+            if !(1..=255).contains(&n) {
+                return err(format!("{path}.prefix.page_blocks: {n} must be in 1..=255"));
+            }
+            out.prefix.page_blocks = n;
+        }
+        if let Some(n) = p.entries_per_page {
+            if !(1..=255).contains(&n) {
                 return err(format!(
-                    "{path}.prefix.pods_per_block: {n} must be in 1..=16"
+                    "{path}.prefix.entries_per_page: {n} must be in 1..=255"
                 ));
             }
-            out.prefix.pods_per_block = n;
+            out.prefix.entries_per_page = n;
         }
     }
     Ok(out)
@@ -450,9 +500,11 @@ impl Config {
         let pool = PoolConfig {
             name: String::new(),
             cluster: String::new(),
-            weights: Preset::Latency.weights(),
+            weights: Weights::default_preset(),
             saturation: Saturation::default(),
             prefix: PrefixConfig::default(),
+            predict: PredictConfig::default(),
+            lora: LoraConfig::default(),
         };
         Config {
             pools: Vec::new(),
@@ -472,6 +524,7 @@ impl Config {
             // (listener `per_connection_buffer_limit_bytes`).
             max_body_bytes: 1_000_000,
             retry_after_s: 1,
+            retry_after_max_s: 30,
             snapshot: SnapshotConfig {
                 push_path: "/__llm_router/snapshot".into(),
                 state_path: "/__llm_router/state".into(),
@@ -507,9 +560,11 @@ impl Config {
             }
             let t = RawPoolTuning {
                 preset: p.preset.clone(),
-                weights: p.weights,
+                weights: p.weights.clone(),
                 saturation: p.saturation,
                 prefix: p.prefix,
+                predict: p.predict,
+                lora: p.lora,
             };
             let mut pool = tuning(&path, &default_pool, &t)?;
             pool.name = p.name.clone();
@@ -575,6 +630,13 @@ impl Config {
         if max_body_bytes < 1024 {
             return err(format!(
                 "max_body_bytes: {max_body_bytes} must be at least 1024"
+            ));
+        }
+        let retry_after_s = raw.retry_after_s.unwrap_or(base.retry_after_s);
+        let retry_after_max_s = raw.retry_after_max_s.unwrap_or(base.retry_after_max_s);
+        if retry_after_max_s < retry_after_s {
+            return err(format!(
+                "retry_after_max_s: {retry_after_max_s} must be >= retry_after_s ({retry_after_s})"
             ));
         }
         let s = raw.snapshot.unwrap_or_default();
@@ -662,7 +724,8 @@ impl Config {
             objectives: raw.objectives,
             top_k,
             max_body_bytes,
-            retry_after_s: raw.retry_after_s.unwrap_or(base.retry_after_s),
+            retry_after_s,
+            retry_after_max_s,
             snapshot,
         })
     }
@@ -670,5 +733,17 @@ impl Config {
     /// The configured pool with this name.
     pub fn pool(&self, name: &str) -> Option<&PoolConfig> {
         self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// The LoRA adapters the configuration lists for the pool named `pool`.
+    pub fn adapters_of(&self, pool: &str) -> Vec<String> {
+        let Some(index) = self.pools.iter().position(|p| p.name == pool) else {
+            return Vec::new();
+        };
+        self.models
+            .iter()
+            .filter(|(_, r)| r.adapter && r.pool == index)
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 }

@@ -1,15 +1,30 @@
-//! The filter's own count of requests in flight per pod, shared by all Envoy workers.
+//! This proxy's own view of each pod's load, shared by all Envoy workers.
 //!
-//! One shared-data key per pool holds a small table `address → requests sent and not yet
-//! finished`. It is updated with compare-and-swap when a request is routed and when its
-//! stream ends (completion, reset or client abort). When a snapshot is accepted, the table is
-//! copied to a baseline key: the difference `now − baseline` is the load this proxy added (or
-//! removed) since the pods were last observed, which keeps a burst between two scrapes from
-//! herding onto one pod.
+//! One shared-data key per pool holds a small table, per pod: the requests this proxy sent and
+//! that have not finished (`in_flight`), the estimated prompt tokens of those that have not yet
+//! returned a first response byte (`pending_tokens`: prefill work queued or running there), and
+//! the pod's learned prefill rate ([`Fit`]). It also keeps the pool's mean prefill size, which
+//! turns an engine's count of waiting requests into tokens. The table is updated with
+//! compare-and-swap when a request is routed, when its first response byte arrives and when its
+//! stream ends (completion, reset or client abort).
 //!
-//! Encoding: `count u16 | (len u8 | address | in_flight u32) * count`, little-endian.
+//! When a snapshot is accepted, the table is copied to a baseline key: the difference
+//! `in_flight now − in_flight then` is the load this proxy added (or removed) since the pods
+//! were last observed, which keeps a burst between two scrapes from herding onto one pod.
+//!
+//! Encoding (little-endian): `b'L' | version u8 = 2 | mean_prefill_tokens f32 | count u16 |
+//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 5 × f64) * count`. A value that
+//! does not decode reads as empty: the table is an estimate and heals itself.
 
+use crate::predict::Fit;
 use crate::store::{SharedStore, StoreError};
+use crate::wire::Reader;
+
+const TAG: [u8; 2] = [b'L', 2];
+/// Weight of a new request in the pool's mean prefill size.
+const MEAN_ALPHA: f32 = 0.05;
+/// Entries kept at most; idle ones go first.
+const MAX_ENTRIES: usize = 4096;
 
 /// Shared-data key of a pool's live table.
 pub fn key(pool: &str) -> String {
@@ -21,89 +36,122 @@ pub fn baseline_key(pool: &str) -> String {
     format!("llmr/ifb/{pool}")
 }
 
+/// One pod's entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PodLoad {
+    pub in_flight: u32,
+    pub pending_tokens: u32,
+    pub fit: Fit,
+}
+
+impl PodLoad {
+    fn idle(&self) -> bool {
+        self.in_flight == 0 && self.pending_tokens == 0
+    }
+}
+
 /// A decoded table. Small (one entry per pod), kept as a vector.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Table {
-    pub entries: Vec<(String, u32)>,
+    /// Mean estimated prefill tokens (prompt tokens not cached on the chosen pod) of the requests
+    /// routed to the pool (0 = none yet).
+    pub mean_prefill_tokens: f32,
+    pub entries: Vec<(String, PodLoad)>,
 }
 
 impl Table {
-    /// Decodes; a corrupt value reads as empty (it is only an estimate and heals itself).
+    /// Decodes; anything malformed reads as empty.
     pub fn decode(bytes: &[u8]) -> Table {
-        let mut entries = Vec::new();
-        let mut rest = bytes;
-        let Some((n, r)) = split_u16(rest) else {
-            return Table::default();
-        };
-        rest = r;
-        for _ in 0..n {
-            let Some((&len, r)) = rest.split_first() else {
-                return Table::default();
-            };
-            let Some((addr, r)) = split_at(r, usize::from(len)) else {
-                return Table::default();
-            };
-            let Some((count, r)) = split_u32(r) else {
-                return Table::default();
-            };
-            let Ok(addr) = std::str::from_utf8(addr) else {
-                return Table::default();
-            };
-            entries.push((addr.to_string(), count));
-            rest = r;
+        Table::try_decode(bytes).unwrap_or_default()
+    }
+
+    fn try_decode(bytes: &[u8]) -> Option<Table> {
+        let mut r = Reader(bytes);
+        if r.array::<2>()? != TAG {
+            return None;
         }
-        Table { entries }
+        let mean = r.f32()?;
+        let n = r.u16()?;
+        let mut entries = Vec::with_capacity(usize::from(n).min(MAX_ENTRIES));
+        for _ in 0..n {
+            let addr = r.str8()?;
+            let load = PodLoad {
+                in_flight: r.u32()?,
+                pending_tokens: r.u32()?,
+                fit: Fit {
+                    n: r.f64()?,
+                    sw: r.f64()?,
+                    st: r.f64()?,
+                    sww: r.f64()?,
+                    swt: r.f64()?,
+                },
+            };
+            entries.push((addr.to_string(), load));
+        }
+        r.done().then_some(Table {
+            mean_prefill_tokens: if mean.is_finite() { mean.max(0.0) } else { 0.0 },
+            entries,
+        })
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(2 + self.entries.len() * 24);
-        let n = self
-            .entries
-            .iter()
-            .filter(|(a, _)| a.len() <= 255)
-            .take(usize::from(u16::MAX))
-            .count();
-        out.extend_from_slice(&(n as u16).to_le_bytes());
-        for (addr, count) in self.entries.iter().filter(|(a, _)| a.len() <= 255).take(n) {
+        let kept = || {
+            self.entries
+                .iter()
+                .filter(|(a, _)| a.len() <= 255)
+                .take(usize::from(u16::MAX))
+        };
+        let mut out = Vec::with_capacity(8 + self.entries.len() * 64);
+        out.extend_from_slice(&TAG);
+        out.extend_from_slice(&self.mean_prefill_tokens.to_le_bytes());
+        out.extend_from_slice(&(kept().count() as u16).to_le_bytes());
+        for (addr, l) in kept() {
             out.push(addr.len() as u8);
             out.extend_from_slice(addr.as_bytes());
-            out.extend_from_slice(&count.to_le_bytes());
+            out.extend_from_slice(&l.in_flight.to_le_bytes());
+            out.extend_from_slice(&l.pending_tokens.to_le_bytes());
+            for x in [l.fit.n, l.fit.sw, l.fit.st, l.fit.sww, l.fit.swt] {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
         }
         out
     }
 
-    /// The count for `addr` (0 when absent).
-    pub fn get(&self, addr: &str) -> u32 {
+    /// The entry for `addr` (all zero when absent).
+    pub fn get(&self, addr: &str) -> PodLoad {
         self.entries
             .iter()
             .find(|(a, _)| a == addr)
-            .map(|(_, c)| *c)
-            .unwrap_or(0)
+            .map(|(_, l)| *l)
+            .unwrap_or_default()
     }
 
-    fn adjust(&mut self, addr: &str, delta: i32) {
+    /// Requests in flight to `addr`.
+    pub fn in_flight(&self, addr: &str) -> u32 {
+        self.get(addr).in_flight
+    }
+
+    /// Applies `f` to `addr`'s entry, adding the entry when it is new.
+    fn with(&mut self, addr: &str, f: impl FnOnce(&mut PodLoad)) {
         match self.entries.iter_mut().find(|(a, _)| a == addr) {
-            Some((_, c)) => *c = c.saturating_add_signed(delta),
-            None if delta > 0 => self.entries.push((addr.to_string(), delta.unsigned_abs())),
-            None => {}
+            Some((_, l)) => f(l),
+            None => {
+                let mut l = PodLoad::default();
+                f(&mut l);
+                self.entries.push((addr.to_string(), l));
+            }
         }
-        // Idle pods that left the fleet do not accumulate.
-        self.entries.retain(|(_, c)| *c > 0);
     }
-}
 
-fn split_at(b: &[u8], n: usize) -> Option<(&[u8], &[u8])> {
-    (b.len() >= n).then(|| b.split_at(n))
-}
-
-fn split_u16(b: &[u8]) -> Option<(u16, &[u8])> {
-    let (h, r) = split_at(b, 2)?;
-    Some((u16::from_le_bytes(h.try_into().ok()?), r))
-}
-
-fn split_u32(b: &[u8]) -> Option<(u32, &[u8])> {
-    let (h, r) = split_at(b, 4)?;
-    Some((u32::from_le_bytes(h.try_into().ok()?), r))
+    /// Pods with nothing in flight and nothing learned do not accumulate; past the bound, idle
+    /// entries go first.
+    fn tidy(&mut self) {
+        self.entries.retain(|(_, l)| !(l.idle() && l.fit.n < 1e-3));
+        if self.entries.len() > MAX_ENTRIES {
+            self.entries.sort_by_key(|(_, l)| l.idle());
+            self.entries.truncate(MAX_ENTRIES);
+        }
+    }
 }
 
 /// Reads a pool's live table.
@@ -122,17 +170,18 @@ pub fn read_baseline(store: &impl SharedStore, pool: &str) -> Table {
         .unwrap_or_default()
 }
 
-/// Adds `delta` to `addr`'s count with compare-and-swap; gives up after a bounded number of
-/// conflicts (the count is an estimate; losing one update under extreme contention is
+/// Applies `change` to the pool's table with compare-and-swap; gives up after a bounded number
+/// of conflicts (the table is an estimate; losing one update under extreme contention is
 /// preferable to spinning inside a request). Returns whether the update landed.
-pub fn adjust(store: &impl SharedStore, pool: &str, addr: &str, delta: i32) -> bool {
+pub fn update(store: &impl SharedStore, pool: &str, mut change: impl FnMut(&mut Table)) -> bool {
     let k = key(pool);
     for _ in 0..32 {
         let (mut table, cas) = match store.get(&k) {
             Some((v, cas)) => (Table::decode(&v), Some(cas)),
             None => (Table::default(), None),
         };
-        table.adjust(addr, delta);
+        change(&mut table);
+        table.tidy();
         match store.set(&k, &table.encode(), cas) {
             Ok(()) => return true,
             Err(StoreError::CasMismatch) => continue,
@@ -140,6 +189,65 @@ pub fn adjust(store: &impl SharedStore, pool: &str, addr: &str, delta: i32) -> b
         }
     }
     false
+}
+
+/// A request that brings `tokens` estimated tokens of prefill work was sent to `addr`.
+pub fn routed(store: &impl SharedStore, pool: &str, addr: &str, tokens: u32) -> bool {
+    update(store, pool, |t| {
+        t.with(addr, |l| {
+            l.in_flight = l.in_flight.saturating_add(1);
+            l.pending_tokens = l.pending_tokens.saturating_add(tokens);
+        });
+        t.mean_prefill_tokens = if t.mean_prefill_tokens > 0.0 {
+            t.mean_prefill_tokens + MEAN_ALPHA * (tokens as f32 - t.mean_prefill_tokens)
+        } else {
+            tokens as f32
+        };
+    })
+}
+
+/// The first response byte of a request arrived from `addr`: its `tokens` are no longer
+/// pending, and when `observed = Some((work, ttft_ms))` the pod's fit learns from it.
+pub fn first_byte(
+    store: &impl SharedStore,
+    pool: &str,
+    addr: &str,
+    tokens: u32,
+    observed: Option<(f64, f64)>,
+) -> bool {
+    update(store, pool, |t| {
+        t.with(addr, |l| {
+            l.pending_tokens = l.pending_tokens.saturating_sub(tokens);
+            if let Some((work, ttft)) = observed {
+                l.fit.observe(work, ttft);
+            }
+        });
+    })
+}
+
+/// A request's stream to `addr` ended; `pending` is what it still had pending (its tokens when
+/// no first byte ever came, else 0).
+pub fn finished(store: &impl SharedStore, pool: &str, addr: &str, pending: u32) -> bool {
+    update(store, pool, |t| {
+        t.with(addr, |l| {
+            l.in_flight = l.in_flight.saturating_sub(1);
+            l.pending_tokens = l.pending_tokens.saturating_sub(pending);
+        });
+    })
+}
+
+/// A request counted on `from` was served by `to` (an Envoy retry to a fallback endpoint).
+pub fn moved(store: &impl SharedStore, pool: &str, from: &str, to: &str, pending: u32) -> bool {
+    update(store, pool, |t| {
+        t.with(from, |l| {
+            l.in_flight = l.in_flight.saturating_sub(1);
+            l.pending_tokens = l.pending_tokens.saturating_sub(pending);
+        });
+        t.with(to, |l| {
+            l.in_flight = l.in_flight.saturating_add(1);
+            l.pending_tokens = l.pending_tokens.saturating_add(pending);
+        });
+    })
 }
 
 /// Copies a pool's live table to its baseline (called when a snapshot is accepted).
@@ -158,60 +266,108 @@ mod tests {
     use crate::store::MemoryStore;
 
     #[test]
-    fn counts_go_up_and_down_and_idle_entries_vanish() {
+    fn counts_and_pending_work_go_up_and_down_and_idle_entries_vanish() {
         let s = MemoryStore::new();
-        assert!(adjust(&s, "p", "10.0.0.1:8000", 1));
-        assert!(adjust(&s, "p", "10.0.0.1:8000", 1));
-        assert!(adjust(&s, "p", "10.0.0.2:8000", 1));
+        assert!(routed(&s, "p", "10.0.0.1:8000", 100));
+        assert!(routed(&s, "p", "10.0.0.1:8000", 300));
+        assert!(routed(&s, "p", "10.0.0.2:8000", 50));
         let t = read(&s, "p");
-        assert_eq!(t.get("10.0.0.1:8000"), 2);
-        assert_eq!(t.get("10.0.0.2:8000"), 1);
-        adjust(&s, "p", "10.0.0.2:8000", -1);
-        adjust(&s, "p", "10.0.0.2:8000", -1); // never below zero
+        assert_eq!(t.get("10.0.0.1:8000").in_flight, 2);
+        assert_eq!(t.get("10.0.0.1:8000").pending_tokens, 400);
+        assert_eq!(t.in_flight("10.0.0.2:8000"), 1);
+        first_byte(&s, "p", "10.0.0.1:8000", 100, None);
+        assert_eq!(read(&s, "p").get("10.0.0.1:8000").pending_tokens, 300);
+        // Ends: one after its first byte (nothing pending), one before (its tokens pending).
+        finished(&s, "p", "10.0.0.1:8000", 0);
+        finished(&s, "p", "10.0.0.1:8000", 300);
+        finished(&s, "p", "10.0.0.2:8000", 50);
+        finished(&s, "p", "10.0.0.2:8000", 50); // never below zero
         let t = read(&s, "p");
-        assert_eq!(t.entries, vec![("10.0.0.1:8000".to_string(), 2)]);
+        assert_eq!(t.entries, vec![]);
+        assert!(t.mean_prefill_tokens > 50.0 && t.mean_prefill_tokens < 300.0);
         assert_eq!(read(&s, "other").entries, vec![]);
+    }
+
+    #[test]
+    fn observations_stay_after_the_requests_end() {
+        let s = MemoryStore::new();
+        for i in 0..5u32 {
+            routed(&s, "p", "a:1", 100 * (i + 1));
+            first_byte(
+                &s,
+                "p",
+                "a:1",
+                100 * (i + 1),
+                Some((f64::from(100 * (i + 1)), 50.0)),
+            );
+            finished(&s, "p", "a:1", 0);
+        }
+        let l = read(&s, "p").get("a:1");
+        assert_eq!((l.in_flight, l.pending_tokens), (0, 0));
+        assert!(l.fit.trusted());
+    }
+
+    #[test]
+    fn a_retry_moves_the_count_and_the_pending_work() {
+        let s = MemoryStore::new();
+        routed(&s, "p", "a:1", 70);
+        moved(&s, "p", "a:1", "b:2", 70);
+        let t = read(&s, "p");
+        assert_eq!(t.get("a:1"), PodLoad::default());
+        assert_eq!(
+            (t.get("b:2").in_flight, t.get("b:2").pending_tokens),
+            (1, 70)
+        );
     }
 
     #[test]
     fn baseline_is_a_copy_at_snapshot_time() {
         let s = MemoryStore::new();
-        adjust(&s, "p", "a:1", 1);
+        routed(&s, "p", "a:1", 1);
         snapshot_baseline(&s, "p");
-        adjust(&s, "p", "a:1", 1);
-        assert_eq!(read_baseline(&s, "p").get("a:1"), 1);
-        assert_eq!(read(&s, "p").get("a:1"), 2);
+        routed(&s, "p", "a:1", 1);
+        assert_eq!(read_baseline(&s, "p").in_flight("a:1"), 1);
+        assert_eq!(read(&s, "p").in_flight("a:1"), 2);
     }
 
     #[test]
     fn corrupt_tables_read_as_empty() {
-        for bad in [
-            &[][..],
-            &[1][..],
-            &[1, 0, 5, b'a'][..],
-            &[1, 0, 1, 0xFF, 1, 0, 0, 0][..],
-        ] {
-            assert_eq!(Table::decode(bad), Table::default(), "{bad:?}");
-        }
-        let t = Table {
-            entries: vec![("x:1".into(), 7)],
+        let good = {
+            let s = MemoryStore::new();
+            routed(&s, "p", "x:1", 7);
+            s.get(&key("p")).unwrap().0
         };
-        assert_eq!(Table::decode(&t.encode()), t);
+        assert_eq!(Table::decode(&good).in_flight("x:1"), 1);
+        for cut in 0..good.len() {
+            assert_eq!(
+                Table::decode(&good[..cut]),
+                Table::default(),
+                "cut at {cut}"
+            );
+        }
+        let mut extra = good.clone();
+        extra.push(0);
+        assert_eq!(Table::decode(&extra), Table::default());
+        // The version-1 layout (count u16 first) is not misread.
+        assert_eq!(
+            Table::decode(&[1, 0, 3, b'a', b':', b'1', 1, 0, 0, 0]),
+            Table::default()
+        );
     }
 
     /// Two "workers" interleaving read-modify-write: CAS keeps every update.
     #[test]
     fn cas_conflicts_are_retried() {
         let s = MemoryStore::new();
-        adjust(&s, "p", "a:1", 1);
+        routed(&s, "p", "a:1", 1);
         let (v, cas) = s.get(&key("p")).unwrap();
-        adjust(&s, "p", "a:1", 1); // another worker wins the race
+        routed(&s, "p", "a:1", 1); // another worker wins the race
         let mut t = Table::decode(&v);
-        t.adjust("a:1", 1);
+        t.with("a:1", |l| l.in_flight += 1);
         assert_eq!(
             s.set(&key("p"), &t.encode(), Some(cas)),
             Err(StoreError::CasMismatch)
         );
-        assert_eq!(read(&s, "p").get("a:1"), 2);
+        assert_eq!(read(&s, "p").in_flight("a:1"), 2);
     }
 }

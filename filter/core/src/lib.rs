@@ -7,19 +7,25 @@
 //! - [`config`]: the plugin configuration, validated at load.
 //! - [`request`]: one pass over an OpenAI / Anthropic body → model, stream, prompt pieces.
 //! - [`prefix`]: chained block hashes and the shared, bounded prefix index.
-//! - [`inflight`]: this proxy's in-flight requests per pod, shared by all workers.
-//! - [`score`]: scorers, saturation and ranking.
+//! - [`inflight`]: this proxy's load per pod (in flight, pending prefill work, learned rate),
+//!   shared by all workers.
+//! - [`predict`]: time to first token per pod, learned from the proxy's own traffic.
+//! - [`lora`]: adapter homes (bounded-load rendezvous) and inferred residency.
+//! - [`score`]: scorers (one per file), saturation and ranking.
 //! - [`router`]: the decision for one request.
 //! - [`reject`]: OpenAI-style error replies.
 
 pub mod config;
 pub mod inflight;
+pub mod lora;
+pub mod predict;
 pub mod prefix;
 pub mod reject;
 pub mod request;
 pub mod router;
 pub mod score;
 pub mod store;
+mod wire;
 
 pub use config::Config;
 pub use reject::Rejection;

@@ -1,57 +1,82 @@
-//! Approximate prefix-cache affinity: which pod most likely still holds a prompt's prefix.
+//! Approximate prefix-cache affinity: which pods most likely still hold a prompt's prefix, and
+//! how much of it.
 //!
 //! A prompt is cut into blocks of `block_chars` characters (≈ 16 tokens, vLLM's block size) and
 //! each block gets a hash chained over all previous ones (xxHash64, seeded with the model name,
-//! as GAIE does), so block `i`'s hash stands for the whole prefix up to it. After a pick, the
-//! chosen pod is recorded for every block; the next request sharing that prefix finds it.
+//! as GAIE does), so block `i`'s hash stands for the whole prefix up to it.
 //!
 //! The index lives in shared data, so every Envoy worker sees the same affinity (a
-//! conversation's next turn may arrive on another connection and worker). Memory is bounded: a
-//! fixed number of slots per pool, `slot = hash % index_slots`; a slot stores the full hash and
-//! the last few pods, and a colliding block simply overwrites it (an LRU by construction).
+//! conversation's next turn may arrive on another connection and worker). It is organised in
+//! *pages* of `page_blocks` blocks. Page `k` of a prompt covers blocks `k·g … k·g+g−1` and is
+//! stored under its first block's hash (the *anchor*); it lists the recent pods that served a
+//! prompt through that anchor, each with how far into the page that prompt went (`depth`) and a
+//! 32-bit fingerprint of the chained hash of its last block there. Because hashes are chained, a
+//! later prompt whose own hash at that depth carries the same fingerprint shares the whole
+//! prefix up to it; one that diverged inside the page still shares everything up to the anchor.
 //!
-//! Slot encoding: `hash u64 | count u8 | (len u8 | address) * count`, little-endian.
+//! So every block of a recorded prompt is findable — a conversation's second turn finds the
+//! first turn's last block, wherever it fell — while a lookup reads one key per page and a
+//! record writes only the pages whose entry changed: a prompt served again by the same pod
+//! writes nothing; a new turn writes its last old page and its new ones. Memory is bounded:
+//! `index_slots` slots per pool (`slot = anchor mod index_slots`, a colliding page simply
+//! replaces the older one) and at most `entries_per_page` entries per page, newest first.
+//!
+//! Page encoding: `anchor u64 | count u8 | (pod u32 | depth u8 | fingerprint u32) * count`,
+//! little-endian. Pods are named by [`pod_id`], a 32-bit hash of their address.
 
 use crate::request::Piece;
 use crate::store::SharedStore;
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
-/// Past the power-of-two positions, every `STRIDE`-th block is indexed too.
-const STRIDE: usize = 32;
-
-/// Whether block `i` of an `n`-block prompt is kept in (and looked up in) the index: blocks
-/// 1, 2, 4, 8, … (counting from one), every 32nd, and the last. A prompt costs at most
-/// 13 index writes (256 blocks) — 6 for a 2 KB one — instead of one per block, while short
-/// prompts and the first turns of a conversation still match at fine resolution (a second
-/// turn finds the first turn's blocks 1, 2, 4, 8, …) and long documents every 2 KB.
-pub fn indexed(i: usize, n: usize) -> bool {
-    let k = i + 1;
-    k.is_power_of_two() || k % STRIDE == 0 || k == n
-}
-
 /// Separates pieces in the hashed stream, so `["ab","c"]` and `["a","bc"]` differ.
 const PIECE_SEPARATOR: u8 = 0x1E;
+/// Without a first user message to anchor on, the replica key covers this many blocks at most.
+const KEY_BLOCKS: usize = 16;
 
-/// Chained hashes of the prompt's full blocks (a trailing partial block is not hashed, like a
-/// model server that caches only full blocks), at most `max_blocks`.
+/// The 32-bit name of a pod in the index.
+pub fn pod_id(address: &str) -> u32 {
+    xxh64(address.as_bytes(), 0x506F_6449) as u32
+}
+
+/// A prompt's chained block hashes and its replica key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hashes {
+    /// Chained hashes of the prompt's full blocks (a trailing partial block is not hashed, like
+    /// a model server that caches only full blocks), at most `max_blocks`.
+    pub blocks: Vec<u64>,
+    /// Hash of the prompt up to the end of its first user message (or of its first
+    /// [`KEY_BLOCKS`] blocks when it has no messages): the same on every turn of a conversation
+    /// and on every gateway replica, so replicas can agree on a home pod for it without sharing
+    /// state.
+    pub key: u64,
+}
+
+/// Hashes a prompt. `key_pieces` is the number of leading pieces that end with the first user
+/// message, when the API has messages.
 pub fn block_hashes(
     model: &str,
     pieces: &[Piece<'_>],
     block_chars: usize,
     max_blocks: usize,
-) -> Vec<u64> {
+    key_pieces: Option<usize>,
+) -> Hashes {
     let mut out = Vec::new();
+    let seed = xxh64(model.as_bytes(), 0);
     if block_chars == 0 || max_blocks == 0 {
-        return out;
+        return Hashes {
+            blocks: out,
+            key: seed,
+        };
     }
     let mut chain = BlockChain {
-        hasher: Xxh64::new(xxh64(model.as_bytes(), 0)),
+        hasher: Xxh64::new(seed),
         filled: 0,
         block_chars,
         max_blocks,
         out: &mut out,
     };
-    for piece in pieces {
+    let mut key = None;
+    for (i, piece) in pieces.iter().enumerate() {
         match piece {
             Piece::Text(t) => chain.feed(t.as_bytes()),
             Piece::Tokens(ids) => {
@@ -64,11 +89,19 @@ pub fn block_hashes(
             }
         }
         chain.feed(&[PIECE_SEPARATOR]);
+        if key_pieces == Some(i + 1) && !chain.full() {
+            key = Some(chain.hasher.digest());
+        }
         if chain.full() {
             break;
         }
     }
-    out
+    let tail = chain.hasher.digest();
+    let key = key.unwrap_or_else(|| match out.len() {
+        0 => tail,
+        n => out.get(n.min(KEY_BLOCKS) - 1).copied().unwrap_or(tail),
+    });
+    Hashes { blocks: out, key }
 }
 
 struct BlockChain<'o> {
@@ -101,46 +134,59 @@ impl BlockChain<'_> {
     }
 }
 
-/// One slot of the index, decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Slot {
-    pub hash: u64,
-    /// Most recent first.
-    pub pods: Vec<String>,
+/// One pod's record in a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub pod: u32,
+    /// Blocks of the page the recorded prompt covered (1..=page_blocks).
+    pub depth: u8,
+    /// Low 32 bits of the chained hash of the recorded prompt's last block in the page.
+    pub fingerprint: u32,
 }
 
-impl Slot {
+/// One page of the index, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub anchor: u64,
+    /// Most recent first.
+    pub entries: Vec<Entry>,
+}
+
+impl Page {
     pub fn encode(&self) -> Vec<u8> {
-        let pods: Vec<&String> = self
-            .pods
-            .iter()
-            .filter(|p| p.len() <= 255)
-            .take(255)
-            .collect();
-        let mut out = Vec::with_capacity(9 + pods.iter().map(|p| p.len() + 1).sum::<usize>());
-        out.extend_from_slice(&self.hash.to_le_bytes());
-        out.push(pods.len() as u8);
-        for p in pods {
-            out.push(p.len() as u8);
-            out.extend_from_slice(p.as_bytes());
+        let n = self.entries.len().min(255);
+        let mut out = Vec::with_capacity(9 + 9 * n);
+        out.extend_from_slice(&self.anchor.to_le_bytes());
+        out.push(n as u8);
+        for e in self.entries.iter().take(n) {
+            out.extend_from_slice(&e.pod.to_le_bytes());
+            out.push(e.depth);
+            out.extend_from_slice(&e.fingerprint.to_le_bytes());
         }
         out
     }
 
-    /// `None` for bytes that are not a slot (treated as an empty slot).
-    pub fn decode(bytes: &[u8]) -> Option<Slot> {
-        let (h, rest) = (bytes.len() >= 9).then(|| bytes.split_at(8))?;
-        let hash = u64::from_le_bytes(h.try_into().ok()?);
-        let (&n, mut rest) = rest.split_first()?;
-        let mut pods = Vec::with_capacity(usize::from(n));
-        for _ in 0..n {
-            let (&len, r) = rest.split_first()?;
-            let len = usize::from(len);
-            let (addr, r) = (r.len() >= len).then(|| r.split_at(len))?;
-            pods.push(std::str::from_utf8(addr).ok()?.to_string());
-            rest = r;
+    /// `None` for bytes that are not a page (treated as an empty slot).
+    pub fn decode(bytes: &[u8]) -> Option<Page> {
+        let anchor = u64::from_le_bytes(bytes.get(0..8)?.try_into().ok()?);
+        let n = usize::from(*bytes.get(8)?);
+        let body = bytes.get(9..)?;
+        if body.len() != 9 * n {
+            return None;
         }
-        rest.is_empty().then_some(Slot { hash, pods })
+        let entries = body
+            .chunks_exact(9)
+            .map(|c| {
+                let (pod, rest) = c.split_at(4);
+                let (depth, fp) = rest.split_at(1);
+                Some(Entry {
+                    pod: u32::from_le_bytes(pod.try_into().ok()?),
+                    depth: *depth.first()?,
+                    fingerprint: u32::from_le_bytes(fp.try_into().ok()?),
+                })
+            })
+            .collect::<Option<Vec<Entry>>>()?;
+        Some(Page { anchor, entries })
     }
 }
 
@@ -149,22 +195,34 @@ impl Slot {
 pub struct PrefixMatch {
     /// Blocks in the prompt.
     pub total: u32,
-    /// `(address, matched leading blocks)`.
-    pub per_pod: Vec<(String, u32)>,
-    /// Slots read while matching (block `i` of the prompt hit slot `hits[i]`), with CAS tokens,
-    /// reused when recording so a hit costs no second read. `None`: the block was not found.
-    hits: Vec<Option<(Slot, u32)>>,
+    /// `(pod id, matched leading blocks)`.
+    pub per_pod: Vec<(u32, u32)>,
+    /// Pages read while matching (page `k` of the prompt at `pages[k]`), with CAS tokens, reused
+    /// when recording so recording costs no second read. `None`: not found.
+    pages: Vec<Option<(Page, u32)>>,
 }
 
 impl PrefixMatch {
-    /// Matched leading blocks for `addr`.
-    pub fn blocks_for(&self, addr: &str) -> u32 {
+    /// Matched leading blocks for the pod with this [`pod_id`].
+    pub fn blocks_for(&self, pod: u32) -> u32 {
         self.per_pod
             .iter()
-            .find(|(a, _)| a == addr)
+            .find(|(p, _)| *p == pod)
             .map(|(_, n)| *n)
             .unwrap_or(0)
     }
+
+    fn note(&mut self, pod: u32, blocks: u32) {
+        match self.per_pod.iter_mut().find(|(p, _)| *p == pod) {
+            Some((_, n)) => *n = (*n).max(blocks),
+            None => self.per_pod.push((pod, blocks)),
+        }
+    }
+}
+
+/// The low 32 bits of block `i`'s hash, if the prompt has that block.
+fn fingerprint(hashes: &[u64], i: usize) -> Option<u32> {
+    hashes.get(i).map(|h| *h as u32)
 }
 
 /// A pool's shared prefix index.
@@ -172,97 +230,128 @@ pub struct PrefixIndex<'s, S: SharedStore> {
     store: &'s S,
     pool: &'s str,
     slots: u32,
-    pods_per_block: usize,
+    page_blocks: usize,
+    entries_per_page: usize,
 }
 
 impl<'s, S: SharedStore> PrefixIndex<'s, S> {
-    pub fn new(store: &'s S, pool: &'s str, slots: u32, pods_per_block: usize) -> Self {
+    pub fn new(
+        store: &'s S,
+        pool: &'s str,
+        slots: u32,
+        page_blocks: usize,
+        entries_per_page: usize,
+    ) -> Self {
         PrefixIndex {
             store,
             pool,
             slots: slots.max(1),
-            pods_per_block: pods_per_block.max(1),
+            page_blocks: page_blocks.clamp(1, 255),
+            entries_per_page: entries_per_page.clamp(1, 255),
         }
     }
 
-    fn key(&self, hash: u64) -> String {
-        format!("llmr/px/{}/{}", self.pool, hash % u64::from(self.slots))
+    fn key(&self, anchor: u64) -> String {
+        format!("llmr/px/{}/{}", self.pool, anchor % u64::from(self.slots))
     }
 
-    /// Walks the [`indexed`] blocks from the start until two of them in a row are found in no
-    /// slot. Because hashes are chained, a pod found at block `i` held the whole prefix `0..=i`
-    /// when it was recorded; one missing block (its slot taken by a colliding prefix) is skipped.
+    /// Reads the prompt's pages from the start until two in a row are missing (one missing page
+    /// — its slot taken by a colliding prefix — is skipped).
     pub fn lookup(&self, hashes: &[u64]) -> PrefixMatch {
         let mut m = PrefixMatch {
             total: hashes.len() as u32,
             ..PrefixMatch::default()
         };
+        let g = self.page_blocks;
         let mut misses = 0;
-        let n = hashes.len();
-        for (i, &h) in hashes.iter().enumerate() {
-            if !indexed(i, n) {
-                m.hits.push(None);
-                continue;
-            }
-            let found = self.store.get(&self.key(h)).and_then(|(bytes, cas)| {
-                Slot::decode(&bytes)
-                    .filter(|s| s.hash == h)
-                    .map(|s| (s, cas))
+        for (k, &anchor) in hashes.iter().step_by(g).enumerate() {
+            let start = k * g;
+            let found = self.store.get(&self.key(anchor)).and_then(|(bytes, cas)| {
+                Page::decode(&bytes)
+                    .filter(|p| p.anchor == anchor)
+                    .map(|p| (p, cas))
             });
-            let Some((slot, cas)) = found else {
+            let Some((page, cas)) = found else {
                 misses += 1;
+                m.pages.push(None);
                 if misses >= 2 {
                     break;
                 }
-                m.hits.push(None);
                 continue;
             };
             misses = 0;
-            let depth = i as u32 + 1;
-            for pod in &slot.pods {
-                match m.per_pod.iter_mut().find(|(a, _)| a == pod) {
-                    Some((_, n)) => *n = depth,
-                    None => m.per_pod.push((pod.clone(), depth)),
-                }
+            for e in &page.entries {
+                let d = usize::from(e.depth).max(1);
+                let last = start + d - 1;
+                let blocks = if fingerprint(hashes, last) == Some(e.fingerprint) {
+                    last + 1
+                } else {
+                    start + 1
+                };
+                m.note(e.pod, blocks as u32);
             }
-            m.hits.push(Some((slot, cas)));
+            m.pages.push(Some((page, cas)));
         }
         m
     }
 
-    /// Records that `pod` now holds the prompt's blocks. Slots that already name `pod` first
-    /// are left alone; the rest are written (blindly past the first miss: such a slot holds
-    /// another prefix, which the newer one replaces). Best effort: a lost CAS race is ignored.
-    pub fn record(&self, hashes: &[u64], pod: &str, found: &PrefixMatch) {
+    /// Records that the pod `pod` (a [`pod_id`]) now holds the prompt's blocks. Pages that
+    /// already hold this exact entry are left alone; others get it first, replacing the pod's
+    /// entries that it extends. Best effort: a lost CAS race is ignored. Returns the number of
+    /// pages written.
+    pub fn record(&self, hashes: &[u64], pod: u32, found: &PrefixMatch) -> usize {
+        let g = self.page_blocks;
         let n = hashes.len();
-        for (i, &h) in hashes.iter().enumerate().filter(|(i, _)| indexed(*i, n)) {
-            match found.hits.get(i).and_then(Option::as_ref) {
-                Some((slot, cas)) => {
-                    if slot.pods.first().map(String::as_str) == Some(pod) {
+        let mut writes = 0;
+        for (k, &anchor) in hashes.iter().step_by(g).enumerate() {
+            let start = k * g;
+            let d = g.min(n - start);
+            let Some(fp) = fingerprint(hashes, start + d - 1) else {
+                continue;
+            };
+            let new = Entry {
+                pod,
+                depth: d as u8,
+                fingerprint: fp,
+            };
+            let (page, cas) = match found.pages.get(k).and_then(Option::as_ref) {
+                Some((page, cas)) => {
+                    if page.entries.contains(&new) {
                         continue;
                     }
-                    let mut pods = Vec::with_capacity(self.pods_per_block);
-                    pods.push(pod.to_string());
-                    pods.extend(
-                        slot.pods
-                            .iter()
-                            .filter(|p| p.as_str() != pod)
-                            .take(self.pods_per_block - 1)
-                            .cloned(),
-                    );
-                    let _ =
-                        self.store
-                            .set(&self.key(h), &Slot { hash: h, pods }.encode(), Some(*cas));
-                }
-                None => {
-                    let slot = Slot {
-                        hash: h,
-                        pods: vec![pod.to_string()],
+                    let extends = |e: &Entry| {
+                        e.pod == pod
+                            && usize::from(e.depth) <= d
+                            && fingerprint(hashes, start + usize::from(e.depth).max(1) - 1)
+                                == Some(e.fingerprint)
                     };
-                    let _ = self.store.set(&self.key(h), &slot.encode(), None);
+                    let mut entries = Vec::with_capacity(self.entries_per_page);
+                    entries.push(new);
+                    entries.extend(
+                        page.entries
+                            .iter()
+                            .filter(|e| !extends(e))
+                            .take(self.entries_per_page - 1),
+                    );
+                    (Page { anchor, entries }, Some(*cas))
                 }
+                None => (
+                    Page {
+                        anchor,
+                        entries: vec![new],
+                    },
+                    None,
+                ),
+            };
+            if self
+                .store
+                .set(&self.key(anchor), &page.encode(), cas)
+                .is_ok()
+            {
+                writes += 1;
             }
         }
+        writes
     }
 }
 
@@ -277,33 +366,36 @@ mod tests {
         vec![Piece::Text(Cow::Borrowed(s))]
     }
 
+    fn blocks(s: &str) -> Vec<u64> {
+        block_hashes("m", &text(s), 64, 256, None).blocks
+    }
+
+    fn index(store: &MemoryStore) -> PrefixIndex<'_, MemoryStore> {
+        PrefixIndex::new(store, "pool", 65_536, 16, 16)
+    }
+
+    const A: u32 = 0xA;
+    const B: u32 = 0xB;
+
     #[test]
     fn only_full_blocks_are_hashed_and_capped() {
-        assert_eq!(block_hashes("m", &text(&"a".repeat(62)), 64, 256).len(), 0);
+        assert_eq!(blocks(&"a".repeat(62)).len(), 0);
         // 64 chars + the piece separator = 65 bytes: one full block.
-        assert_eq!(block_hashes("m", &text(&"a".repeat(64)), 64, 256).len(), 1);
-        assert_eq!(
-            block_hashes("m", &text(&"a".repeat(64 * 10)), 64, 256).len(),
-            10
-        );
-        assert_eq!(
-            block_hashes("m", &text(&"a".repeat(64 * 10)), 64, 4).len(),
-            4
-        );
-        assert!(block_hashes("m", &text("abc"), 64, 0).is_empty());
+        assert_eq!(blocks(&"a".repeat(64)).len(), 1);
+        assert_eq!(blocks(&"a".repeat(64 * 10)).len(), 10);
+        let capped = block_hashes("m", &text(&"a".repeat(64 * 10)), 64, 4, None);
+        assert_eq!(capped.blocks.len(), 4);
+        assert!(block_hashes("m", &text("abc"), 64, 0, None)
+            .blocks
+            .is_empty());
     }
 
     #[test]
     fn a_shared_prefix_shares_leading_hashes_only() {
         let base = "You are a helpful assistant. ".repeat(20);
-        let a = format!("{base} Question one?");
-        let b = format!(
-            "{base} Another, different question that is long enough to fill more blocks {}",
-            "y".repeat(200)
-        );
-        let a = format!("{a} {}", "x".repeat(200));
-        let ha = block_hashes("m", &text(&a), 64, 256);
-        let hb = block_hashes("m", &text(&b), 64, 256);
+        let a = format!("{base} Question one? {}", "x".repeat(200));
+        let b = format!("{base} Another, different question {}", "y".repeat(200));
+        let (ha, hb) = (blocks(&a), blocks(&b));
         let common = base.len() / 64;
         assert_eq!(ha[..common], hb[..common]);
         assert_ne!(ha.last(), hb.last());
@@ -313,128 +405,189 @@ mod tests {
     fn model_and_piece_boundaries_change_hashes() {
         let s = "x".repeat(200);
         assert_ne!(
-            block_hashes("m1", &text(&s), 64, 8),
-            block_hashes("m2", &text(&s), 64, 8)
+            block_hashes("m1", &text(&s), 64, 8, None),
+            block_hashes("m2", &text(&s), 64, 8, None)
         );
         let split = vec![
             Piece::Text(Cow::Borrowed(&s[..100])),
             Piece::Text(Cow::Borrowed(&s[100..])),
         ];
-        let whole = text(&s);
         assert_ne!(
-            block_hashes("m", &split, 64, 8)[1..],
-            block_hashes("m", &whole, 64, 8)[1..]
+            block_hashes("m", &split, 64, 8, None).blocks[1..],
+            blocks(&s)[1..]
         );
         // Token ids hash as 4 bytes each.
         let toks = vec![Piece::Tokens((0..64).collect())];
-        assert_eq!(block_hashes("m", &toks, 64, 256).len(), 4);
+        assert_eq!(block_hashes("m", &toks, 64, 256, None).blocks.len(), 4);
     }
 
+    /// The blind spot of a sparse index: turn 2 must find turn 1's *last* block, wherever it
+    /// fell, not only the positions both prompts happen to probe.
     #[test]
-    fn lookup_finds_the_pod_that_served_the_prefix() {
-        let store = MemoryStore::new();
-        let idx = PrefixIndex::new(&store, "pool", 65_536, 4);
-        let conv = "system prompt and a long first turn ".repeat(30);
-        let h1 = block_hashes("m", &text(&conv), 64, 256);
-        let miss = idx.lookup(&h1);
-        assert_eq!(miss.per_pod, vec![]);
-        idx.record(&h1, "10.0.0.1:8000", &miss);
-        // Second turn: same prefix plus more text.
-        let turn2 = format!("{conv} and the second turn, which adds some more words to it");
-        let h2 = block_hashes("m", &text(&turn2), 64, 256);
-        let found = idx.lookup(&h2);
-        assert_eq!(found.blocks_for("10.0.0.1:8000"), h1.len() as u32);
-        assert_eq!(found.total, h2.len() as u32);
-        idx.record(&h2, "10.0.0.2:8000", &found);
-        let again = idx.lookup(&h2);
-        assert_eq!(again.blocks_for("10.0.0.2:8000"), h2.len() as u32);
-        assert_eq!(again.blocks_for("10.0.0.1:8000"), h1.len() as u32);
-    }
-
-    #[test]
-    fn one_lost_block_does_not_hide_the_rest_of_the_prefix() {
-        let store = MemoryStore::new();
-        let idx = PrefixIndex::new(&store, "pool", 65_536, 4);
-        let h = block_hashes(
-            "m",
-            &text(&"some shared document text ".repeat(40)),
-            64,
-            256,
-        );
-        idx.record(&h, "a:1", &PrefixMatch::default());
-        // Another prefix takes block 3's slot.
-        let key = idx.key(h[3]);
-        store
-            .set(
-                &key,
-                &Slot {
-                    hash: 1,
-                    pods: vec!["b:2".into()],
-                }
-                .encode(),
-                None,
-            )
-            .unwrap();
-        assert_eq!(idx.lookup(&h).blocks_for("a:1"), h.len() as u32);
-    }
-
-    #[test]
-    fn a_long_prompt_writes_a_bounded_number_of_slots_and_still_matches() {
-        let store = MemoryStore::new();
-        let idx = PrefixIndex::new(&store, "pool", 65_536, 4);
-        let doc = "a long shared document, read by many questions. ".repeat(400);
-        let h = block_hashes("m", &text(&doc), 64, 256);
-        assert_eq!(h.len(), 256);
-        idx.record(&h, "a:1", &PrefixMatch::default());
-        // 1, 2, 4, …, 256 (9) and 32, 64, …, 256 (8, 4 of them powers of two).
-        assert_eq!(store.len(), 9 + 4);
-        // A question about the document matches at the last indexed block inside the document.
-        let q = format!("{doc} What does it say about slots?");
-        let hq = block_hashes("m", &text(&q), 64, 256);
-        let m = idx.lookup(&hq);
-        assert_eq!(m.blocks_for("a:1"), 256);
-        // A conversation's second turn matches its first, short turn block by block.
-        let t1 = "system: be brief. user: hello there, how are you today? ".repeat(3);
-        let h1 = block_hashes("m", &text(&t1), 64, 256);
-        idx.record(&h1, "b:2", &idx.lookup(&h1));
-        let t2 = format!("{t1} assistant: fine. user: and now a follow-up question");
-        let m2 = idx.lookup(&block_hashes("m", &text(&t2), 64, 256));
-        // The first turn's last block is not a probe point of the longer second turn: the
-        // match is the largest power of two below it.
-        let expect = 1u32 << (u32::BITS - 1 - (h1.len() as u32).leading_zeros());
-        assert_eq!(
-            m2.blocks_for("b:2"),
-            expect,
-            "{} blocks in turn 1",
-            h1.len()
-        );
-        assert!(expect * 2 > h1.len() as u32);
-    }
-
-    #[test]
-    fn memory_is_bounded_by_slots() {
-        let store = MemoryStore::new();
-        let idx = PrefixIndex::new(&store, "pool", 16, 2);
-        for i in 0..100 {
-            let p = format!(
-                "{i:04} unique prompt text that is long enough for several blocks {}",
-                "z".repeat(300)
+    fn a_later_turn_finds_exactly_how_far_the_earlier_turn_went() {
+        for turn1_blocks in 1..=70usize {
+            let store = MemoryStore::new();
+            let idx = index(&store);
+            let t1: String = (0..turn1_blocks * 64 - 1)
+                .map(|i| (b'a' + (i % 26) as u8) as char)
+                .collect();
+            let h1 = blocks(&t1);
+            assert_eq!(h1.len(), turn1_blocks);
+            // Every pod served the shared start; A served the whole first turn.
+            let shared = &h1[..h1.len().min(3)];
+            idx.record(shared, B, &idx.lookup(shared));
+            idx.record(&h1, A, &idx.lookup(&h1));
+            // Turn 2 resends turn 1 as its first piece and adds the reply and a question.
+            let more = "z".repeat(900);
+            let t2 = vec![
+                Piece::Text(Cow::Borrowed(t1.as_str())),
+                Piece::Text(Cow::Borrowed("assistant: ok. user: and then?")),
+                Piece::Text(Cow::Borrowed(more.as_str())),
+            ];
+            let h2 = block_hashes("m", &t2, 64, 256, None).blocks;
+            let m = idx.lookup(&h2);
+            assert_eq!(
+                m.blocks_for(A),
+                turn1_blocks as u32,
+                "turn 1 of {turn1_blocks}"
             );
-            let h = block_hashes("m", &text(&p), 64, 256);
-            let m = idx.lookup(&h);
-            idx.record(&h, &format!("10.0.0.{}:1", i % 7), &m);
+            assert_eq!(
+                m.blocks_for(B),
+                shared.len() as u32,
+                "turn 1 of {turn1_blocks}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prompt_that_diverged_inside_a_page_still_shares_the_anchor() {
+        let store = MemoryStore::new();
+        let idx = index(&store);
+        let doc = "a document read by many questions. ".repeat(40); // 1400 chars: 21 blocks
+        let q1 = blocks(&format!("{doc} first question {}", "x".repeat(300)));
+        idx.record(&q1, A, &idx.lookup(&q1));
+        let q2 = blocks(&format!("{doc} second question {}", "y".repeat(300)));
+        let m = idx.lookup(&q2);
+        // The page starting at block 16 is where they diverge: A holds at least its anchor.
+        assert_eq!(m.blocks_for(A), 17);
+    }
+
+    #[test]
+    fn repeats_write_nothing_and_a_new_turn_writes_only_what_changed() {
+        let store = MemoryStore::new();
+        let idx = index(&store);
+        let t1 = "conversation text that keeps growing ".repeat(60); // ~2200 chars: 34 blocks
+        let h1 = blocks(&t1);
+        assert_eq!(idx.record(&h1, A, &idx.lookup(&h1)), 3);
+        assert_eq!(idx.record(&h1, A, &idx.lookup(&h1)), 0);
+        let h2 = blocks(&format!("{t1} {}", "more words ".repeat(60))); // 45 blocks
+                                                                        // Pages 0 and 1 are unchanged; page 2 grows.
+        assert_eq!(idx.record(&h2, A, &idx.lookup(&h2)), 1);
+        // The old, shorter entry of A in page 2 was replaced, not kept beside the new one.
+        let m = idx.lookup(&h2);
+        assert_eq!(m.pages[2].as_ref().unwrap().0.entries.len(), 1);
+        assert_eq!(m.blocks_for(A), h2.len() as u32);
+        // Another pod serving the same prompt writes every page once.
+        assert_eq!(idx.record(&h2, B, &m), 3);
+        let m = idx.lookup(&h2);
+        let n = h2.len() as u32;
+        assert_eq!((m.blocks_for(A), m.blocks_for(B)), (n, n));
+    }
+
+    #[test]
+    fn one_lost_page_does_not_hide_the_rest_of_the_prefix() {
+        let store = MemoryStore::new();
+        let idx = index(&store);
+        let h = blocks(&"some shared document text ".repeat(120)); // 48 blocks
+        idx.record(&h, A, &PrefixMatch::default());
+        // Another prefix takes page 1's slot.
+        let other = Page {
+            anchor: 1,
+            entries: vec![],
+        };
+        store.set(&idx.key(h[16]), &other.encode(), None).unwrap();
+        assert_eq!(idx.lookup(&h).blocks_for(A), h.len() as u32);
+    }
+
+    #[test]
+    fn a_long_prompt_writes_one_page_per_sixteen_blocks() {
+        let store = MemoryStore::new();
+        let idx = index(&store);
+        let h = blocks(&"a long shared document, read by many questions. ".repeat(400));
+        assert_eq!(h.len(), 256);
+        assert_eq!(idx.record(&h, A, &PrefixMatch::default()), 16);
+        assert_eq!(store.len(), 16);
+    }
+
+    #[test]
+    fn memory_is_bounded_by_slots_and_entries() {
+        let store = MemoryStore::new();
+        let idx = PrefixIndex::new(&store, "pool", 16, 16, 4);
+        for i in 0..100 {
+            let p = format!("{i:04} unique prompt text long enough {}", "z".repeat(1500));
+            let h = blocks(&p);
+            idx.record(&h, i % 7, &idx.lookup(&h));
         }
         assert!(store.len() <= 16, "{} keys", store.len());
+        let shared = blocks(&"shared ".repeat(100));
+        for pod in 0..10 {
+            idx.record(&shared, pod, &idx.lookup(&shared));
+        }
+        assert_eq!(idx.lookup(&shared).per_pod.len(), 4);
     }
 
     #[test]
-    fn slots_round_trip_and_reject_garbage() {
-        let s = Slot {
-            hash: 42,
-            pods: vec!["a:1".into(), "b:2".into()],
+    fn pages_round_trip_and_reject_garbage() {
+        let p = Page {
+            anchor: 42,
+            entries: vec![
+                Entry {
+                    pod: 7,
+                    depth: 16,
+                    fingerprint: 9,
+                },
+                Entry {
+                    pod: 8,
+                    depth: 1,
+                    fingerprint: 0xFFFF_FFFF,
+                },
+            ],
         };
-        assert_eq!(Slot::decode(&s.encode()), Some(s));
-        assert_eq!(Slot::decode(&[1, 2, 3]), None);
-        assert_eq!(Slot::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 1, b'a']), None);
+        let bytes = p.encode();
+        assert_eq!(bytes.len(), 9 + 18);
+        assert_eq!(Page::decode(&bytes), Some(p));
+        for cut in 0..bytes.len() {
+            assert_eq!(Page::decode(&bytes[..cut]), None);
+        }
+        assert_eq!(Page::decode(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 1]), None);
+    }
+
+    #[test]
+    fn the_replica_key_follows_the_first_user_message() {
+        let sys = "You are a helpful assistant. ".repeat(30);
+        let turn = |user: &str, more: &[&str]| -> u64 {
+            let mut pieces = vec![
+                Piece::Text(Cow::Borrowed("system")),
+                Piece::Text(Cow::Owned(sys.clone())),
+                Piece::Text(Cow::Borrowed("user")),
+                Piece::Text(Cow::Owned(user.to_string())),
+            ];
+            pieces.extend(more.iter().map(|m| Piece::Text(Cow::Owned(m.to_string()))));
+            block_hashes("m", &pieces, 64, 256, Some(4)).key
+        };
+        let c1 = turn("what is a KV cache?", &[]);
+        let c1_turn2 = turn(
+            "what is a KV cache?",
+            &["assistant", "memory.", "user", "and?"],
+        );
+        let c2 = turn("how do LoRA adapters work?", &[]);
+        assert_eq!(c1, c1_turn2);
+        assert_ne!(c1, c2);
+        // Without messages, the key covers the first 16 blocks.
+        let doc = "plain completion prompt ".repeat(100);
+        let a = block_hashes("m", &text(&doc), 64, 256, None);
+        let b = block_hashes("m", &text(&format!("{doc} tail")), 64, 256, None);
+        assert_eq!(a.key, a.blocks[15]);
+        assert_eq!(a.key, b.key);
     }
 }

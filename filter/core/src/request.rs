@@ -77,6 +77,10 @@ pub struct ParsedRequest<'a> {
     pub stream: bool,
     /// The prompt as a prefix cache sees it, in order.
     pub pieces: Vec<Piece<'a>>,
+    /// Number of leading pieces that end with the first user message's (first) content piece,
+    /// when the body has role-tagged messages: the part of the prompt that stays the same on
+    /// every turn of a conversation.
+    pub key_pieces: Option<usize>,
 }
 
 impl ParsedRequest<'_> {
@@ -129,11 +133,16 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestErr
             push(raw.input, &mut pieces);
         }
     }
+    let key_pieces = pieces
+        .iter()
+        .position(|p| matches!(p, Piece::Text(t) if t == "user"))
+        .map(|i| (i + 2).min(pieces.len()));
     Ok(ParsedRequest {
         model,
         model_span,
         stream: raw.stream.unwrap_or(false),
         pieces,
+        key_pieces,
     })
 }
 

@@ -7,6 +7,8 @@
 
 use crate::config::{Config, OnMissing, OnStale, PoolConfig};
 use crate::inflight::{self, Table};
+use crate::lora::{self, Placement};
+use crate::predict::{self, Rate};
 use crate::prefix::{self, PrefixIndex};
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
@@ -14,6 +16,15 @@ use crate::score::{self, Candidate, Features, Mode};
 use crate::store::SharedStore;
 use llm_router_snapshot::{Health, Snapshot};
 use std::collections::HashMap;
+
+/// What is derived once per snapshot for one of its pools.
+#[derive(Debug, Clone, Default)]
+struct PoolIndex {
+    /// Prefix-index id of each pod, in snapshot order.
+    pod_ids: Vec<u32>,
+    /// Adapter → home pod (snapshot order), by bounded-load rendezvous.
+    homes: HashMap<String, usize>,
+}
 
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
 #[derive(Debug, Clone)]
@@ -25,11 +36,20 @@ pub struct Fleet {
     baselines: Vec<Table>,
     /// Model or adapter name → (snapshot pool index, is an adapter).
     models: HashMap<String, (usize, bool)>,
+    /// Per snapshot pool.
+    pools: Vec<PoolIndex>,
 }
 
 impl Fleet {
     /// Indexes a snapshot. `baselines[i]` belongs to `snapshot.pools[i]` (missing = empty).
-    pub fn new(snapshot: Snapshot, accepted_ms: u64, baselines: Vec<Table>) -> Fleet {
+    /// Adapter homes cover the adapters `config` lists for the pool, or, for a pool the
+    /// configuration does not list adapters for, the ones the pods report.
+    pub fn new(
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        baselines: Vec<Table>,
+        config: &Config,
+    ) -> Fleet {
         let mut models = HashMap::new();
         for (i, pool) in snapshot.pools.iter().enumerate() {
             for m in &pool.models {
@@ -45,22 +65,53 @@ impl Fleet {
                 }
             }
         }
+        let pools = snapshot
+            .pools
+            .iter()
+            .map(|pool| {
+                let addrs: Vec<&str> = pool.pods.iter().map(|p| p.address.as_str()).collect();
+                let slots: Vec<u16> = pool
+                    .pods
+                    .iter()
+                    .map(|p| p.lora.as_ref().map_or(0, |l| l.max_loras))
+                    .collect();
+                let mut adapters = config.adapters_of(&pool.name);
+                if adapters.is_empty() {
+                    adapters = pool
+                        .pods
+                        .iter()
+                        .filter_map(|p| p.lora.as_ref())
+                        .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
+                        .collect();
+                }
+                PoolIndex {
+                    pod_ids: addrs.iter().map(|a| prefix::pod_id(a)).collect(),
+                    homes: lora::homes(&adapters, &addrs, &slots),
+                }
+            })
+            .collect();
         Fleet {
             snapshot,
             accepted_ms,
             baselines,
             models,
+            pools,
         }
     }
 
     /// Reads the baselines of every pool of `snapshot` from the store.
-    pub fn load(store: &impl SharedStore, snapshot: Snapshot, accepted_ms: u64) -> Fleet {
+    pub fn load(
+        store: &impl SharedStore,
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        config: &Config,
+    ) -> Fleet {
         let baselines = snapshot
             .pools
             .iter()
             .map(|p| inflight::read_baseline(store, &p.name))
             .collect();
-        Fleet::new(snapshot, accepted_ms, baselines)
+        Fleet::new(snapshot, accepted_ms, baselines, config)
     }
 
     fn is_stale(&self, now_ms: u64, stale_after_ms: u64) -> bool {
@@ -103,6 +154,12 @@ pub struct Routed {
     pub scores: Vec<(String, f64)>,
     /// Pod whose in-flight count this request incremented (decrement it when the stream ends).
     pub inflight_pod: Option<String>,
+    /// Prefill tokens this request added to that pod's pending work (release them at its first
+    /// response byte, or when it ends without one).
+    pub pending_tokens: u32,
+    /// Prefill work ahead of and including this request on that pod when it was routed: with
+    /// the time to its first byte, one observation of the pod's rate.
+    pub work_tokens: f64,
 }
 
 /// Priority and tie-break bits that come from the request's headers and the host.
@@ -173,6 +230,8 @@ impl Router {
                 mode: RouteMode::Fallback,
                 scores: Vec::new(),
                 inflight_pod: None,
+                pending_tokens: 0,
+                work_tokens: 0.0,
             })
         };
         let snap = &self.config.snapshot;
@@ -202,39 +261,96 @@ impl Router {
         let live = inflight::read(store, &pool.name);
         let empty = Table::default();
         let baseline = fleet.baselines.get(pool_index).unwrap_or(&empty);
+        let derived = fleet.pools.get(pool_index);
+        let pod_id = |i: usize| derived.and_then(|d| d.pod_ids.get(i).copied()).unwrap_or(0);
         let hashes = prefix::block_hashes(
             model,
             &req.pieces,
             pool.prefix.block_chars,
             pool.prefix.max_blocks,
+            req.key_pieces,
         );
         let index = PrefixIndex::new(
             store,
             &pool.name,
             pool.prefix.index_slots,
-            pool.prefix.pods_per_block,
+            pool.prefix.page_blocks,
+            pool.prefix.entries_per_page,
         );
-        let found = index.lookup(&hashes);
+        let found = index.lookup(&hashes.blocks);
+        let predict = pool.predict;
+        let prior = Rate {
+            cost_ms_per_token: predict.prior_ms_per_token,
+            base_ms: predict.prior_base_ms,
+        };
+        let loads: Vec<_> = sp.pods.iter().map(|p| live.get(&p.address)).collect();
+        let pool_rate = predict::pool_rate(loads.iter().filter_map(|l| l.fit.rate()), prior);
 
-        let cands: Vec<Candidate<'_>> = sp
-            .pods
-            .iter()
-            .filter(|p| p.health != Health::Failing)
-            .map(|p| {
-                let full = mode == Mode::Full;
-                Candidate {
-                    address: &p.address,
-                    stale: p.health == Health::Stale,
-                    waiting: if full { p.waiting } else { 0 },
-                    running: if full { p.running } else { 0 },
-                    kv_usage: if full { p.kv_usage } else { None },
-                    lora: p.lora.as_ref(),
-                    inflight: live.get(&p.address),
-                    inflight_baseline: if full { baseline.get(&p.address) } else { 0 },
-                    prefix_blocks: found.blocks_for(&p.address),
-                }
+        let adapter_name = adapter.then_some(model);
+        let recent = match adapter_name {
+            Some(_) => lora::read(store, &pool.name),
+            None => lora::Recent::default(),
+        };
+        let home_of_adapter = adapter_name.and_then(|a| {
+            derived.and_then(|d| d.homes.get(a).copied()).or_else(|| {
+                let addrs: Vec<&str> = sp.pods.iter().map(|p| p.address.as_str()).collect();
+                lora::rendezvous_home(a, &addrs)
             })
-            .collect();
+        });
+
+        let full = mode == Mode::Full;
+        let mut ids = Vec::with_capacity(sp.pods.len());
+        let mut cands: Vec<Candidate<'_>> = Vec::with_capacity(sp.pods.len());
+        for (i, (p, l)) in sp.pods.iter().zip(&loads).enumerate() {
+            if p.health == Health::Failing {
+                continue;
+            }
+            let id = pod_id(i);
+            ids.push(id);
+            let placement = match adapter_name {
+                Some(a) => lora::placement(
+                    a,
+                    p.lora.as_ref(),
+                    recent.of(&p.address),
+                    home_of_adapter == Some(i),
+                ),
+                None => Placement::default(),
+            };
+            let adapter_ms = match adapter_name {
+                None => 0.0,
+                Some(_) => {
+                    let load = if placement.resident {
+                        0.0
+                    } else {
+                        pool.lora.load_ms
+                    };
+                    let stray = if placement.home {
+                        0.0
+                    } else {
+                        pool.lora.stray_ms
+                    };
+                    load + stray
+                }
+            };
+            cands.push(Candidate {
+                address: &p.address,
+                stale: p.health == Health::Stale,
+                waiting: if full { p.waiting } else { 0 },
+                running: if full { p.running } else { 0 },
+                kv_usage: if full { p.kv_usage } else { None },
+                in_flight: l.in_flight,
+                in_flight_baseline: if full {
+                    baseline.in_flight(&p.address)
+                } else {
+                    0
+                },
+                pending_tokens: l.pending_tokens,
+                rate: l.fit.rate().unwrap_or(pool_rate),
+                prefix_blocks: found.blocks_for(id),
+                lora: placement,
+                adapter_ms,
+            });
+        }
         if cands.is_empty() {
             let why = if sp.pods.is_empty() {
                 "the pool has no pods"
@@ -243,9 +359,24 @@ impl Router {
             };
             return Err(Rejection::no_endpoints(&pool.name, why));
         }
+        let chars_per_token = predict.chars_per_token.max(0.1);
+        let prompt_tokens = (req.prompt_chars() as f64 / chars_per_token).ceil();
         let features = Features {
-            adapter: adapter.then_some(model),
-            prompt_blocks: hashes.len() as u32,
+            adapter: adapter_name,
+            prompt_tokens: prompt_tokens.min(f64::from(u32::MAX)) as u32,
+            prompt_blocks: hashes.blocks.len() as u32,
+            tokens_per_block: pool.prefix.block_chars as f64 / chars_per_token,
+            // Until the pool's mean is known, a waiting request is assumed as big as this one.
+            mean_prefill_tokens: if live.mean_prefill_tokens > 0.0 {
+                f64::from(live.mean_prefill_tokens)
+            } else {
+                prompt_tokens
+            },
+            home: cands
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, c)| xxhash_rust::xxh64::xxh64(c.address.as_bytes(), hashes.key))
+                .map(|(i, _)| i),
             priority: ctx.priority,
             tie: ctx.tie,
         };
@@ -255,7 +386,7 @@ impl Router {
             &features,
             mode,
             self.config.top_k,
-            self.config.retry_after_s,
+            (self.config.retry_after_s, self.config.retry_after_max_s),
         )?;
         let endpoints: Vec<String> = ranked
             .iter()
@@ -266,10 +397,18 @@ impl Router {
             .iter()
             .filter_map(|s| cands.get(s.index).map(|c| (c.address.to_string(), s.score)))
             .collect();
-        let chosen = endpoints.first().cloned();
-        if let Some(pod) = &chosen {
-            index.record(&hashes, pod, &found);
-            inflight::adjust(store, &pool.name, pod, 1);
+        let best = ranked.first().map(|s| s.index);
+        let chosen = best.and_then(|i| cands.get(i).map(|c| (i, c)));
+        let (mut pending_tokens, mut work_tokens) = (0, 0.0);
+        if let Some((i, c)) = chosen {
+            let uncached = c.uncached_tokens(&features);
+            pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
+            work_tokens = c.queued_tokens(&features, mode) + uncached;
+            index.record(&hashes.blocks, ids.get(i).copied().unwrap_or(0), &found);
+            inflight::routed(store, &pool.name, c.address, pending_tokens);
+            if let Some(a) = adapter_name {
+                lora::note(store, &pool.name, c.address, a);
+            }
         }
         Ok(Routed {
             pool: pool.name.clone(),
@@ -282,21 +421,45 @@ impl Router {
                 RouteMode::LeastInflight
             },
             scores,
-            inflight_pod: chosen,
+            inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
+            pending_tokens,
+            work_tokens,
         })
     }
 
-    /// The stream of a routed request ended: its pod has one request less in flight.
-    pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str) {
-        inflight::adjust(store, pool, pod, -1);
+    /// The first response byte of a request routed to `pod` arrived after `ttft_ms`: its
+    /// `pending` tokens are no longer queued there, and, when the timing reflects prefill (a
+    /// streamed response, an embedding), `observed = Some((work_tokens, ttft_ms))` teaches the
+    /// pod's rate.
+    pub fn first_byte(
+        &self,
+        store: &impl SharedStore,
+        pool: &str,
+        pod: &str,
+        pending: u32,
+        observed: Option<(f64, f64)>,
+    ) {
+        inflight::first_byte(store, pool, pod, pending, observed);
+    }
+
+    /// The stream of a routed request ended: its pod has one request less in flight, and the
+    /// `pending` tokens it still had (no first byte came) are released.
+    pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) {
+        inflight::finished(store, pool, pod, pending);
     }
 
     /// The request was served by `served` although `chosen` was counted (an Envoy retry went to
-    /// a fallback endpoint): move the in-flight count.
-    pub fn moved(&self, store: &impl SharedStore, pool: &str, chosen: &str, served: &str) {
+    /// a fallback endpoint): move the in-flight count and the pending work.
+    pub fn moved(
+        &self,
+        store: &impl SharedStore,
+        pool: &str,
+        chosen: &str,
+        served: &str,
+        pending: u32,
+    ) {
         if chosen != served {
-            inflight::adjust(store, pool, chosen, -1);
-            inflight::adjust(store, pool, served, 1);
+            inflight::moved(store, pool, chosen, served, pending);
         }
     }
 }

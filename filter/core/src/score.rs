@@ -1,11 +1,127 @@
 //! Scoring and ranking the pods of one pool: the pure heart of the decision.
 //!
-//! Each scorer maps a pod to [0, 1]; a pool's weights combine them; the best pods come first.
-//! Saturation is judged here too, so a full pool turns into a 429 instead of a longer queue.
+//! Every scorer lives in its own file under `score/` behind one signature, [`ScoreFn`]: it fills
+//! one value in [0, 1] per candidate (higher is better) and says whether it applies to this
+//! request at all. [`SCORERS`] lists them; a pool's [`Weights`] (one per scorer, from a preset in
+//! [`PRESETS`] or the configuration) combine them as a weighted mean; the best pods come first.
+//! Adding a scorer means one new file, one line in [`SCORERS`] and a column in [`PRESETS`].
+//! Saturation is judged here too, so a full pool turns into a 429 — with a `Retry-After` from
+//! the pool's own state — instead of a longer queue.
+
+mod affinity;
+mod kv;
+mod load;
+mod lora;
+mod prefix;
+mod queue;
+mod ttft;
 
 use crate::config::PoolConfig;
+use crate::lora::Placement;
+use crate::predict::Rate;
 use crate::reject::Rejection;
-use llm_router_snapshot::LoraState;
+
+/// One scorer: writes `out[i]` for candidate `i` and returns whether it applies to this
+/// request (a scorer that does not apply is left out of the weighted mean).
+pub type ScoreFn = fn(&Inputs<'_>, &mut [f64]) -> bool;
+
+/// A named scorer.
+#[derive(Clone, Copy)]
+pub struct Scorer {
+    /// Name in the configuration (`weights.<name>`).
+    pub name: &'static str,
+    pub score: ScoreFn,
+}
+
+/// Number of scorers.
+pub const N: usize = 7;
+
+/// Every scorer, in the order of [`Weights`] and [`PRESETS`].
+pub const SCORERS: [Scorer; N] = [
+    Scorer {
+        name: "ttft",
+        score: ttft::score,
+    },
+    Scorer {
+        name: "queue",
+        score: queue::score,
+    },
+    Scorer {
+        name: "kv_cache",
+        score: kv::score,
+    },
+    Scorer {
+        name: "prefix",
+        score: prefix::score,
+    },
+    Scorer {
+        name: "lora",
+        score: lora::score,
+    },
+    Scorer {
+        name: "load",
+        score: load::score,
+    },
+    Scorer {
+        name: "affinity",
+        score: affinity::score,
+    },
+];
+
+/// Named weight sets, one weight per scorer in [`SCORERS`] order:
+/// `ttft, queue, kv_cache, prefix, lora, load, affinity`.
+pub const PRESETS: [(&str, [f64; N]); 3] = [
+    // Interactive traffic: predicted time to first token first (it already counts queued work,
+    // each pod's learned speed, the prefill a cached prefix saves and what leaving an adapter's
+    // home costs); the engine's queue and KV gauges add what other proxies sent; the replica
+    // affinity only breaks near-ties.
+    ("latency", [4.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.3]),
+    // Offline batch: pack for cache reuse and free KV, tolerate queues.
+    ("throughput", [1.0, 1.0, 3.0, 3.0, 4.0, 1.0, 0.3]),
+    // The Gateway API Inference Extension's default weights (queue 2, kv 2, prefix 3).
+    ("gaie", [0.0, 2.0, 2.0, 3.0, 0.0, 0.0, 0.0]),
+];
+
+/// A pool's weight per scorer, in [`SCORERS`] order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Weights(pub [f64; N]);
+
+impl Weights {
+    /// The weights of a preset by name.
+    pub fn preset(name: &str) -> Option<Weights> {
+        PRESETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, w)| Weights(*w))
+    }
+
+    /// The default preset's weights.
+    pub fn default_preset() -> Weights {
+        Weights(PRESETS[0].1)
+    }
+
+    /// Index of a scorer by name.
+    pub fn index(name: &str) -> Option<usize> {
+        SCORERS.iter().position(|s| s.name == name)
+    }
+
+    /// Weight of the scorer named `name` (0 for unknown names).
+    pub fn get(&self, name: &str) -> f64 {
+        Weights::index(name)
+            .and_then(|i| self.0.get(i))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// Scorer names, for messages.
+    pub fn names() -> String {
+        SCORERS
+            .iter()
+            .map(|s| s.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// One pod as the ranking sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,18 +132,26 @@ pub struct Candidate<'a> {
     pub waiting: u32,
     pub running: u32,
     pub kv_usage: Option<f32>,
-    pub lora: Option<&'a LoraState>,
     /// This proxy's requests in flight to the pod now …
-    pub inflight: u32,
+    pub in_flight: u32,
     /// … and when the snapshot was accepted; the difference is load the snapshot cannot show.
-    pub inflight_baseline: u32,
+    pub in_flight_baseline: u32,
+    /// Estimated prompt tokens this proxy sent there that have no first response byte yet.
+    pub pending_tokens: u32,
+    /// The pod's prefill rate: its own learned one, or the pool's.
+    pub rate: Rate,
     /// Leading prompt blocks the pod probably has cached.
     pub prefix_blocks: u32,
+    /// Where the request's adapter stands on this pod (default when no adapter).
+    pub lora: Placement,
+    /// What the adapter costs on this pod, in ms: a load where it is not resident, and the
+    /// price of leaving its home (an eviction and a reload later) elsewhere.
+    pub adapter_ms: f64,
 }
 
 impl Candidate<'_> {
     fn delta(&self) -> i64 {
-        i64::from(self.inflight) - i64::from(self.inflight_baseline)
+        i64::from(self.in_flight) - i64::from(self.in_flight_baseline)
     }
 
     /// Waiting requests, corrected by what this proxy sent or saw finish since the snapshot.
@@ -39,6 +163,29 @@ impl Candidate<'_> {
     pub fn est_load(&self) -> f64 {
         (i64::from(self.waiting) + i64::from(self.running) + self.delta()).max(0) as f64
     }
+
+    /// Prefill work queued on the pod, in tokens: this proxy's pending prompts, or the engine's
+    /// waiting requests at the pool's mean prompt size when that is more (other proxies' work).
+    pub fn queued_tokens(&self, f: &Features<'_>, mode: Mode) -> f64 {
+        let own = f64::from(self.pending_tokens);
+        match mode {
+            Mode::Full => own.max(self.est_waiting() * f.mean_prefill_tokens),
+            Mode::LeastInflight => own,
+        }
+    }
+
+    /// Tokens of this request the pod would have to prefill (its cached prefix excluded).
+    pub fn uncached_tokens(&self, f: &Features<'_>) -> f64 {
+        let prompt = f64::from(f.prompt_tokens);
+        (prompt - f64::from(self.prefix_blocks) * f.tokens_per_block).max(0.0)
+    }
+
+    /// Predicted time to first token of this request on this pod (ms).
+    pub fn predicted_ttft_ms(&self, f: &Features<'_>, mode: Mode) -> f64 {
+        self.rate
+            .ttft_ms(self.queued_tokens(f, mode) + self.uncached_tokens(f))
+            + self.adapter_ms.max(0.0)
+    }
 }
 
 /// What of the request matters to scoring.
@@ -46,8 +193,16 @@ impl Candidate<'_> {
 pub struct Features<'a> {
     /// LoRA adapter the request needs, if any.
     pub adapter: Option<&'a str>,
+    /// Estimated prompt tokens.
+    pub prompt_tokens: u32,
     /// Blocks the prompt was cut into (0: no prefix scoring).
     pub prompt_blocks: u32,
+    /// Tokens per prefix block (block characters ÷ characters per token).
+    pub tokens_per_block: f64,
+    /// The pool's mean prefill tokens per request (turns waiting requests into work; 0 = unknown).
+    pub mean_prefill_tokens: f64,
+    /// Candidate that every gateway replica picks as the home of this prompt's key.
+    pub home: Option<usize>,
     /// < 0 sheddable, 0 standard, > 0 critical (never shed).
     pub priority: i32,
     /// Random bits to break exact ties.
@@ -59,8 +214,17 @@ pub struct Features<'a> {
 pub enum Mode {
     /// Fresh snapshot: every scorer and saturation checks.
     Full,
-    /// Stale snapshot: only this proxy's in-flight counts and prefix affinity; never sheds.
+    /// Stale snapshot: only this proxy's own data (in-flight counts, pending work, learned
+    /// rates, prefix and adapter history); never sheds.
     LeastInflight,
+}
+
+/// Everything a scorer may look at.
+pub struct Inputs<'a> {
+    pub pool: &'a PoolConfig,
+    pub cands: &'a [Candidate<'a>],
+    pub req: &'a Features<'a>,
+    pub mode: Mode,
 }
 
 /// A pod's score, for ranking and for logs.
@@ -70,32 +234,6 @@ pub struct Scored {
     pub index: usize,
     pub score: f64,
     pub saturation: f64,
-}
-
-/// LoRA affinity. GAIE's values — loaded 1.0, free slot 0.8, queued 0.6, else 0 — plus a
-/// stable home for every adapter: among the pods, the one with the highest rendezvous hash of
-/// (adapter, address) is the adapter's home. When an adapter is loaded nowhere, its requests
-/// all go to its home instead of loading it on every pod in turn, so the adapters partition
-/// over the pods' slots and stop evicting each other. The home needs no shared state and is the
-/// same on every worker and every proxy replica.
-pub fn lora_score(lora: Option<&LoraState>, adapter: &str, home: bool) -> f64 {
-    let base: f64 = match lora {
-        None => 0.0,
-        Some(l) if l.running.iter().any(|a| a == adapter) => 1.0,
-        Some(l) if l.waiting.iter().any(|a| a == adapter) => 0.6,
-        Some(l) if l.running.len() < usize::from(l.max_loras) => 0.8,
-        Some(_) => 0.0,
-    };
-    match (base, home) {
-        (b, true) if b < 1.0 => (b + 0.3).min(0.95),
-        (b, _) => b,
-    }
-}
-
-/// Rendezvous (highest-random-weight) hash of an adapter on a pod.
-pub fn rendezvous(adapter: &str, address: &str) -> u64 {
-    let a = xxhash_rust::xxh64::xxh64(adapter.as_bytes(), 0x4C6F_5241);
-    xxhash_rust::xxh64::xxh64(address.as_bytes(), a)
 }
 
 /// How saturated a pod is: ≥ 1 means past a threshold (GAIE: `max(queue/5, kv/0.8)`).
@@ -112,54 +250,35 @@ pub fn score_all(
     f: &Features<'_>,
     mode: Mode,
 ) -> Vec<Scored> {
-    let w = pool.weights;
-    let (min_load, max_load) = cands
-        .iter()
-        .map(Candidate::est_load)
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
-            (lo.min(x), hi.max(x))
-        });
+    let inputs = Inputs {
+        pool,
+        cands,
+        req: f,
+        mode,
+    };
+    let mut sum = vec![0.0; cands.len()];
+    let mut weight = 0.0;
+    let mut values = vec![0.0; cands.len()];
+    for (scorer, &w) in SCORERS.iter().zip(pool.weights.0.iter()) {
+        if w <= 0.0 {
+            continue;
+        }
+        values.iter_mut().for_each(|v| *v = 0.0);
+        if !(scorer.score)(&inputs, &mut values) {
+            continue;
+        }
+        weight += w;
+        for (s, v) in sum.iter_mut().zip(&values) {
+            *s += w * v.clamp(0.0, 1.0);
+        }
+    }
     let full = mode == Mode::Full;
-    let home = f.adapter.and_then(|a| {
-        cands
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, c)| rendezvous(a, c.address))
-            .map(|(i, _)| i)
-    });
     cands
         .iter()
+        .zip(sum)
         .enumerate()
-        .map(|(index, c)| {
-            let mut sum = 0.0;
-            let mut weight = 0.0;
-            let mut add = |w: f64, s: f64| {
-                sum += w * s.clamp(0.0, 1.0);
-                weight += w;
-            };
-            add(w.queue, 1.0 / (1.0 + c.est_waiting()));
-            if full {
-                add(
-                    w.kv_cache,
-                    c.kv_usage.map(|kv| 1.0 - f64::from(kv)).unwrap_or(0.5),
-                );
-            }
-            let load = if max_load > min_load {
-                (max_load - c.est_load()) / (max_load - min_load)
-            } else {
-                1.0
-            };
-            add(w.load, load);
-            if f.prompt_blocks > 0 {
-                add(
-                    w.prefix,
-                    f64::from(c.prefix_blocks) / f64::from(f.prompt_blocks),
-                );
-            }
-            if let (Some(adapter), true) = (f.adapter, full) {
-                add(w.lora, lora_score(c.lora, adapter, home == Some(index)));
-            }
-            let mut score = if weight > 0.0 { sum / weight } else { 0.0 };
+        .map(|(index, (c, s))| {
+            let mut score = if weight > 0.0 { s / weight } else { 0.0 };
             if c.stale && full {
                 score *= 0.5;
             }
@@ -180,15 +299,40 @@ fn mix(a: u64, b: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Seconds until the least loaded pod's queued prefill work has drained to the saturation
+/// threshold, at its learned rate: what a shed client should wait. Bounded to `[min_s, max_s]`;
+/// `min_s` when the pool's prefill size is not known yet.
+pub fn retry_after_s(
+    pool: &PoolConfig,
+    cands: &[Candidate<'_>],
+    f: &Features<'_>,
+    min_s: u32,
+    max_s: u32,
+) -> u32 {
+    if f.mean_prefill_tokens <= 0.0 {
+        return min_s;
+    }
+    let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens;
+    let drain_ms = cands
+        .iter()
+        .map(|c| (c.queued_tokens(f, Mode::Full) - allowed).max(0.0) * c.rate.cost_ms_per_token)
+        .fold(f64::INFINITY, f64::min);
+    if !drain_ms.is_finite() {
+        return min_s;
+    }
+    let secs = (drain_ms / 1000.0).ceil();
+    (secs.max(f64::from(min_s)).min(f64::from(max_s.max(min_s)))) as u32
+}
+
 /// Ranks the candidates best first (at most `top_k`), or rejects when the pool is saturated
-/// for this request's priority. `cands` must not be empty.
+/// for this request's priority. `retry_after` bounds the `Retry-After` of a rejection.
 pub fn rank(
     pool: &PoolConfig,
     cands: &[Candidate<'_>],
     f: &Features<'_>,
     mode: Mode,
     top_k: usize,
-    retry_after_s: u32,
+    retry_after: (u32, u32),
 ) -> Result<Vec<Scored>, Rejection> {
     if cands.is_empty() {
         return Err(Rejection::no_endpoints(&pool.name, "the pool has no pods"));
@@ -206,7 +350,9 @@ pub fn rank(
         };
         if let Some(limit) = limit {
             if least >= limit {
-                return Err(Rejection::saturated(&pool.name, retry_after_s));
+                let (min_s, max_s) = retry_after;
+                let secs = retry_after_s(pool, cands, f, min_s, max_s);
+                return Err(Rejection::saturated(&pool.name, secs));
             }
         }
     }

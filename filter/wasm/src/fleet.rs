@@ -9,7 +9,7 @@
 
 use llm_router_core::inflight;
 use llm_router_core::store::SharedStore;
-use llm_router_core::Fleet;
+use llm_router_core::{Config, Fleet};
 use llm_router_snapshot::Snapshot;
 use std::rc::Rc;
 
@@ -108,7 +108,7 @@ pub struct Cache {
 
 impl Cache {
     /// The current fleet, refreshed from shared data when the generation moved.
-    pub fn current(&mut self, store: &impl SharedStore) -> Option<Rc<Fleet>> {
+    pub fn current(&mut self, store: &impl SharedStore, config: &Config) -> Option<Rc<Fleet>> {
         let Some(meta) = Meta::read(store) else {
             return self.fleet.clone();
         };
@@ -117,7 +117,7 @@ impl Cache {
                 .get(SNAPSHOT_KEY)
                 .and_then(|(v, _)| Snapshot::decode(&v).ok())
             {
-                self.fleet = Some(Rc::new(Fleet::load(store, snap, meta.accepted_ms)));
+                self.fleet = Some(Rc::new(Fleet::load(store, snap, meta.accepted_ms, config)));
                 self.generation = meta.generation;
             }
         }
@@ -148,7 +148,10 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
                     "running": pod.running,
                     "kv_usage": pod.kv_usage,
                     "lora_running": pod.lora.as_ref().map(|l| &l.running),
-                    "in_flight": live.get(&pod.address),
+                    "in_flight": live.in_flight(&pod.address),
+                    "pending_tokens": live.get(&pod.address).pending_tokens,
+                    "prefill_ms_per_token": live.get(&pod.address).fit.rate().map(|r| r.cost_ms_per_token),
+                    "base_ms": live.get(&pod.address).fit.rate().map(|r| r.base_ms),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -190,7 +193,7 @@ mod tests {
     fn accepts_newer_generations_only_and_workers_follow() {
         let s = MemoryStore::new();
         let mut cache = Cache::default();
-        assert!(cache.current(&s).is_none());
+        assert!(cache.current(&s, &Config::default()).is_none());
         assert_eq!(
             accept(&s, &snap(2), 100),
             PushOutcome::Accepted {
@@ -199,7 +202,14 @@ mod tests {
                 pods: 1
             }
         );
-        assert_eq!(cache.current(&s).unwrap().snapshot.generation, 2);
+        assert_eq!(
+            cache
+                .current(&s, &Config::default())
+                .unwrap()
+                .snapshot
+                .generation,
+            2
+        );
         assert_eq!(
             accept(&s, &snap(2), 101),
             PushOutcome::StaleGeneration {
@@ -221,7 +231,7 @@ mod tests {
             accept(&s, &snap(3), 200),
             PushOutcome::Accepted { .. }
         ));
-        let f = cache.current(&s).unwrap();
+        let f = cache.current(&s, &Config::default()).unwrap();
         assert_eq!((f.snapshot.generation, f.accepted_ms), (3, 200));
         let json = state_json(&s, 250);
         assert!(

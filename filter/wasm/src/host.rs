@@ -16,6 +16,12 @@ pub fn request_header(name: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
+/// A response header as text; `None` when absent or not UTF-8.
+pub fn response_header(name: &str) -> Option<String> {
+    let bytes = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok()??;
+    String::from_utf8(bytes).ok()
+}
+
 /// Sets (replaces) a request header.
 pub fn set_request_header(name: &str, value: &str) -> bool {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(value)).is_ok()

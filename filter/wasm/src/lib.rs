@@ -127,10 +127,19 @@ enum Kind {
     Done,
 }
 
-/// A routed request's pool and counted pod.
+/// A routed request's pool and counted pod, and what its first response byte will teach.
 struct Routed {
     pool: String,
     pod: String,
+    /// Prefill tokens still counted as pending on `pod` (0 once the first byte arrived).
+    pending: u32,
+    /// Prefill work ahead of and including this request on `pod` when it was routed.
+    work: f64,
+    /// Host time when it was routed (ns).
+    sent_ns: u64,
+    /// Whether the time to the first byte measures prefill: a streamed response or an
+    /// embedding, answered by the pod that was chosen, with status 200.
+    observe: bool,
 }
 
 struct Http {
@@ -293,7 +302,10 @@ impl Http {
                 ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 ^ u64::from(self.id),
         };
-        let fleet = w.cache.current(&HostStore);
+        let fleet = {
+            let Worker { cache, router, .. } = &mut *w;
+            cache.current(&HostStore, &router.config)
+        };
         let decision = w.router.route(&HostStore, fleet.as_deref(), &parsed, ctx);
         let routed = match decision {
             Ok(r) => r,
@@ -351,9 +363,31 @@ impl Http {
             self.routed = Some(Routed {
                 pool: routed.pool,
                 pod,
+                pending: routed.pending_tokens,
+                work: routed.work_tokens,
+                sent_ns: host::now_nanos(),
+                observe: parsed.stream || kind == ApiKind::Embeddings,
             });
         }
         Action::Continue
+    }
+
+    /// The first response byte arrived: the request's prefill is done; learn from its timing.
+    fn first_byte(&mut self) {
+        let Some(r) = &mut self.routed else {
+            return;
+        };
+        if r.pending == 0 && !r.observe {
+            return;
+        }
+        let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
+        let observed = r.observe.then_some((r.work, ttft_ms));
+        self.worker
+            .borrow()
+            .router
+            .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed);
+        r.pending = 0;
+        r.observe = false;
     }
 
     fn release(&mut self) {
@@ -361,7 +395,7 @@ impl Http {
             self.worker
                 .borrow()
                 .router
-                .finished(&HostStore, &r.pool, &r.pod);
+                .finished(&HostStore, &r.pool, &r.pod, r.pending);
         }
     }
 }
@@ -471,8 +505,8 @@ impl HttpContext for Http {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Some(r) = &self.routed else {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(r) = &mut self.routed else {
             return Action::Continue;
         };
         // Only a real upstream served the request (not, say, Envoy's own 503).
@@ -483,10 +517,25 @@ impl HttpContext for Http {
         let w = self.worker.borrow();
         host::set_response_header(&w.router.config.served_header, &served);
         if served != r.pod {
-            w.router.moved(&HostStore, &r.pool, &r.pod, &served);
-            let pool = r.pool.clone();
-            drop(w);
-            self.routed = Some(Routed { pool, pod: served });
+            // A retry went elsewhere: the work measured was another pod's, learn nothing.
+            w.router
+                .moved(&HostStore, &r.pool, &r.pod, &served, r.pending);
+            r.pod = served;
+            r.observe = false;
+        }
+        drop(w);
+        if host::response_header(":status").as_deref() != Some("200") {
+            r.observe = false;
+        }
+        if end_of_stream {
+            self.first_byte();
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        if body_size > 0 {
+            self.first_byte();
         }
         Action::Continue
     }

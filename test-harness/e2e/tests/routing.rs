@@ -111,27 +111,32 @@ async fn two_models_route_to_two_clusters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lora_adapter_goes_to_the_pod_that_holds_it() {
+async fn a_lora_adapter_stays_on_its_home_pod() {
     let a = TestPool::start("llama", "llama-model", 3, EchoConfig::default()).await;
     let envoy = envoy(&[&a], plugin_config(&[&a], json!({}))).await;
-    // The adapter is loaded on pod 1 only; the other pods have no free slot. Pod 1 is
-    // slightly busier, which must not matter.
-    push_ok(
-        &envoy,
-        &snapshot(vec![(
-            &a,
-            vec![
-                with_lora(pod(&a.addr(0), 0, 0.1), &["x", "y"], 2),
-                with_lora(pod(&a.addr(1), 1, 0.3), &["llama-lora"], 2),
-                with_lora(pod(&a.addr(2), 0, 0.1), &["x", "z"], 2),
-            ],
-        )]),
-    )
-    .await;
+    let addrs: Vec<String> = (0..3).map(|i| a.addr(i)).collect();
+    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let home =
+        llm_router_core::lora::homes(&["llama-lora".to_string()], &refs, &[2, 2, 2])["llama-lora"];
+    let elsewhere = (home + 1) % 3;
+    // The adapter was loaded on another pod (it strayed there once); its home's slots hold
+    // other adapters. Its requests go home, so adapters partition over the pods' slots
+    // instead of following each other around.
+    let pods = (0..3)
+        .map(|i| {
+            let loaded: &[&str] = if i == elsewhere {
+                &["llama-lora", "y"]
+            } else {
+                &["x", "z"]
+            };
+            with_lora(pod(&a.addr(i), 0, 0.1), loaded, 2)
+        })
+        .collect();
+    push_ok(&envoy, &snapshot(vec![(&a, pods)])).await;
     for i in 0..4 {
         let r = chat(&envoy, "llama-lora", &format!("adapter request {i}"), &[]).await;
         assert_eq!(r.status, 200);
-        assert_eq!(backend(&r), a.addr(1));
+        assert_eq!(backend(&r), a.addr(home), "request {i}");
     }
 }
 

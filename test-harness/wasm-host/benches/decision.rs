@@ -168,7 +168,7 @@ fn native_run(pods: usize, size: usize, iters: usize) -> Vec<f64> {
     let store = MemoryStore::new();
     let router = Router::new(Config::parse(config().as_bytes()).unwrap_or_else(|e| panic!("{e}")));
     let now = 1_767_225_600_000;
-    let fleet = Fleet::load(&store, fleet(pods, now), now);
+    let fleet = Fleet::load(&store, fleet(pods, now), now, &router.config);
     let bodies: Vec<Vec<u8>> = (0..16).map(|i| body(size, i)).collect();
     let mut out = Vec::with_capacity(iters);
     for i in 0..iters + iters / 10 {
@@ -186,7 +186,7 @@ fn native_run(pods: usize, size: usize, iters: usize) -> Vec<f64> {
         let dt = t.elapsed().as_secs_f64() * 1e6;
         black_box(&routed);
         if let Some(pod) = &routed.inflight_pod {
-            router.finished(&store, &routed.pool, pod);
+            router.finished(&store, &routed.pool, pod, routed.pending_tokens);
         }
         if i >= iters / 10 {
             out.push(dt);

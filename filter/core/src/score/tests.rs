@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
 use super::*;
-use crate::config::{Config, Preset, Weights};
+use crate::config::Config;
 
 fn pool(weights: Weights) -> PoolConfig {
     let mut p = Config::default().default_pool;
@@ -11,15 +11,21 @@ fn pool(weights: Weights) -> PoolConfig {
     p
 }
 
-fn only(queue: f64, kv: f64, prefix: f64, lora: f64, load: f64) -> PoolConfig {
-    pool(Weights {
-        queue,
-        kv_cache: kv,
-        prefix,
-        lora,
-        load,
-    })
+/// A pool that uses only the named scorer.
+fn only(name: &str) -> PoolConfig {
+    let mut w = [0.0; N];
+    w[Weights::index(name).unwrap()] = 1.0;
+    pool(Weights(w))
 }
+
+fn latency() -> PoolConfig {
+    pool(Weights::default_preset())
+}
+
+const PRIOR: Rate = Rate {
+    cost_ms_per_token: 0.2,
+    base_ms: 30.0,
+};
 
 fn pod(address: &str) -> Candidate<'_> {
     Candidate {
@@ -28,26 +34,47 @@ fn pod(address: &str) -> Candidate<'_> {
         waiting: 0,
         running: 0,
         kv_usage: Some(0.0),
-        lora: None,
-        inflight: 0,
-        inflight_baseline: 0,
+        in_flight: 0,
+        in_flight_baseline: 0,
+        pending_tokens: 0,
+        rate: PRIOR,
         prefix_blocks: 0,
+        lora: Placement::default(),
+        adapter_ms: 0.0,
     }
 }
 
 const F: Features<'static> = Features {
     adapter: None,
+    prompt_tokens: 500,
     prompt_blocks: 0,
+    tokens_per_block: 16.0,
+    mean_prefill_tokens: 0.0,
+    home: None,
     priority: 0,
     tie: 1,
 };
 
 fn order(p: &PoolConfig, c: &[Candidate<'_>], f: &Features<'_>) -> Vec<String> {
-    rank(p, c, f, Mode::Full, 10, 1)
+    rank(p, c, f, Mode::Full, 10, (1, 30))
         .unwrap()
         .iter()
         .map(|s| c[s.index].address.to_string())
         .collect()
+}
+
+#[test]
+fn every_scorer_has_a_weight_in_every_preset_and_a_unique_name() {
+    let mut names: Vec<&str> = SCORERS.iter().map(|s| s.name).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), N);
+    for (name, w) in PRESETS {
+        assert!(w.iter().all(|x| x.is_finite() && *x >= 0.0), "{name}");
+        assert!(w.iter().sum::<f64>() > 0.0, "{name}");
+    }
+    assert_eq!(Weights::preset("latency"), Some(Weights::default_preset()));
+    assert_eq!(Weights::preset("warp"), None);
 }
 
 #[test]
@@ -57,23 +84,17 @@ fn queue_scorer_prefers_short_queues() {
             waiting: 4,
             ..pod("a")
         },
-        Candidate {
-            waiting: 0,
-            ..pod("b")
-        },
+        pod("b"),
         Candidate {
             waiting: 1,
             ..pod("c")
         },
     ];
-    assert_eq!(
-        order(&only(1.0, 0.0, 0.0, 0.0, 0.0), &c, &F),
-        ["b", "c", "a"]
-    );
+    assert_eq!(order(&only("queue"), &c, &F), ["b", "c", "a"]);
 }
 
 #[test]
-fn kv_scorer_prefers_free_cache() {
+fn kv_scorer_prefers_free_cache_and_needs_fresh_metrics() {
     let c = [
         Candidate {
             kv_usage: Some(0.9),
@@ -88,10 +109,9 @@ fn kv_scorer_prefers_free_cache() {
             ..pod("c")
         },
     ];
-    assert_eq!(
-        order(&only(0.0, 1.0, 0.0, 0.0, 0.0), &c, &F),
-        ["b", "c", "a"]
-    );
+    assert_eq!(order(&only("kv_cache"), &c, &F), ["b", "c", "a"]);
+    let stale = score_all(&only("kv_cache"), &c, &F, Mode::LeastInflight);
+    assert!(stale.iter().all(|s| s.score == 0.0), "{stale:?}");
 }
 
 #[test]
@@ -103,8 +123,7 @@ fn load_scorer_is_min_max_over_running_waiting_and_inflight() {
         },
         Candidate {
             running: 2,
-            inflight: 5,
-            inflight_baseline: 0,
+            in_flight: 5,
             ..pod("b")
         },
         Candidate {
@@ -112,46 +131,151 @@ fn load_scorer_is_min_max_over_running_waiting_and_inflight() {
             ..pod("c")
         },
     ];
-    assert_eq!(
-        order(&only(0.0, 0.0, 0.0, 0.0, 1.0), &c, &F),
-        ["c", "b", "a"]
-    );
-    let s = score_all(&only(0.0, 0.0, 0.0, 0.0, 1.0), &c, &F, Mode::Full);
+    assert_eq!(order(&only("load"), &c, &F), ["c", "b", "a"]);
+    let s = score_all(&only("load"), &c, &F, Mode::Full);
     assert_eq!(s[0].score, 0.0);
     assert_eq!(s[2].score, 1.0);
 }
 
 #[test]
 fn inflight_since_the_snapshot_spreads_a_burst() {
-    // Identical pods by the snapshot; this proxy already sent two requests to "a".
+    // The snapshot says both idle; this proxy has since sent 3 requests to "a".
     let c = [
         Candidate {
-            inflight: 2,
-            inflight_baseline: 0,
+            in_flight: 3,
+            in_flight_baseline: 0,
+            ..pod("a")
+        },
+        Candidate {
+            in_flight: 1,
+            in_flight_baseline: 1,
+            ..pod("b")
+        },
+    ];
+    assert_eq!(order(&latency(), &c, &F), ["b", "a"]);
+    assert_eq!(c[0].est_waiting(), 3.0);
+    assert_eq!(c[1].est_waiting(), 0.0);
+}
+
+#[test]
+fn one_long_queued_prompt_outweighs_several_short_ones() {
+    // "a" has one 8,000-token prompt pending, "b" four of 100 tokens: by request count "a"
+    // looks better, by work it is far worse.
+    let c = [
+        Candidate {
+            pending_tokens: 8_000,
+            in_flight: 1,
+            in_flight_baseline: 1,
+            ..pod("a")
+        },
+        Candidate {
+            pending_tokens: 400,
+            in_flight: 4,
+            in_flight_baseline: 4,
+            ..pod("b")
+        },
+    ];
+    assert_eq!(order(&only("ttft"), &c, &F), ["b", "a"]);
+    assert_eq!(order(&latency(), &c, &F), ["b", "a"]);
+    // The engine's waiting count turns into work at the pool's mean prefill size.
+    let f = Features {
+        mean_prefill_tokens: 3_000.0,
+        ..F
+    };
+    let engine = [
+        Candidate {
+            waiting: 3,
+            ..pod("a")
+        },
+        Candidate {
+            pending_tokens: 2_000,
+            ..pod("b")
+        },
+    ];
+    assert_eq!(engine[0].queued_tokens(&f, Mode::Full), 9_000.0);
+    assert_eq!(engine[0].queued_tokens(&f, Mode::LeastInflight), 0.0);
+    assert_eq!(order(&only("ttft"), &engine, &f), ["b", "a"]);
+}
+
+#[test]
+fn a_fast_pod_with_a_queue_beats_an_idle_slow_one() {
+    let fast = Rate {
+        cost_ms_per_token: 0.02,
+        base_ms: 10.0,
+    };
+    let slow = Rate {
+        cost_ms_per_token: 0.3,
+        base_ms: 40.0,
+    };
+    let c = [
+        Candidate {
+            rate: slow,
+            ..pod("a10g")
+        },
+        Candidate {
+            rate: fast,
+            pending_tokens: 4_000,
+            in_flight: 4,
+            in_flight_baseline: 4,
+            running: 12,
+            ..pod("h100")
+        },
+    ];
+    // 10 + 4,500 × 0.02 = 100 ms against 40 + 500 × 0.3 = 190 ms.
+    assert_eq!(order(&latency(), &c, &F), ["h100", "a10g"]);
+    assert!((c[1].predicted_ttft_ms(&F, Mode::Full) - 100.0).abs() < 1e-9);
+    // The queue scorer alone sees only that the H100 is busier.
+    let q = [
+        Candidate {
+            waiting: 0,
+            ..c[0].clone()
+        },
+        Candidate {
+            waiting: 3,
+            ..c[1].clone()
+        },
+    ];
+    assert_eq!(order(&only("queue"), &q, &F), ["a10g", "h100"]);
+}
+
+#[test]
+fn a_cached_prefix_counts_as_prefill_saved_against_queued_work() {
+    let f = Features {
+        prompt_tokens: 3_200,
+        prompt_blocks: 200,
+        ..F
+    };
+    // "a" holds 190 of 200 blocks and has 1,000 tokens queued; "b" is idle and cold.
+    let c = [
+        Candidate {
+            prefix_blocks: 190,
+            pending_tokens: 1_000,
             ..pod("a")
         },
         pod("b"),
     ];
-    assert_eq!(order(&pool(Preset::Latency.weights()), &c, &F)[0], "b");
-    // Requests that finished since the snapshot lower the estimate (never below zero).
-    let c = Candidate {
-        waiting: 1,
-        inflight: 0,
-        inflight_baseline: 3,
-        ..pod("x")
-    };
-    assert_eq!(c.est_waiting(), 0.0);
+    assert_eq!(c[0].uncached_tokens(&f), 160.0);
+    assert_eq!(order(&only("ttft"), &c, &f), ["a", "b"]);
+    // With 5,000 tokens queued, the cold idle pod is sooner.
+    let busy = [
+        Candidate {
+            pending_tokens: 5_000,
+            ..c[0].clone()
+        },
+        pod("b"),
+    ];
+    assert_eq!(order(&only("ttft"), &busy, &f), ["b", "a"]);
 }
 
 #[test]
 fn prefix_scorer_prefers_the_pod_holding_the_prefix() {
     let c = [
         Candidate {
-            prefix_blocks: 2,
+            prefix_blocks: 4,
             ..pod("a")
         },
         Candidate {
-            prefix_blocks: 9,
+            prefix_blocks: 10,
             ..pod("b")
         },
         pod("c"),
@@ -160,62 +284,38 @@ fn prefix_scorer_prefers_the_pod_holding_the_prefix() {
         prompt_blocks: 10,
         ..F
     };
-    assert_eq!(
-        order(&only(0.0, 0.0, 1.0, 0.0, 0.0), &c, &f),
-        ["b", "a", "c"]
-    );
+    assert_eq!(order(&only("prefix"), &c, &f), ["b", "a", "c"]);
     // No blocks in the prompt: the prefix weight does not count at all.
-    let s = score_all(&only(1.0, 0.0, 5.0, 0.0, 0.0), &c, &F, Mode::Full);
+    let mut w = [0.0; N];
+    w[Weights::index("queue").unwrap()] = 1.0;
+    w[Weights::index("prefix").unwrap()] = 5.0;
+    let s = score_all(&pool(Weights(w)), &c, &F, Mode::Full);
     assert!(s.iter().all(|x| x.score == 1.0));
 }
 
 #[test]
-fn lora_affinity_values_follow_gaie() {
-    let active = LoraState {
-        running: vec!["x".into()],
-        waiting: vec![],
-        max_loras: 2,
+fn lora_placement_orders_home_loaded_free_then_the_rest() {
+    let at = |home, resident, free_slot| Placement {
+        home,
+        resident,
+        free_slot,
     };
-    let free = LoraState {
-        running: vec!["y".into()],
-        waiting: vec![],
-        max_loras: 2,
-    };
-    let queued = LoraState {
-        running: vec!["y".into(), "z".into()],
-        waiting: vec!["x".into()],
-        max_loras: 2,
-    };
-    let full = LoraState {
-        running: vec!["y".into(), "z".into()],
-        waiting: vec![],
-        max_loras: 2,
-    };
-    assert_eq!(lora_score(Some(&active), "x", false), 1.0);
-    assert_eq!(lora_score(Some(&free), "x", false), 0.8);
-    assert_eq!(lora_score(Some(&queued), "x", false), 0.6);
-    assert_eq!(lora_score(Some(&full), "x", false), 0.0);
-    assert_eq!(lora_score(None, "x", false), 0.0);
-    // The adapter's home pod gets a bonus below "loaded".
-    assert_eq!(lora_score(Some(&active), "x", true), 1.0);
-    assert!((lora_score(Some(&free), "x", true) - 0.95).abs() < 1e-9);
-    assert!((lora_score(Some(&full), "x", true) - 0.3).abs() < 1e-9);
     let c = [
         Candidate {
-            lora: Some(&full),
+            lora: at(false, false, false),
             ..pod("full")
         },
         Candidate {
-            lora: Some(&queued),
-            ..pod("queued")
-        },
-        Candidate {
-            lora: Some(&active),
-            ..pod("active")
-        },
-        Candidate {
-            lora: Some(&free),
+            lora: at(false, false, true),
             ..pod("free")
+        },
+        Candidate {
+            lora: at(true, false, false),
+            ..pod("home")
+        },
+        Candidate {
+            lora: at(false, true, false),
+            ..pod("loaded")
         },
     ];
     let f = Features {
@@ -223,50 +323,73 @@ fn lora_affinity_values_follow_gaie() {
         ..F
     };
     assert_eq!(
-        order(&only(0.0, 0.0, 0.0, 1.0, 0.0), &c, &f),
-        ["active", "free", "queued", "full"]
+        order(&only("lora"), &c, &f),
+        ["home", "loaded", "free", "full"]
     );
+    // Only for adapter requests.
+    assert!(score_all(&only("lora"), &c, &F, Mode::Full)
+        .iter()
+        .all(|s| s.score == 0.0));
+    // In time: leaving home costs `stray_ms` (here 500), so a short queue at home does not
+    // send the adapter away …
+    let home_busy = |pending| {
+        [
+            Candidate {
+                lora: at(true, true, false),
+                pending_tokens: pending,
+                in_flight: 1,
+                ..pod("home")
+            },
+            Candidate {
+                lora: at(false, true, false),
+                adapter_ms: 500.0,
+                ..pod("loaded")
+            },
+        ]
+    };
+    assert_eq!(order(&latency(), &home_busy(500), &f)[0], "home");
+    // … a long one does.
+    assert_eq!(order(&latency(), &home_busy(20_000), &f)[0], "loaded");
 }
 
 #[test]
-fn adapters_loaded_nowhere_go_to_their_rendezvous_home() {
-    let full = LoraState {
-        running: vec!["a".into(), "b".into()],
-        waiting: vec![],
-        max_loras: 2,
+fn the_replica_home_breaks_near_ties_only() {
+    let c = [pod("a"), pod("b"), pod("c")];
+    let f = Features {
+        home: Some(2),
+        prompt_tokens: 2_000,
+        ..F
     };
-    let addrs: Vec<String> = (0..4).map(|i| format!("10.0.0.{i}:8000")).collect();
-    let c: Vec<Candidate<'_>> = addrs
-        .iter()
-        .map(|a| Candidate {
-            lora: Some(&full),
-            ..pod(a)
-        })
-        .collect();
-    let p = pool(Preset::Latency.weights());
-    let mut homes = std::collections::HashMap::new();
-    for n in 0..16 {
-        let adapter = format!("adapter-{n}");
-        // Whatever the tie bits, an adapter always lands on the same pod.
-        let picks: std::collections::HashSet<String> = (0..8)
-            .map(|t| {
-                order(
-                    &p,
-                    &c,
-                    &Features {
-                        adapter: Some(&adapter),
-                        tie: t,
-                        ..F
-                    },
-                )[0]
-                .clone()
-            })
-            .collect();
-        assert_eq!(picks.len(), 1, "{adapter}: {picks:?}");
-        *homes.entry(picks.into_iter().next().unwrap()).or_insert(0) += 1;
+    for tie in 0..16 {
+        assert_eq!(order(&latency(), &c, &Features { tie, ..f })[0], "c");
     }
-    // ... and the adapters spread over the pods.
-    assert!(homes.len() >= 3, "{homes:?}");
+    let busy = [
+        pod("a"),
+        pod("b"),
+        Candidate {
+            pending_tokens: 5_000,
+            waiting: 2,
+            ..pod("c")
+        },
+    ];
+    assert_ne!(order(&latency(), &busy, &f)[0], "c");
+    // A short prompt gains little from its home: one more waiting request outweighs it.
+    let short = Features {
+        prompt_tokens: 20,
+        ..f
+    };
+    let one_waiting = [
+        pod("a"),
+        Candidate {
+            waiting: 1,
+            ..pod("c")
+        },
+    ];
+    let f1 = Features {
+        home: Some(1),
+        ..short
+    };
+    assert_eq!(order(&latency(), &one_waiting, &f1)[0], "a");
 }
 
 #[test]
@@ -281,30 +404,23 @@ fn stale_pods_are_demoted_not_dropped() {
             ..pod("b")
         },
     ];
-    assert_eq!(order(&pool(Preset::Latency.weights()), &c, &F), ["b", "a"]);
+    assert_eq!(order(&latency(), &c, &F), ["b", "a"]);
 }
 
 #[test]
 fn ties_are_broken_by_the_tie_bits_not_by_position() {
     let c = [pod("a"), pod("b"), pod("c"), pod("d")];
     let firsts: std::collections::HashSet<String> = (0..64)
-        .map(|t| {
-            order(
-                &pool(Preset::Latency.weights()),
-                &c,
-                &Features { tie: t, ..F },
-            )[0]
-            .clone()
-        })
+        .map(|t| order(&latency(), &c, &Features { tie: t, ..F })[0].clone())
         .collect();
-    assert!(firsts.len() >= 3, "{firsts:?}");
+    assert_eq!(firsts.len(), 4, "{firsts:?}");
 }
 
 #[test]
 fn top_k_bounds_the_list() {
-    let c = [pod("a"), pod("b"), pod("c"), pod("d")];
+    let c = [pod("a"), pod("b"), pod("c")];
     assert_eq!(
-        rank(&pool(Preset::Latency.weights()), &c, &F, Mode::Full, 2, 1)
+        rank(&latency(), &c, &F, Mode::Full, 2, (1, 30))
             .unwrap()
             .len(),
         2
@@ -313,8 +429,7 @@ fn top_k_bounds_the_list() {
 
 #[test]
 fn saturation_sheds_sheddable_first_then_standard() {
-    let p = pool(Preset::Latency.weights());
-    // Every pod past the thresholds (queue 5 / kv 0.8) but below 10x.
+    let p = latency();
     let busy = [
         Candidate {
             waiting: 6,
@@ -325,11 +440,19 @@ fn saturation_sheds_sheddable_first_then_standard() {
             ..pod("b")
         },
     ];
-    let shed = rank(&p, &busy, &Features { priority: -1, ..F }, Mode::Full, 3, 7).unwrap_err();
+    let shed = rank(
+        &p,
+        &busy,
+        &Features { priority: -1, ..F },
+        Mode::Full,
+        3,
+        (7, 30),
+    )
+    .unwrap_err();
     assert_eq!(shed.status, 429);
     assert_eq!(shed.retry_after_s, Some(7));
     assert_eq!(shed.reason, "rejected-saturated");
-    assert!(rank(&p, &busy, &F, Mode::Full, 3, 7).is_ok());
+    assert!(rank(&p, &busy, &F, Mode::Full, 3, (7, 30)).is_ok());
     // One pod with room: nothing is shed.
     let one_free = [
         Candidate {
@@ -338,15 +461,8 @@ fn saturation_sheds_sheddable_first_then_standard() {
         },
         pod("b"),
     ];
-    assert!(rank(
-        &p,
-        &one_free,
-        &Features { priority: -1, ..F },
-        Mode::Full,
-        3,
-        7
-    )
-    .is_ok());
+    let sheddable = Features { priority: -1, ..F };
+    assert!(rank(&p, &one_free, &sheddable, Mode::Full, 3, (7, 30)).is_ok());
     // Standard requests go at the critical factor; critical ones never.
     let drowning = [
         Candidate {
@@ -358,36 +474,52 @@ fn saturation_sheds_sheddable_first_then_standard() {
             ..pod("b")
         },
     ];
-    assert_eq!(
-        rank(&p, &drowning, &F, Mode::Full, 3, 7)
-            .unwrap_err()
-            .status,
-        429
-    );
-    assert!(rank(
-        &p,
-        &drowning,
-        &Features { priority: 1, ..F },
-        Mode::Full,
-        3,
-        7
-    )
-    .is_ok());
+    let e = rank(&p, &drowning, &F, Mode::Full, 3, (7, 30)).unwrap_err();
+    assert_eq!(e.status, 429);
+    let critical = Features { priority: 1, ..F };
+    assert!(rank(&p, &drowning, &critical, Mode::Full, 3, (7, 30)).is_ok());
     // Without metrics (stale snapshot) nothing is shed.
-    assert!(rank(
-        &p,
-        &drowning,
-        &Features { priority: -1, ..F },
-        Mode::LeastInflight,
-        3,
-        7
-    )
-    .is_ok());
+    assert!(rank(&p, &drowning, &sheddable, Mode::LeastInflight, 3, (7, 30)).is_ok());
+}
+
+#[test]
+fn retry_after_is_the_time_to_drain_the_least_loaded_queue_bounded() {
+    let p = latency();
+    let f = Features {
+        mean_prefill_tokens: 1_000.0,
+        priority: -1,
+        ..F
+    };
+    let queue = |waiting, cost| Candidate {
+        waiting,
+        rate: Rate {
+            cost_ms_per_token: cost,
+            base_ms: 0.0,
+        },
+        ..pod("x")
+    };
+    // 20 waiting × 1,000 tokens, 5 allowed: 15,000 tokens at 0.2 ms = 3 s (the other pod: 12 s).
+    let c = [queue(20, 0.2), queue(20, 0.8)];
+    assert_eq!(retry_after_s(&p, &c, &f, 1, 30), 3);
+    assert_eq!(
+        rank(&p, &c, &f, Mode::Full, 3, (1, 30))
+            .unwrap_err()
+            .retry_after_s,
+        Some(3)
+    );
+    // Bounded on both sides, and the minimum without a known prefill size.
+    assert_eq!(retry_after_s(&p, &[queue(500, 1.0)], &f, 1, 30), 30);
+    assert_eq!(retry_after_s(&p, &[queue(6, 0.001)], &f, 2, 30), 2);
+    let unknown = Features {
+        mean_prefill_tokens: 0.0,
+        ..f
+    };
+    assert_eq!(retry_after_s(&p, &c, &unknown, 1, 30), 1);
 }
 
 #[test]
 fn empty_pool_is_no_endpoints() {
-    let e = rank(&pool(Preset::Latency.weights()), &[], &F, Mode::Full, 3, 1).unwrap_err();
+    let e = rank(&latency(), &[], &F, Mode::Full, 3, (1, 30)).unwrap_err();
     assert_eq!(e.status, 503);
     assert_eq!(e.reason, "rejected-no-endpoints");
 }
@@ -398,23 +530,35 @@ fn scores_stay_in_unit_range_for_extreme_inputs() {
         Candidate {
             waiting: u32::MAX,
             running: u32::MAX,
-            inflight: u32::MAX,
+            in_flight: u32::MAX,
+            pending_tokens: u32::MAX,
             kv_usage: Some(1.0),
             prefix_blocks: 999,
             ..pod("a")
         },
         Candidate {
-            inflight_baseline: u32::MAX,
+            in_flight_baseline: u32::MAX,
             kv_usage: Some(0.0),
+            rate: Rate {
+                cost_ms_per_token: 0.0,
+                base_ms: 0.0,
+            },
             ..pod("b")
         },
     ];
     let f = Features {
         prompt_blocks: 3,
+        prompt_tokens: u32::MAX,
+        mean_prefill_tokens: f64::MAX,
         adapter: Some("x"),
+        home: Some(7),
         ..F
     };
-    for s in score_all(&pool(Preset::Throughput.weights()), &c, &f, Mode::Full) {
-        assert!((0.0..=1.0).contains(&s.score), "{s:?}");
+    for (name, w) in PRESETS {
+        for mode in [Mode::Full, Mode::LeastInflight] {
+            for s in score_all(&pool(Weights(w)), &c, &f, mode) {
+                assert!((0.0..=1.0).contains(&s.score), "{name}: {s:?}");
+            }
+        }
     }
 }

@@ -184,22 +184,26 @@ pub fn endpoints(r: &Request) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The filter's in-flight table of a pool from shared data: `count u16 | (len u8 | addr |
-/// n u32)*`.
+/// The filter's per-pod load table of a pool from shared data, decoded by the core itself.
+pub fn load_table(host: &Host, pool: &str) -> llm_router_core::inflight::Table {
+    host.shared_data(&llm_router_core::inflight::key(pool))
+        .map(|(bytes, _)| llm_router_core::inflight::Table::decode(&bytes))
+        .unwrap_or_default()
+}
+
+/// One pod's entry in that table (in flight, pending prefill tokens, learned rate).
+pub fn pod_load(host: &Host, pool: &str, addr: &str) -> llm_router_core::inflight::PodLoad {
+    load_table(host, pool).get(addr)
+}
+
+/// Pods with requests in flight or pending work, sorted: `(address, in flight)`.
 pub fn inflight(host: &Host, pool: &str) -> Vec<(String, u32)> {
-    let Some((bytes, _)) = host.shared_data(&format!("llmr/if/{pool}")) else {
-        return vec![];
-    };
-    let mut out = Vec::new();
-    let n = u16::from_le_bytes([bytes[0], bytes[1]]) as usize;
-    let mut at = 2;
-    for _ in 0..n {
-        let len = bytes[at] as usize;
-        let addr = String::from_utf8(bytes[at + 1..at + 1 + len].to_vec()).unwrap();
-        let c = u32::from_le_bytes(bytes[at + 1 + len..at + 5 + len].try_into().unwrap());
-        out.push((addr, c));
-        at += 5 + len;
-    }
+    let mut out: Vec<(String, u32)> = load_table(host, pool)
+        .entries
+        .into_iter()
+        .filter(|(_, l)| l.in_flight > 0 || l.pending_tokens > 0)
+        .map(|(a, l)| (a, l.in_flight))
+        .collect();
     out.sort();
     out
 }

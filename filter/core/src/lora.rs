@@ -1,0 +1,304 @@
+//! LoRA placement: a stable home pod for every adapter, and which adapters a pod probably holds.
+//!
+//! **Homes.** Each adapter's home is its highest rendezvous-hash pod that still has room, taking
+//! the adapters in name order, where a pod has room for `max(max_loras, ⌈adapters / pods⌉)`
+//! adapters (bounded-load rendezvous). With no more adapters than the pool's GPU slots no pod is
+//! home to more adapters than it has slots, so adapters that stay home never evict each other;
+//! with more, every pod takes an equal share and the engine's CPU cache absorbs the rest. The
+//! homes depend only on the adapter names and the pod addresses, so every worker and every
+//! gateway replica computes the same ones without sharing state.
+//!
+//! **Residency.** vLLM's `lora_requests_info` lists only adapters with running or waiting
+//! requests, not the ones idle in their slots, so a pod whose slots are full of idle adapters
+//! looks free. The filter therefore also remembers, per pod, the adapters it routed there most
+//! recently (shared by all workers): an adapter among a pod's last `max_loras` is probably still
+//! loaded, and a pod whose last `max_loras` distinct adapters fill its slots has no free one.
+//!
+//! Recent-adapter table encoding (little-endian): `count u16 | (len u8 | address | n u8 |
+//! (len u8 | adapter) * n) * count`.
+
+use crate::store::SharedStore;
+use crate::wire::Reader;
+use llm_router_snapshot::LoraState;
+use std::collections::HashMap;
+
+/// Adapters remembered per pod.
+const RECENT: usize = 16;
+
+/// Rendezvous (highest-random-weight) hash of an adapter on a pod.
+pub fn rendezvous(adapter: &str, address: &str) -> u64 {
+    let a = xxhash_rust::xxh64::xxh64(adapter.as_bytes(), 0x4C6F_5241);
+    xxhash_rust::xxh64::xxh64(address.as_bytes(), a)
+}
+
+/// Home pod (index into `pods`) of each adapter, by bounded-load rendezvous.
+/// `slots[i]` is pod `i`'s `max_loras` (0 when unknown).
+pub fn homes(adapters: &[String], pods: &[&str], slots: &[u16]) -> HashMap<String, usize> {
+    let mut names: Vec<&String> = adapters.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut out = HashMap::with_capacity(names.len());
+    if pods.is_empty() {
+        return out;
+    }
+    let share = names.len().div_ceil(pods.len());
+    let mut room: Vec<usize> = (0..pods.len())
+        .map(|i| {
+            usize::from(slots.get(i).copied().unwrap_or(0))
+                .max(share)
+                .max(1)
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    for name in names {
+        order.sort_by_key(|&i| {
+            std::cmp::Reverse(rendezvous(name, pods.get(i).copied().unwrap_or_default()))
+        });
+        if let Some(&i) = order
+            .iter()
+            .find(|&&i| room.get(i).copied().unwrap_or(0) > 0)
+        {
+            if let Some(r) = room.get_mut(i) {
+                *r -= 1;
+            }
+            out.insert(name.clone(), i);
+        }
+    }
+    out
+}
+
+/// The plain rendezvous home among `pods` (for adapters the configuration does not list).
+pub fn rendezvous_home(adapter: &str, pods: &[&str]) -> Option<usize> {
+    pods.iter()
+        .enumerate()
+        .max_by_key(|(_, p)| rendezvous(adapter, p))
+        .map(|(i, _)| i)
+}
+
+/// Shared-data key of a pool's recent-adapter table.
+pub fn key(pool: &str) -> String {
+    format!("llmr/lora/{pool}")
+}
+
+/// Per pod, the adapters most recently routed there (most recent first).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recent {
+    pub pods: Vec<(String, Vec<String>)>,
+}
+
+impl Recent {
+    pub fn decode(bytes: &[u8]) -> Recent {
+        Recent::try_decode(bytes).unwrap_or_default()
+    }
+
+    fn try_decode(bytes: &[u8]) -> Option<Recent> {
+        let mut r = Reader(bytes);
+        let count = r.u16()?;
+        let mut pods = Vec::with_capacity(usize::from(count).min(4096));
+        for _ in 0..count {
+            let addr = r.str8()?.to_string();
+            let n = r.u8()?;
+            let adapters = (0..n)
+                .map(|_| r.str8().map(str::to_string))
+                .collect::<Option<Vec<String>>>()?;
+            pods.push((addr, adapters));
+        }
+        r.done().then_some(Recent { pods })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let ok = |s: &String| s.len() <= 255;
+        let pods: Vec<&(String, Vec<String>)> = self
+            .pods
+            .iter()
+            .filter(|(a, _)| ok(a))
+            .take(usize::from(u16::MAX))
+            .collect();
+        let mut out = Vec::new();
+        out.extend_from_slice(&(pods.len() as u16).to_le_bytes());
+        for (addr, adapters) in pods {
+            out.push(addr.len() as u8);
+            out.extend_from_slice(addr.as_bytes());
+            let kept: Vec<&String> = adapters.iter().filter(|a| ok(a)).take(RECENT).collect();
+            out.push(kept.len() as u8);
+            for a in kept {
+                out.push(a.len() as u8);
+                out.extend_from_slice(a.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// The adapters recently routed to `addr`, most recent first.
+    pub fn of(&self, addr: &str) -> &[String] {
+        self.pods
+            .iter()
+            .find(|(a, _)| a == addr)
+            .map(|(_, l)| l.as_slice())
+            .unwrap_or(&[])
+    }
+}
+
+/// Reads a pool's recent-adapter table.
+pub fn read(store: &impl SharedStore, pool: &str) -> Recent {
+    store
+        .get(&key(pool))
+        .map(|(v, _)| Recent::decode(&v))
+        .unwrap_or_default()
+}
+
+/// Notes that `adapter` was routed to `addr`. Writes only when it is not already the pod's
+/// most recent adapter; best effort (a lost CAS race is ignored: the next request repeats it).
+pub fn note(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str) {
+    let k = key(pool);
+    let (mut recent, cas) = match store.get(&k) {
+        Some((v, cas)) => (Recent::decode(&v), Some(cas)),
+        None => (Recent::default(), None),
+    };
+    if recent.of(addr).first().map(String::as_str) == Some(adapter) {
+        return;
+    }
+    match recent.pods.iter_mut().find(|(a, _)| a == addr) {
+        Some((_, list)) => {
+            list.retain(|a| a != adapter);
+            list.insert(0, adapter.to_string());
+            list.truncate(RECENT);
+        }
+        None => recent
+            .pods
+            .push((addr.to_string(), vec![adapter.to_string()])),
+    }
+    let _ = store.set(&k, &recent.encode(), cas);
+}
+
+/// What the ranking needs to know about one pod and the requested adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// The pod is the adapter's home.
+    pub home: bool,
+    /// The adapter is probably loaded there (the engine lists it, or it was among the last
+    /// `max_loras` adapters routed there).
+    pub resident: bool,
+    /// A slot is probably free there.
+    pub free_slot: bool,
+}
+
+/// Residency of `adapter` on a pod from the engine's report and the routing history.
+pub fn placement(
+    adapter: &str,
+    engine: Option<&LoraState>,
+    recent: &[String],
+    home: bool,
+) -> Placement {
+    let slots = engine.map_or(0, |l| usize::from(l.max_loras));
+    let listed =
+        |a: &str| engine.is_some_and(|l| l.running.iter().chain(&l.waiting).any(|x| x == a));
+    let recent_loaded = || recent.iter().take(slots);
+    let resident = listed(adapter) || recent_loaded().any(|a| a == adapter);
+    let mut loaded: Vec<&str> = engine
+        .map(|l| l.running.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    for a in recent_loaded() {
+        if !loaded.contains(&a.as_str()) {
+            loaded.push(a);
+        }
+    }
+    Placement {
+        home,
+        resident,
+        free_slot: engine.is_some() && loaded.len() < slots,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+    use crate::store::MemoryStore;
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("adapter-{i}")).collect()
+    }
+
+    #[test]
+    fn no_pod_homes_more_adapters_than_it_has_slots() {
+        let addrs: Vec<String> = (0..4).map(|i| format!("10.0.0.{i}:8000")).collect();
+        let pods: Vec<&str> = addrs.iter().map(String::as_str).collect();
+        for (adapters, slots) in [(16, 4u16), (8, 4), (12, 3), (30, 2)] {
+            let h = homes(&names(adapters), &pods, &[slots; 4]);
+            assert_eq!(h.len(), adapters);
+            let mut per_pod = [0usize; 4];
+            for &i in h.values() {
+                per_pod[i] += 1;
+            }
+            let cap = usize::from(slots).max(adapters.div_ceil(4));
+            assert!(
+                per_pod.iter().all(|&n| n <= cap),
+                "{adapters}/{slots}: {per_pod:?}"
+            );
+        }
+        // Plain rendezvous (no bound) is uneven for the same names: the bound matters.
+        let plain = names(16)
+            .iter()
+            .map(|a| rendezvous_home(a, &pods).unwrap())
+            .fold([0usize; 4], |mut acc, i| {
+                acc[i] += 1;
+                acc
+            });
+        assert!(plain.iter().any(|&n| n > 4), "{plain:?}");
+    }
+
+    #[test]
+    fn homes_do_not_depend_on_the_order_of_names_or_pods() {
+        let addrs: Vec<String> = (0..5).map(|i| format!("10.1.0.{i}:8000")).collect();
+        let pods: Vec<&str> = addrs.iter().map(String::as_str).collect();
+        let a = homes(&names(12), &pods, &[3; 5]);
+        let mut rev = names(12);
+        rev.reverse();
+        let mut rpods = pods.clone();
+        rpods.reverse();
+        let b = homes(&rev, &rpods, &[3; 5]);
+        for (name, i) in &a {
+            assert_eq!(pods[*i], rpods[b[name]], "{name}");
+        }
+    }
+
+    #[test]
+    fn residency_comes_from_the_engine_and_the_routing_history() {
+        let engine = LoraState {
+            running: vec!["a".into()],
+            waiting: vec![],
+            max_loras: 2,
+        };
+        // Only "a" is active; the history says "b" and "c" were routed here last.
+        let recent = vec!["b".to_string(), "c".to_string(), "d".to_string()];
+        let p = placement("b", Some(&engine), &recent, false);
+        assert!(p.resident && !p.free_slot);
+        let p = placement("d", Some(&engine), &recent, true);
+        assert!(!p.resident && !p.free_slot && p.home);
+        // Without history, one of two slots is free.
+        let p = placement("x", Some(&engine), &[], false);
+        assert!(!p.resident && p.free_slot);
+        // No LoRA information at all: nothing is known.
+        assert_eq!(placement("x", None, &recent, false), Placement::default());
+    }
+
+    #[test]
+    fn recent_adapters_are_shared_and_written_only_when_they_change() {
+        let s = MemoryStore::new();
+        note(&s, "p", "a:1", "x");
+        note(&s, "p", "a:1", "y");
+        note(&s, "p", "b:2", "x");
+        let before = s.get(&key("p")).unwrap().1;
+        note(&s, "p", "b:2", "x");
+        assert_eq!(s.get(&key("p")).unwrap().1, before, "no write for a repeat");
+        note(&s, "p", "a:1", "x");
+        let r = read(&s, "p");
+        assert_eq!(r.of("a:1"), ["x".to_string(), "y".to_string()]);
+        assert_eq!(r.of("b:2"), ["x".to_string()]);
+        assert_eq!(Recent::decode(&r.encode()), r);
+        for cut in 0..r.encode().len() {
+            assert_eq!(Recent::decode(&r.encode()[..cut]), Recent::default());
+        }
+    }
+}
