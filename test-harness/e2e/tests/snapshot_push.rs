@@ -111,6 +111,24 @@ async fn pushes_need_the_internal_listener_a_valid_signature_and_a_newer_snapsho
         json!(0)
     );
 
+    // What X-Forwarded-For claims does not matter either way: a signed push on the internal
+    // listener claiming a foreign client is accepted.
+    let newer = snapshot(vec![(
+        &a,
+        vec![pod(&a.addr(0), 0, 0.1), pod(&a.addr(1), 5, 0.8)],
+    )]);
+    let newer_bytes = newer.encode().unwrap();
+    let (n, v) = signed(&newer_bytes);
+    let r = testkit::post_bytes(
+        internal,
+        PUSH,
+        &[(n, &v), ("x-forwarded-for", "10.1.2.3")],
+        newer_bytes,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
     // The public listener's filter instance routes on what the internal one stored.
     assert_eq!(
         backend(&chat(&envoy, "llama-model", "hi", &[]).await),
