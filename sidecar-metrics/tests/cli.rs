@@ -227,7 +227,7 @@ async fn run_flag_form_pushes_and_stops_on_sigterm() {
     assert!(proxy
         .received()
         .iter()
-        .all(|r| r.secret.as_deref() == Some("s3cret")));
+        .all(|r| r.signed && r.plain_secret.is_none()));
 
     let ok = Command::new("kill")
         .arg("-TERM")

@@ -2,8 +2,8 @@
 //! a pod made busy (`/admin/metrics_override`) reaches the filter within a couple of scrape rounds
 //! and the filter's choice moves to the other pod; a pod that stops answering is marked failing
 //! and avoided (the filter's own endpoint header names the other pod first); a sidecar with the
-//! wrong secret is refused (403) and changes nothing. (A non-loopback source cannot be made on this
-//! loopback-only machine; the wasm-host tests cover that refusal by setting `source.address`.)
+//! wrong secret is refused (403) and changes nothing, and one pushing to the public listener
+//! instead of the internal one gets 404 and changes nothing.
 //!
 //! Needs Envoy (`./build.sh setup`), the filter `.wasm` and `target/release/model-sim`
 //! (`./build.sh`): skipped with a message when missing, failed when `CI` is set.
@@ -46,9 +46,7 @@ fn prerequisites() -> bool {
 }
 
 async fn state(envoy: &EnvoyProcess) -> Value {
-    let r = testkit::get(envoy.listen_addr, STATE, &[("x-llm-router-secret", SECRET)])
-        .await
-        .unwrap();
+    let r = testkit::get(envoy.push_addr(), STATE, &[]).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     r.json().unwrap()
 }
@@ -135,7 +133,7 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
     cmd.args([
         "run",
         "--push",
-        &format!("http://{}", envoy.listen_addr),
+        &format!("http://{}", envoy.push_addr()),
         "--secret",
         SECRET,
     ])
@@ -221,37 +219,43 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
         );
     }
 
-    // A sidecar with the wrong secret is refused and changes nothing.
-    let mut cfg = common::config(
-        envoy.listen_addr,
-        sidecar_metrics::config::Discovery::Static(vec![pa.to_string()]),
-        50,
-        1000,
-    );
-    cfg.pools[0].name = "intruder".into();
-    let intruder = sidecar_metrics::sidecar::start(cfg, "wrong-secret".into())
-        .await
-        .unwrap();
-    let start = Instant::now();
-    while intruder
-        .stats
-        .summary()
-        .pushes
-        .get("forbidden")
-        .copied()
-        .unwrap_or(0)
-        < 2
-    {
-        assert!(
-            start.elapsed() < LIMIT,
-            "the wrong-secret sidecar was never refused: {:?}",
-            intruder.stats.summary()
+    // A sidecar with the wrong secret is refused, one pushing to the public listener finds no
+    // endpoint; neither changes anything.
+    for (target, secret, result) in [
+        (envoy.push_addr(), "wrong-secret", "forbidden"),
+        (envoy.listen_addr, SECRET, "not_found"),
+    ] {
+        let mut cfg = common::config(
+            target,
+            sidecar_metrics::config::Discovery::Static(vec![pa.to_string()]),
+            50,
+            1000,
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        cfg.pools[0].name = "intruder".into();
+        let intruder = sidecar_metrics::sidecar::start(cfg, secret.into())
+            .await
+            .unwrap();
+        let start = Instant::now();
+        while intruder
+            .stats
+            .summary()
+            .pushes
+            .get(result)
+            .copied()
+            .unwrap_or(0)
+            < 2
+        {
+            assert!(
+                start.elapsed() < LIMIT,
+                "the {result} sidecar was never refused: {:?}",
+                intruder.stats.summary()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let sum = intruder.stats.summary();
+        assert_eq!(sum.pushes.get("accepted"), None, "{sum:?}");
+        intruder.stop().await;
     }
-    let sum = intruder.stats.summary();
-    assert_eq!(sum.pushes.get("accepted"), None, "{sum:?}");
-    intruder.stop().await;
     let s = state(&envoy).await;
     assert!(
         s["pools"]

@@ -164,9 +164,11 @@ pub enum OnMissing {
 pub struct SnapshotConfig {
     pub push_path: String,
     pub state_path: String,
-    /// Empty = pushes are refused (a secret is required to accept any).
+    /// This filter instance serves `push_path` and `state_path` (meant for the instance on a
+    /// loopback-bound internal listener). Off (the default), both paths answer 404.
+    pub endpoints: bool,
+    /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on.
     pub secret: String,
-    pub secret_header: String,
     pub stale_after_ms: u64,
     pub on_stale: OnStale,
     pub on_missing: OnMissing,
@@ -198,6 +200,18 @@ pub struct Config {
     pub retry_after_s: u32,
     pub retry_after_max_s: u32,
     pub snapshot: SnapshotConfig,
+    /// Whether client-supplied priority headers count.
+    pub priority: PriorityConfig,
+}
+
+/// Who may set a request's priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PriorityConfig {
+    /// Read `priority_header` and `objective_header` (mapped through `objectives`). Off (the
+    /// default), both are ignored and every request is standard: clients must not exempt
+    /// themselves from shedding. Turn on only when a trusted filter before this one sets or
+    /// strips those headers.
+    pub trust_headers: bool,
 }
 
 impl Default for Config {
@@ -230,6 +244,13 @@ struct RawConfig {
     snapshot: Option<RawSnapshot>,
     /// Applied to pools that appear only in the snapshot.
     defaults: Option<RawPoolTuning>,
+    priority: Option<RawPriority>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPriority {
+    trust_headers: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -237,8 +258,9 @@ struct RawConfig {
 struct RawPool {
     name: String,
     cluster: Option<String>,
+    /// Names or `{name, rewrite, adapter}` objects; checked field by field in [`raw_model`].
     #[serde(default)]
-    models: Vec<RawModel>,
+    models: Vec<serde_json::Value>,
     #[serde(default)]
     adapters: Vec<String>,
     preset: Option<String>,
@@ -260,16 +282,41 @@ struct RawPoolTuning {
     lora: Option<RawLora>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
 enum RawModel {
     Name(String),
-    Full {
-        name: String,
-        rewrite: Option<String>,
-        #[serde(default)]
-        adapter: bool,
-    },
+    Full(RawModelFull),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModelFull {
+    name: String,
+    rewrite: Option<String>,
+    #[serde(default)]
+    adapter: bool,
+}
+
+const MODEL_FIELDS: [&str; 3] = ["name", "rewrite", "adapter"];
+
+/// One entry of a pool's `models`: a name, or an object whose every field is known (a typo such
+/// as `rewrit` is an error naming its path, not a silently ignored field).
+fn raw_model(path: &str, v: &serde_json::Value) -> Result<RawModel, ConfigError> {
+    match v {
+        serde_json::Value::String(name) => Ok(RawModel::Name(name.clone())),
+        serde_json::Value::Object(map) => {
+            if let Some(key) = map.keys().find(|k| !MODEL_FIELDS.contains(&k.as_str())) {
+                return err(format!(
+                    "{path}.{key}: unknown field, expected one of name, rewrite, adapter"
+                ));
+            }
+            serde_json::from_value(v.clone())
+                .map(RawModel::Full)
+                .map_err(|e| ConfigError(format!("{path}: {e}")))
+        }
+        other => err(format!(
+            "{path}: expected a model name or an object with name, rewrite, adapter; got {other}"
+        )),
+    }
 }
 
 /// Scorer name → weight; names are checked against the scorer registry.
@@ -313,7 +360,9 @@ struct RawPrefix {
 struct RawSnapshot {
     push_path: Option<String>,
     state_path: Option<String>,
+    endpoints: Option<bool>,
     secret: Option<String>,
+    /// Removed (pushes are signed now); kept only to say so when a configuration sets it.
     secret_header: Option<String>,
     stale_after_ms: Option<u64>,
     on_stale: Option<String>,
@@ -528,13 +577,14 @@ impl Config {
             snapshot: SnapshotConfig {
                 push_path: "/__llm_router/snapshot".into(),
                 state_path: "/__llm_router/state".into(),
+                endpoints: false,
                 secret: String::new(),
-                secret_header: "x-llm-router-secret".into(),
                 stale_after_ms: 3000,
                 on_stale: OnStale::LeastInflight,
                 on_missing: OnMissing::Fallback,
                 max_bytes: 4 * 1024 * 1024,
             },
+            priority: PriorityConfig::default(),
         }
     }
 
@@ -588,13 +638,10 @@ impl Config {
                     Ok(())
                 };
             for (j, m) in p.models.iter().enumerate() {
-                let (name, rewrite, adapter) = match m {
+                let m = raw_model(&format!("{path}.models[{j}]"), m)?;
+                let (name, rewrite, adapter) = match &m {
                     RawModel::Name(n) => (n.as_str(), None, false),
-                    RawModel::Full {
-                        name,
-                        rewrite,
-                        adapter,
-                    } => (name.as_str(), rewrite.clone(), *adapter),
+                    RawModel::Full(f) => (f.name.as_str(), f.rewrite.clone(), f.adapter),
                 };
                 if rewrite.as_deref() == Some("") {
                     return err(format!("{path}.models[{j}].rewrite: must not be empty"));
@@ -676,15 +723,22 @@ impl Config {
         if stale_after_ms == 0 {
             return err("snapshot.stale_after_ms: must be above 0");
         }
+        if s.secret_header.is_some() {
+            return err(
+                "snapshot.secret_header: no longer used: pushes are signed with HMAC-SHA256 of \
+                 snapshot.secret in x-llm-router-signature; remove the field",
+            );
+        }
+        let endpoints = s.endpoints.unwrap_or(base.snapshot.endpoints);
+        let secret = s.secret.unwrap_or_default();
+        if endpoints && secret.is_empty() {
+            return err("snapshot.secret: must be set when snapshot.endpoints is true");
+        }
         let snapshot = SnapshotConfig {
             push_path,
             state_path,
-            secret: s.secret.unwrap_or_default(),
-            secret_header: header_name(
-                "snapshot.secret_header",
-                s.secret_header,
-                &base.snapshot.secret_header,
-            )?,
+            endpoints,
+            secret,
             stale_after_ms,
             on_stale,
             on_missing,
@@ -727,7 +781,25 @@ impl Config {
             retry_after_s,
             retry_after_max_s,
             snapshot,
+            priority: PriorityConfig {
+                trust_headers: raw
+                    .priority
+                    .and_then(|p| p.trust_headers)
+                    .unwrap_or(base.priority.trust_headers),
+            },
         })
+    }
+
+    /// A request's priority from its `priority_header` and `objective_header` values (the
+    /// objective through `objectives`); 0 (standard) unless `priority.trust_headers` is on.
+    pub fn request_priority(&self, priority: Option<&str>, objective: Option<&str>) -> i32 {
+        if !self.priority.trust_headers {
+            return 0;
+        }
+        priority
+            .and_then(|p| p.trim().parse::<i32>().ok())
+            .or_else(|| objective.and_then(|o| self.objectives.get(o).copied()))
+            .unwrap_or(0)
     }
 
     /// The configured pool with this name.
@@ -745,5 +817,82 @@ impl Config {
             .filter(|(_, r)| r.adapter && r.pool == index)
             .map(|(name, _)| name.clone())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    fn error_of(json: &str) -> String {
+        Config::parse(json.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_typo_inside_a_model_object_names_its_path() {
+        let e = error_of(r#"{"pools":[{"name":"a","models":["x",{"name":"m","rewrit":"y"}]}]}"#);
+        assert!(
+            e.contains("pools[0].models[1].rewrit: unknown field"),
+            "{e}"
+        );
+        let e = error_of(r#"{"pools":[{"name":"a","models":[{"name":"m","adapter":"yes"}]}]}"#);
+        assert!(e.contains("pools[0].models[0]: invalid type"), "{e}");
+        let e = error_of(r#"{"pools":[{"name":"a","models":[{"rewrite":"m"}]}]}"#);
+        assert!(
+            e.contains("pools[0].models[0]: missing field `name`"),
+            "{e}"
+        );
+        let e = error_of(r#"{"pools":[{"name":"a","models":[7]}]}"#);
+        assert!(
+            e.contains("pools[0].models[0]: expected a model name"),
+            "{e}"
+        );
+        let c = Config::parse(
+            br#"{"pools":[{"name":"a","models":["x",{"name":"m","rewrite":"y","adapter":true}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.models["m"],
+            ModelRoute {
+                pool: 0,
+                rewrite: Some("y".into()),
+                adapter: true
+            }
+        );
+        assert_eq!(c.models["x"].rewrite, None);
+    }
+
+    #[test]
+    fn snapshot_endpoints_are_off_by_default_and_need_a_secret() {
+        let c = Config::parse(b"{}").unwrap();
+        assert!(!c.snapshot.endpoints);
+        let c = Config::parse(br#"{"snapshot":{"endpoints":true,"secret":"k"}}"#).unwrap();
+        assert!(c.snapshot.endpoints);
+        assert_eq!(c.snapshot.secret, "k");
+        let e = error_of(r#"{"snapshot":{"endpoints":true}}"#);
+        assert!(e.contains("snapshot.secret: must be set"), "{e}");
+        let e = error_of(r#"{"snapshot":{"secret":"k","secret_header":"x-s"}}"#);
+        assert!(e.contains("snapshot.secret_header: no longer used"), "{e}");
+    }
+
+    #[test]
+    fn client_priority_is_not_trusted_by_default() {
+        assert!(!Config::parse(b"{}").unwrap().priority.trust_headers);
+        let c = Config::parse(br#"{"priority":{"trust_headers":true}}"#).unwrap();
+        assert!(c.priority.trust_headers);
+        let c = Config::parse(br#"{"objectives":{"batch":-1,"vip":1}}"#).unwrap();
+        assert_eq!(c.request_priority(Some("1"), Some("vip")), 0);
+        assert_eq!(c.request_priority(Some("-1"), Some("batch")), 0);
+        let c = Config::parse(
+            br#"{"objectives":{"batch":-1,"vip":1},"priority":{"trust_headers":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.request_priority(Some("2"), Some("batch")), 2);
+        assert_eq!(c.request_priority(None, Some("batch")), -1);
+        assert_eq!(c.request_priority(None, Some("unlisted")), 0);
+        assert_eq!(c.request_priority(Some("x"), Some("vip")), 1);
+        let e = error_of(r#"{"priority":{"trust":true}}"#);
+        assert!(e.contains("unknown field `trust`"), "{e}");
     }
 }

@@ -24,6 +24,9 @@
 use std::fmt;
 use std::net::SocketAddr;
 
+pub mod auth;
+pub use auth::{sign, verify, SignatureError, SIGNATURE_HEADER};
+
 /// First bytes of every snapshot.
 pub const MAGIC: [u8; 4] = *b"LRSN";
 /// The format version this crate writes and reads.

@@ -253,3 +253,88 @@ fn fuzz_decode_never_panics_and_round_trips() {
     // Mutations of counters and bytes inside values still decode often enough to matter.
     assert!(decoded > 100, "only {decoded} mutated inputs decoded");
 }
+
+mod signatures {
+    use crate::auth::{sign, verify, SignatureError, SIGNATURE_PREFIX};
+    use crate::Snapshot;
+
+    #[test]
+    fn hmac_sha256_known_answer() {
+        // RFC 4231, test case 2.
+        assert_eq!(
+            sign(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn only_the_right_signature_over_the_same_bytes_verifies() {
+        let snap = Snapshot {
+            generation: 7,
+            created_ms: 1,
+            pools: vec![],
+        };
+        let bytes = snap.encode().unwrap();
+        let good = sign(b"s3cret", &bytes);
+        assert!(good.starts_with(SIGNATURE_PREFIX) && good.len() == 7 + 64);
+        assert_eq!(verify(b"s3cret", &bytes, Some(&good)), Ok(()));
+        assert_eq!(
+            verify(
+                b"s3cret",
+                &bytes,
+                Some(&good.to_uppercase().replace("SHA256=", "sha256="))
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            verify(b"other", &bytes, Some(&good)),
+            Err(SignatureError::Mismatch)
+        );
+        assert_eq!(
+            verify(b"", &bytes, Some(&good)),
+            Err(SignatureError::NoSecret)
+        );
+        assert_eq!(
+            verify(b"s3cret", &bytes, None),
+            Err(SignatureError::Missing)
+        );
+        for bad in [
+            &good[..good.len() - 2],
+            &good[7..],
+            "sha256=",
+            "sha1=0000000000000000000000000000000000000000",
+            "s3cret",
+        ] {
+            assert_eq!(
+                verify(b"s3cret", &bytes, Some(bad)),
+                Err(SignatureError::Malformed),
+                "{bad}"
+            );
+        }
+        let mut not_hex = good.clone();
+        not_hex.replace_range(10..11, "g");
+        assert_eq!(
+            verify(b"s3cret", &bytes, Some(&not_hex)),
+            Err(SignatureError::Malformed)
+        );
+        // The generation is inside the signed bytes: the same signature under another
+        // generation fails.
+        let newer = Snapshot {
+            generation: 8,
+            ..snap
+        }
+        .encode()
+        .unwrap();
+        assert_ne!(newer, bytes);
+        assert_eq!(
+            verify(b"s3cret", &newer, Some(&good)),
+            Err(SignatureError::Mismatch)
+        );
+        let mut flipped = bytes.clone();
+        flipped[8] ^= 1;
+        assert_eq!(
+            verify(b"s3cret", &flipped, Some(&good)),
+            Err(SignatureError::Mismatch)
+        );
+    }
+}

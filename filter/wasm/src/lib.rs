@@ -4,7 +4,9 @@
 //! cluster header (and ask Envoy to re-route) plus `x-gateway-destination-endpoint` with the
 //! ranked pods for the cluster's `override_host` policy, or answer with the core's rejection.
 //! On the response: report the pod that served it; when the stream ends (completion, reset or
-//! abort) release its in-flight count. It also accepts the sidecar's snapshot pushes.
+//! abort) release its in-flight count. The instance configured with `snapshot.endpoints`
+//! (on a loopback-bound internal listener) also accepts the sidecar's signed snapshot pushes;
+//! every other instance answers 404 on those paths.
 //!
 //! Envoy settings this relies on (see `envoy/envoy.yaml`): the Wasm plugin config has
 //! `allow_on_headers_stop_iteration: true`; each pool's cluster uses the `override_host` LB
@@ -20,7 +22,6 @@ use llm_router_core::{Config, Context as RouteContext, Rejection, RouteMode, Rou
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use std::cell::RefCell;
-use std::net::SocketAddr;
 use std::rc::Rc;
 
 proxy_wasm::main! {{
@@ -72,18 +73,13 @@ impl RootContext for Root {
         let bytes = host::plugin_configuration(size).unwrap_or_default();
         match Config::parse(&bytes) {
             Ok(config) => {
-                if config.snapshot.secret.is_empty() {
-                    host::log(
-                        LogLevel::Warn,
-                        "llm-router: snapshot.secret is empty: snapshot pushes will be refused",
-                    );
-                }
                 host::log(
                     LogLevel::Info,
                     &format!(
-                        "llm-router: configured {} pool(s), {} model name(s)",
+                        "llm-router: configured {} pool(s), {} model name(s); snapshot endpoints {}",
                         config.pools.len(),
-                        config.models.len()
+                        config.models.len(),
+                        if config.snapshot.endpoints { "on" } else { "off" }
                     ),
                 );
                 self.worker = Some(Rc::new(RefCell::new(Worker {
@@ -109,6 +105,7 @@ impl RootContext for Root {
             kind: Kind::Pass,
             body_size: 0,
             routed: None,
+            signature: None,
         }))
     }
 
@@ -149,6 +146,8 @@ struct Http {
     /// Bytes of request body buffered so far.
     body_size: usize,
     routed: Option<Routed>,
+    /// A push's signature header, kept from the request headers for the body.
+    signature: Option<String>,
 }
 
 fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
@@ -157,20 +156,11 @@ fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> 
     h
 }
 
-fn is_loopback(addr: &str) -> bool {
-    addr.parse::<SocketAddr>()
-        .map(|a| a.ip().is_loopback())
-        .unwrap_or(false)
-}
-
-/// Equal-time comparison of secrets.
-fn same_secret(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
+/// The one answer to every push refused before its signature was verified: which check
+/// failed is in the proxy's log only.
+const FORBIDDEN: &str = r#"{"accepted":false,"error":{"message":"forbidden","type":"invalid_request_error","param":null,"code":"forbidden"}}"#;
+/// The answer on the snapshot paths of an instance without `snapshot.endpoints`.
+const NOT_FOUND: &str = r#"{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":"not_found"}}"#;
 
 impl Http {
     fn log(&self, level: LogLevel, msg: &str) {
@@ -197,19 +187,16 @@ impl Http {
         Action::Pause
     }
 
-    /// Loopback source and the right secret: may push snapshots and read state.
-    fn authorized(&self) -> Result<(), (u16, &'static str)> {
-        let w = self.worker.borrow();
-        let snap = &w.router.config.snapshot;
+    /// Refuses a push that has not proven it holds the secret: 403 `forbidden`, always the
+    /// same answer; `why` goes to the proxy's log only.
+    fn forbid_push(&mut self, why: &str) -> Action {
+        self.worker.borrow().counters.pushes_refused.inc();
         let source = host::property(&["source", "address"]).unwrap_or_default();
-        if !is_loopback(&source) {
-            return Err((403, "snapshot endpoint accepts loopback clients only"));
-        }
-        let given = host::request_header(&snap.secret_header).unwrap_or_default();
-        if snap.secret.is_empty() || !same_secret(&given, &snap.secret) {
-            return Err((403, "wrong or missing snapshot secret"));
-        }
-        Ok(())
+        self.log(
+            LogLevel::Warn,
+            &format!("snapshot push refused (403, from {source}): {why}"),
+        );
+        self.answer(403, FORBIDDEN)
     }
 
     fn answer(&mut self, status: u16, body: &str) -> Action {
@@ -233,8 +220,20 @@ impl Http {
 
     fn on_push_body(&mut self, size: usize) -> Action {
         let Some(bytes) = host::request_body(size) else {
-            return self.refuse_push(500, "could not read the request body", "internal_error");
+            return self.forbid_push("the request body could not be read");
         };
+        let verified = {
+            let w = self.worker.borrow();
+            llm_router_snapshot::verify(
+                w.router.config.snapshot.secret.as_bytes(),
+                &bytes,
+                self.signature.as_deref(),
+            )
+        };
+        if let Err(e) = verified {
+            return self.forbid_push(&e.to_string());
+        }
+        // Signed by the secret holder: from here on the answers may say what is wrong.
         let outcome = fleet::accept(&HostStore, &bytes, host::now_ms());
         match outcome {
             PushOutcome::Accepted {
@@ -288,13 +287,15 @@ impl Http {
         let mut w = self.worker.borrow_mut();
         w.requests = w.requests.wrapping_add(1);
         let cfg = &w.router.config;
-        let priority = host::request_header(&cfg.priority_header)
-            .and_then(|p| p.trim().parse::<i32>().ok())
-            .or_else(|| {
-                host::request_header(&cfg.objective_header)
-                    .and_then(|o| cfg.objectives.get(&o).copied())
-            })
-            .unwrap_or(0);
+        // Client-set priority counts only where the configuration trusts it.
+        let priority = if cfg.priority.trust_headers {
+            cfg.request_priority(
+                host::request_header(&cfg.priority_header).as_deref(),
+                host::request_header(&cfg.objective_header).as_deref(),
+            )
+        } else {
+            0
+        };
         let ctx = RouteContext {
             priority,
             now_ms: host::now_ms(),
@@ -404,12 +405,13 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (push_path, state_path, cluster_header, endpoint_header, max_body) = {
+        let (push_path, state_path, endpoints, cluster_header, endpoint_header, max_body) = {
             let w = self.worker.borrow();
             let c = &w.router.config;
             (
                 c.snapshot.push_path.clone(),
                 c.snapshot.state_path.clone(),
+                c.snapshot.endpoints,
                 c.cluster_header.clone(),
                 c.endpoint_header.clone(),
                 c.max_body_bytes,
@@ -422,23 +424,21 @@ impl HttpContext for Http {
         let path = path.split('?').next().unwrap_or_default();
         let method = host::request_header(":method").unwrap_or_default();
         if path == push_path || path == state_path {
-            if let Err((status, why)) = self.authorized() {
-                return self.refuse_push(status, why, "forbidden");
+            if !endpoints {
+                // Not this listener's business: the endpoints live on the internal listener.
+                return self.answer(404, NOT_FOUND);
             }
             if path == state_path {
                 let json = fleet::state_json(&HostStore, host::now_ms());
                 return self.answer(200, &json);
             }
             if method != "POST" {
-                return self.refuse_push(
-                    405,
-                    "snapshots are pushed with POST",
-                    "method_not_allowed",
-                );
+                return self.forbid_push(&format!("method {method}, not POST"));
             }
             if end_of_stream {
-                return self.refuse_push(400, "empty snapshot", "invalid_snapshot");
+                return self.forbid_push("empty body");
             }
+            self.signature = host::request_header(llm_router_snapshot::SIGNATURE_HEADER);
             self.kind = Kind::Push;
             return Action::Pause;
         }
@@ -465,11 +465,8 @@ impl HttpContext for Http {
             Kind::Push => {
                 let max = self.worker.borrow().router.config.snapshot.max_bytes;
                 if body_size > max {
-                    return self.refuse_push(
-                        413,
-                        "snapshot larger than snapshot.max_bytes",
-                        "too_large",
-                    );
+                    return self
+                        .forbid_push(&format!("body over snapshot.max_bytes ({max}), not read"));
                 }
                 if !end_of_stream {
                     return Action::Pause;

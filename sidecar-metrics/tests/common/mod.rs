@@ -130,7 +130,10 @@ impl Drop for FakeFleet {
 /// One request the fake proxy received.
 #[derive(Clone, Debug)]
 pub struct Received {
-    pub secret: Option<String>,
+    /// The old clear-text secret header (must not be sent any more).
+    pub plain_secret: Option<String>,
+    /// The body's HMAC in `x-llm-router-signature` verifies under the test secret `s3cret`.
+    pub signed: bool,
     pub content_type: Option<String>,
     pub snapshot: Result<Snapshot, String>,
     pub at: Instant,
@@ -168,7 +171,13 @@ async fn receive(
     let snapshot = Snapshot::decode(&body).map_err(|e| e.to_string());
     let status = *s.status.lock().expect("lock");
     s.got.lock().expect("lock").push(Received {
-        secret: h("x-llm-router-secret"),
+        plain_secret: h("x-llm-router-secret"),
+        signed: llm_router_snapshot::verify(
+            b"s3cret",
+            &body,
+            h(llm_router_snapshot::SIGNATURE_HEADER).as_deref(),
+        )
+        .is_ok(),
         content_type: h("content-type"),
         snapshot: snapshot.clone(),
         at: Instant::now(),

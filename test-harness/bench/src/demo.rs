@@ -136,7 +136,7 @@ pub async fn serve(port: u16) -> Result<(), DemoError> {
         .start()
         .await
         .map_err(|e| DemoError::Start(e.to_string()))?;
-    let sidecar = start_sidecar(envoy.listen_addr, &pods.addrs)
+    let sidecar = start_sidecar(envoy.push_addr(), &pods.addrs)
         .await
         .map_err(|e| DemoError::Start(e.to_string()))?;
     let stack = Stack {
@@ -164,8 +164,8 @@ pub async fn serve(port: u16) -> Result<(), DemoError> {
     );
     println!("  Envoy admin:     http://{}/", stack.envoy.admin_addr);
     println!(
-        "  router state:    curl -H 'x-llm-router-secret: {}' http://{l}/__llm_router/state",
-        crate::stack::SECRET
+        "  router state:    curl http://{}/__llm_router/state   (internal listener, loopback)",
+        stack.envoy.push_addr()
     );
     println!("  try: curl http://{l}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":16}}'");
     println!("Ctrl-C or SIGTERM stops everything.");

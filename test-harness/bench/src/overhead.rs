@@ -141,11 +141,11 @@ pub async fn run(opts: OverheadOptions) -> Result<(Vec<OverheadCase>, bool), Ove
     // The sidecar scrapes the backend's /metrics and pushes a snapshot, so the filter arm takes
     // its full path (body parse, pool lookup, scoring), not the no-snapshot fallback. It runs
     // during both arms, so its CPU use burdens both alike.
-    let sidecar = crate::stack::start_sidecar(filt.listen_addr, &[backend.addr()])
+    let sidecar = crate::stack::start_sidecar(filt.push_addr(), &[backend.addr()])
         .await
         .map_err(|e| OverheadError::Setup(format!("sidecar: {e}")))?;
     let snapshot = crate::stack::wait_snapshot_at(
-        filt.listen_addr,
+        filt.push_addr(),
         1,
         Duration::from_secs(15),
         &sidecar.log_path().display().to_string(),

@@ -78,7 +78,7 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
         .plugin_config(plugin_config(&[], false));
     spec.name = "bench-sidecar-cost-envoy".into();
     let envoy = spec.start().await.map_err(|x| e(x.to_string()))?;
-    let (sidecar, listen) = start_sidecar_at(envoy.listen_addr, &addrs, None)
+    let (sidecar, listen) = start_sidecar_at(envoy.push_addr(), &addrs, None)
         .await
         .map_err(|x| e(x.to_string()))?;
     // Warm up: connections open, first snapshot pushed.

@@ -17,7 +17,7 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub const POOL: &str = "llama";
 /// Envoy cluster of the pool.
 pub const CLUSTER: &str = "pool_llama";
-/// The snapshot secret shared by the sidecar and the filter (loopback only).
+/// The snapshot secret shared by the sidecar (signing) and the filter (verifying).
 pub const SECRET: &str = "bench-secret";
 
 /// Who picks the pod.
@@ -270,7 +270,7 @@ pub async fn start_stack(
     }
     let envoy = spec.start().await.map_err(tk("start Envoy"))?;
     let sidecar = if router.uses_filter() {
-        Some(start_sidecar(envoy.listen_addr, &pods.addrs).await?)
+        Some(start_sidecar(envoy.push_addr(), &pods.addrs).await?)
     } else {
         None
     };
@@ -286,7 +286,7 @@ pub async fn start_stack(
     Ok(stack)
 }
 
-/// Start the sidecar for `pods`, pushing into the Envoy listener at `envoy`.
+/// Start the sidecar for `pods`, pushing into the Envoy listener at `envoy` (the internal one).
 pub async fn start_sidecar(
     envoy: SocketAddr,
     pods: &[SocketAddr],
@@ -331,7 +331,7 @@ pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), Stack
         .map(|s| s.log_path().display().to_string())
         .unwrap_or_default();
     wait_snapshot_at(
-        stack.envoy.listen_addr,
+        stack.envoy.push_addr(),
         stack.pods.addrs.len() as u64,
         timeout,
         &log,
@@ -339,7 +339,8 @@ pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), Stack
     .await
 }
 
-/// Wait until the filter behind `listener` reports a snapshot with at least `want` pods.
+/// Wait until the filter behind `listener` (the internal listener) reports a snapshot with at
+/// least `want` pods.
 pub async fn wait_snapshot_at(
     listener: SocketAddr,
     want: u64,
@@ -348,13 +349,7 @@ pub async fn wait_snapshot_at(
 ) -> Result<(), StackError> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if let Ok(r) = testkit::get(
-            listener,
-            "/__llm_router/state",
-            &[("x-llm-router-secret", SECRET)],
-        )
-        .await
-        {
+        if let Ok(r) = testkit::get(listener, "/__llm_router/state", &[]).await {
             if r.status == 200 {
                 if let Ok(v) = r.json() {
                     if count_pods(&v) >= want {

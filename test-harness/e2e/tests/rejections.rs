@@ -25,7 +25,11 @@ async fn each_error_status_has_its_body_and_headers() {
     let a = TestPool::start("llama", "llama-model", 2, EchoConfig::default()).await;
     let envoy = envoy(
         &[&a],
-        plugin_config(&[&a], json!({"max_body_bytes": 4096, "retry_after_s": 3})),
+        // Priority headers count only when trusted (as behind a filter that sets them).
+        plugin_config(
+            &[&a],
+            json!({"max_body_bytes": 4096, "retry_after_s": 3, "priority": {"trust_headers": true}}),
+        ),
     )
     .await;
     let addr = envoy.listen_addr;

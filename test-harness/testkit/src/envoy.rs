@@ -2,11 +2,14 @@
 //! (pools as STATIC clusters, the router under test, a JSON access log), writes it to a fresh
 //! folder under `<target>/testlogs/`, starts Envoy on loopback ports it picks itself (`:0`,
 //! reported back through `--admin-address-path` and the admin API) and waits until it serves.
+//! With the filter there are two listeners, as the shipped configs have them: the public one
+//! (routing; the snapshot paths answer 404) and an internal one on 127.0.0.1 whose filter
+//! instance — same VM, so the same shared data — serves the snapshot push and state paths.
 //! [`EnvoyProcess`] reads stats, per-host request counts and the access log, and stops Envoy
 //! by PID on drop.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -22,6 +25,10 @@ use crate::process::ChildGuard;
 pub const CLUSTER_HEADER: &str = "x-llm-router-cluster";
 /// Request header the filter sets to pick endpoints inside the cluster (override_host source).
 pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+/// Name of the public listener.
+pub const PUBLIC_LISTENER: &str = "llm_router";
+/// Name of the loopback listener serving the snapshot endpoints ([`Router::Filter`] only).
+pub const INTERNAL_LISTENER: &str = "llm_router_internal";
 /// Timeout for one admin API call.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -95,8 +102,13 @@ pub struct EnvoySpec {
     pub plugin_config: Value,
     /// The filter module; `None` means [`filter_wasm()`].
     pub wasm_path: Option<PathBuf>,
-    /// Listener port on 127.0.0.1; 0 (default) lets Envoy pick a free one.
+    /// Listener port; 0 (default) lets Envoy pick a free one.
     pub listen_port: u16,
+    /// Address the public listener binds (default 127.0.0.1). Only a test that brings its own
+    /// reachable network (a namespace with a veth pair) should set anything else.
+    pub listen_ip: IpAddr,
+    /// Port of the internal (snapshot) listener on 127.0.0.1; 0 (default) picks a free one.
+    pub internal_port: u16,
     /// Admin port on 127.0.0.1; 0 (default) lets Envoy pick a free one.
     pub admin_port: u16,
     /// Envoy log level; `None` means `$ENVOY_LOG_LEVEL`, else `warning`.
@@ -123,6 +135,8 @@ impl Default for EnvoySpec {
             plugin_config: Value::Null,
             wasm_path: None,
             listen_port: 0,
+            listen_ip: IpAddr::from([127, 0, 0, 1]),
+            internal_port: 0,
             admin_port: 0,
             log_level: None,
             component_log_level: None,
@@ -178,13 +192,26 @@ impl EnvoySpec {
         json!({"pools": pools, "snapshot": {"secret": "change-me"}})
     }
 
-    /// The plugin configuration actually used.
+    /// The plugin configuration actually used (on the public listener).
     pub fn effective_plugin_config(&self) -> Value {
         if self.plugin_config.is_null() {
             self.default_plugin_config()
         } else {
             self.plugin_config.clone()
         }
+    }
+
+    /// The internal listener's plugin configuration: the public one's `snapshot` section with
+    /// `endpoints: true` (pushes and state are served there only).
+    pub fn internal_plugin_config(&self) -> Value {
+        let mut snapshot = self
+            .effective_plugin_config()
+            .get("snapshot")
+            .cloned()
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
+        snapshot["endpoints"] = json!(true);
+        json!({"snapshot": snapshot})
     }
 
     /// The header the routes match on: the plugin configuration's `cluster_header` or
@@ -245,19 +272,52 @@ impl EnvoySpec {
             "http_filters": http_filters,
         });
         let clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
+        let mut listeners = vec![json!({
+            "name": PUBLIC_LISTENER,
+            "address": socket_address(&self.listen_ip.to_string(), self.listen_port),
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": hcm,
+            }]}],
+        })];
+        if self.router == Router::Filter {
+            listeners.push(self.internal_listener(wasm, access_log)?);
+        }
         Ok(json!({
             "admin": {"address": socket_address("127.0.0.1", self.admin_port)},
-            "static_resources": {
-                "listeners": [{
-                    "name": "llm_router",
-                    "address": socket_address("127.0.0.1", self.listen_port),
-                    "filter_chains": [{"filters": [{
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": hcm,
-                    }]}],
-                }],
-                "clusters": clusters,
+            "static_resources": {"listeners": listeners, "clusters": clusters},
+        }))
+    }
+
+    /// The loopback listener whose filter instance serves the snapshot endpoints; anything
+    /// the filter does not answer itself gets 404.
+    fn internal_listener(&self, wasm: &Path, access_log: &Path) -> Result<Value> {
+        let hcm = json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": "internal",
+            "codec_type": "AUTO",
+            "access_log": [access_log_config(access_log)],
+            "route_config": {
+                "name": "llm_router_internal",
+                "virtual_hosts": [{"name": "internal", "domains": ["*"], "routes": [
+                    {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+                ]}],
             },
+            "http_filters": [
+                wasm_http_filter(wasm, &self.internal_plugin_config())?,
+                {
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                },
+            ],
+        });
+        Ok(json!({
+            "name": INTERNAL_LISTENER,
+            "address": socket_address("127.0.0.1", self.internal_port),
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": hcm,
+            }]}],
         }))
     }
 
@@ -355,6 +415,7 @@ impl EnvoySpec {
         let guard = ChildGuard::spawn_logged(&self.name, cmd, &log_path)?;
         let mut process = EnvoyProcess {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            internal_addr: None,
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             guard,
             dir,
@@ -554,8 +615,11 @@ impl AccessLogEntry {
 /// A running Envoy; stopped (SIGTERM, then SIGKILL) when dropped.
 #[derive(Debug)]
 pub struct EnvoyProcess {
-    /// The HTTP listener (send traffic here).
+    /// The public HTTP listener (send traffic here). A listener bound to 0.0.0.0 is reported
+    /// as 127.0.0.1 with its port.
     pub listen_addr: SocketAddr,
+    /// The internal listener serving the snapshot push and state paths ([`Router::Filter`]).
+    pub internal_addr: Option<SocketAddr>,
     /// The admin API.
     pub admin_addr: SocketAddr,
     /// The process itself.
@@ -605,10 +669,16 @@ impl EnvoyProcess {
         }
         let (_, listeners) = blocking_get(self.admin_addr, "/listeners?format=json", ADMIN_TIMEOUT)
             .map_err(|e| e.to_string())?;
-        self.listen_addr = listener_address(&listeners)
+        self.listen_addr = listener_address(&listeners, PUBLIC_LISTENER)
             .ok_or_else(|| format!("no listener address in {listeners}"))?;
-        TcpStream::connect_timeout(&self.listen_addr, ADMIN_TIMEOUT)
-            .map_err(|e| format!("listener {} does not accept: {e}", self.listen_addr))?;
+        if self.listen_addr.ip().is_unspecified() {
+            self.listen_addr.set_ip(IpAddr::from([127, 0, 0, 1]));
+        }
+        self.internal_addr = listener_address(&listeners, INTERNAL_LISTENER);
+        for addr in std::iter::once(self.listen_addr).chain(self.internal_addr) {
+            TcpStream::connect_timeout(&addr, ADMIN_TIMEOUT)
+                .map_err(|e| format!("listener {addr} does not accept: {e}"))?;
+        }
         Ok(())
     }
 
@@ -620,6 +690,12 @@ impl EnvoyProcess {
     /// `http://<listener><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.listen_addr, path)
+    }
+
+    /// Where snapshots are pushed and state is read: the internal listener (or, for Envoys
+    /// without the filter, the public one, which then has no such endpoints).
+    pub fn push_addr(&self) -> SocketAddr {
+        self.internal_addr.unwrap_or(self.listen_addr)
     }
 
     /// The last `lines` lines of Envoy's log.
@@ -698,11 +774,13 @@ impl EnvoyProcess {
     }
 }
 
-fn listener_address(json_text: &str) -> Option<SocketAddr> {
+fn listener_address(json_text: &str, name: &str) -> Option<SocketAddr> {
     let doc: Value = serde_json::from_str(json_text).ok()?;
     let socket = doc
         .get("listener_statuses")?
-        .get(0)?
+        .as_array()?
+        .iter()
+        .find(|l| l.get("name").and_then(Value::as_str) == Some(name))?
         .get("local_address")?
         .get("socket_address")?;
     let ip = socket.get("address")?.as_str()?;
@@ -788,6 +866,23 @@ mod tests {
         let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
         assert_eq!(routes[0]["route"]["cluster_header"], json!(CLUSTER_HEADER));
         assert_eq!(routes[1]["route"]["cluster"], json!("pool_a"));
+        let internal = &doc["static_resources"]["listeners"][1];
+        assert_eq!(internal["name"], json!(INTERNAL_LISTENER));
+        assert_eq!(
+            internal["address"]["socket_address"]["address"],
+            json!("127.0.0.1")
+        );
+        let iwasm = &internal["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0]
+            ["typed_config"]["config"];
+        assert_eq!(
+            iwasm["vm_config"], wasm["vm_config"],
+            "one VM, one shared data"
+        );
+        let iplugin: Value =
+            serde_json::from_str(iwasm["configuration"]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(iplugin["snapshot"]["endpoints"], json!(true));
+        assert_eq!(iplugin["snapshot"]["secret"], plugin["snapshot"]["secret"]);
+        assert!(plugin["snapshot"].get("endpoints").is_none());
         let cluster = &doc["static_resources"]["clusters"][1];
         let policy = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
         assert_eq!(

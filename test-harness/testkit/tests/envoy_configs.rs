@@ -3,8 +3,9 @@
 //! the Envoy fragments inside Istio's EnvoyFilter and Envoy Gateway's EnvoyPatchPolicy are put
 //! into a bootstrap and validated too; every Kubernetes manifest has a known kind/apiVersion and,
 //! for custom resources, only fields that exist in the CRD schemas of
-//! `test-harness/fixtures/crds/` (types, enums, required fields); and the pools named by the
-//! filter, the routes and the sidecar agree.
+//! `test-harness/fixtures/crds/` (types, enums, required fields); the pools named by the filter,
+//! the routes and the sidecar agree; and the snapshot endpoints are switched on only in filter
+//! copies on loopback-bound listeners, where the sidecar pushes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -171,16 +172,29 @@ fn plain_envoy_examples_pass_envoy_validate() {
         origins.iter().any(|o| o.contains("gateway-envoy.yaml")),
         "{origins:?}"
     );
-    // The two required settings, in every bootstrap that loads the filter.
+    // The two required settings, in every bootstrap that loads the filter; one public and one
+    // internal copy of the filter in the same VM.
     for (origin, bootstrap) in &bootstraps {
         let mut configs = Vec::new();
         wasm_configs(bootstrap, &mut configs);
-        assert_eq!(configs.len(), 1, "{origin}: one llm-router filter expected");
         assert_eq!(
-            configs[0]["allow_on_headers_stop_iteration"],
-            json!(true),
-            "{origin}"
+            configs.len(),
+            2,
+            "{origin}: a public and an internal llm-router filter expected"
         );
+        let internal = configs.iter().filter(|c| endpoints_on(c)).count();
+        assert_eq!(
+            internal, 1,
+            "{origin}: exactly one copy serves the endpoints"
+        );
+        assert_eq!(configs[0]["vm_config"], configs[1]["vm_config"], "{origin}");
+        for c in &configs {
+            assert_eq!(
+                c["allow_on_headers_stop_iteration"],
+                json!(true),
+                "{origin}"
+            );
+        }
         for cluster in bootstrap["static_resources"]["clusters"]
             .as_array()
             .unwrap()
@@ -218,6 +232,121 @@ fn plain_envoy_examples_pass_envoy_validate() {
     }
 }
 
+/// The plugin configuration (parsed) of a Wasm filter config.
+fn plugin_of(config: &Value) -> Value {
+    serde_json::from_str(config["configuration"]["value"].as_str().unwrap_or("{}"))
+        .unwrap_or(Value::Null)
+}
+
+/// Whether this filter copy serves the snapshot push and state paths.
+fn endpoints_on(config: &Value) -> bool {
+    plugin_of(config)["snapshot"]["endpoints"] == json!(true)
+}
+
+/// Every Envoy listener (an object with `address` and `filter_chains`) inside a value.
+fn listeners(value: &Value, out: &mut Vec<Value>) {
+    match value {
+        Value::Object(map) => {
+            if map.contains_key("address") && map.contains_key("filter_chains") {
+                out.push(value.clone());
+            }
+            map.values().for_each(|v| listeners(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| listeners(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn snapshot_endpoints_are_served_only_on_loopback_listeners() {
+    let docs = example_docs();
+    let mut all = Vec::new(); // (origin, listener)
+    let mut public_filters = Vec::new(); // (origin, wasm config) outside any listener object
+    for doc in &docs {
+        let mut values = vec![doc.value.clone()];
+        for (_, text) in doc.value["data"].as_object().into_iter().flatten() {
+            values.extend(documents(text.as_str().unwrap_or_default(), &doc.origin));
+        }
+        for v in values {
+            let mut found = Vec::new();
+            listeners(&v, &mut found);
+            let mut inside = 0;
+            for l in found {
+                let mut configs = Vec::new();
+                wasm_configs(&l, &mut configs);
+                inside += configs.len();
+                all.push((doc.origin.clone(), l));
+            }
+            let mut configs = Vec::new();
+            wasm_configs(&v, &mut configs);
+            if configs.len() > inside {
+                // Filters patched into listeners the controller generates (public ones).
+                for c in configs.into_iter().filter(|c| !endpoints_on(c)) {
+                    public_filters.push((doc.origin.clone(), c));
+                }
+            }
+        }
+    }
+    let mut internal_ports = BTreeSet::new();
+    let mut internal_folders = BTreeSet::new();
+    for (origin, l) in &all {
+        let mut configs = Vec::new();
+        wasm_configs(l, &mut configs);
+        let address = l["address"]["socket_address"]["address"]
+            .as_str()
+            .unwrap_or_default();
+        for c in &configs {
+            if endpoints_on(c) {
+                assert!(
+                    address == "127.0.0.1" || address == "::1",
+                    "{origin}: snapshot endpoints on a listener bound to {address}"
+                );
+                let plugin = plugin_of(c);
+                assert!(
+                    plugin["snapshot"]["secret"]
+                        .as_str()
+                        .is_some_and(|s| !s.is_empty()),
+                    "{origin}: endpoints without a secret"
+                );
+                internal_ports.insert(
+                    l["address"]["socket_address"]["port_value"]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("{origin}: internal listener without a port")),
+                );
+                internal_folders.insert(origin.rsplit_once('/').map(|(d, _)| d.to_string()));
+            }
+        }
+    }
+    assert_eq!(
+        internal_folders.len(),
+        4,
+        "an internal listener in envoy/, istio/, envoy-gateway/, kubernetes/: {internal_folders:?}"
+    );
+    assert_eq!(
+        internal_ports.len(),
+        1,
+        "one internal port everywhere: {internal_ports:?}"
+    );
+    assert!(public_filters.len() >= 2, "{public_filters:?}");
+    // The sidecar pushes to that port on loopback.
+    let port = internal_ports.iter().next().unwrap();
+    let sidecar = docs
+        .iter()
+        .filter(|d| d.value["kind"] == "ConfigMap")
+        .flat_map(|d| d.value["data"].as_object().cloned().unwrap_or_default())
+        .filter_map(|(_, text)| {
+            documents(text.as_str().unwrap_or_default(), "ConfigMap data")
+                .into_iter()
+                .next()
+        })
+        .find(|v| v.get("push").is_some())
+        .expect("the sidecar configuration");
+    assert_eq!(
+        sidecar["push"]["address"],
+        json!(format!("127.0.0.1:{port}"))
+    );
+}
+
 /// Replaces the plugin configuration string of every Wasm filter config in a value.
 fn set_plugin_config(value: &mut Value, text: &str) {
     match value {
@@ -239,6 +368,7 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
     let docs = example_docs();
     let mut filters = Vec::new(); // (origin, http filter entry)
     let mut lb_policies = Vec::new(); // (origin, load_balancing_policy)
+    let mut added_listeners = Vec::new(); // (origin, whole listener)
     for doc in &docs {
         let v = &doc.value;
         match v["kind"].as_str() {
@@ -251,6 +381,9 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
                         }
                         Some("CLUSTER") => lb_policies
                             .push((doc.origin.clone(), value["load_balancing_policy"].clone())),
+                        Some("LISTENER") => {
+                            added_listeners.push((doc.origin.clone(), value.clone()))
+                        }
                         _ => {}
                     }
                 }
@@ -260,6 +393,12 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
                     let value = &patch["operation"]["value"];
                     if value["typed_config"]["@type"] == WASM_TYPE {
                         filters.push((doc.origin.clone(), value.clone()));
+                    }
+                    if patch["operation"]["op"] == "add"
+                        && patch["operation"]["path"] == ""
+                        && patch["type"] == "type.googleapis.com/envoy.config.listener.v3.Listener"
+                    {
+                        added_listeners.push((doc.origin.clone(), value.clone()));
                     }
                 }
             }
@@ -276,6 +415,11 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
         "expected the Istio and Envoy Gateway filters: {origins:?}"
     );
     assert!(lb_policies.len() >= 2);
+    assert_eq!(
+        added_listeners.len(),
+        2,
+        "the internal listener in the Istio and Envoy Gateway manifests"
+    );
     for (origin, filter) in &filters {
         assert_eq!(
             filter["typed_config"]["config"]["allow_on_headers_stop_iteration"],
@@ -297,6 +441,12 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
         bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
             ["typed_config"]["http_filters"][0] = filter;
         validate_with_envoy(&format!("{origin} filter"), bootstrap, &wasm, &dir);
+    }
+    for (origin, listener) in added_listeners {
+        // In place of the generated internal listener: same VM as the public filter.
+        let mut bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
+        bootstrap["static_resources"]["listeners"][1] = listener;
+        validate_with_envoy(&format!("{origin} listener"), bootstrap, &wasm, &dir);
     }
     for (origin, policy) in lb_policies {
         let mut bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
@@ -330,6 +480,10 @@ fn plugin_pools(docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, String>> {
             );
             assert_eq!(config["vm_config"]["vm_id"], "llm-router", "{origin}");
             assert_eq!(config["root_id"], "llm-router", "{origin}");
+            if plugin["snapshot"]["endpoints"] == json!(true) {
+                // The internal copy: snapshot endpoints only (checked by its own test).
+                continue;
+            }
             let folder = origin
                 .rsplit_once('/')
                 .map(|(d, _)| d.to_string())
@@ -353,8 +507,8 @@ fn plugin_pools(docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, String>> {
                     .insert(name.into(), cluster.into());
             }
             assert!(
-                plugin["snapshot"]["secret"].is_string(),
-                "{origin}: no snapshot.secret"
+                plugin["snapshot"].get("secret").is_none(),
+                "{origin}: the public copy needs no secret (it has no snapshot endpoints)"
             );
         }
     };

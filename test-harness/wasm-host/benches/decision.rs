@@ -22,7 +22,7 @@ const CHUNK: usize = 16 * 1024;
 fn config() -> String {
     format!(
         r#"{{"pools": [{{"name": "llama", "cluster": "pool_llama", "models": ["{LLAMA}"], "adapters": ["sql-lora"]}}],
-            "snapshot": {{"secret": "{SECRET}", "stale_after_ms": 3600000}}}}"#
+            "snapshot": {{"secret": "{SECRET}", "stale_after_ms": 3600000, "endpoints": true}}}}"#
     )
 }
 
@@ -93,7 +93,10 @@ fn push(vm: &Vm, bytes: &[u8]) {
     r.headers(&[
         (":method", "POST"),
         (":path", "/__llm_router/snapshot"),
-        ("x-llm-router-secret", SECRET),
+        (
+            llm_router_snapshot::SIGNATURE_HEADER,
+            &llm_router_snapshot::sign(SECRET.as_bytes(), bytes),
+        ),
     ])
     .property("source.address", "127.0.0.1:1")
     .body(bytes);

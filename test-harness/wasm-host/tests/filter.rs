@@ -410,7 +410,10 @@ fn saturated_fleet(host: &proxy_wasm_host::Host, waiting: u32) -> Vec<u8> {
 #[test]
 fn a_saturated_pool_sheds_sheddable_requests_first_with_429() {
     let host = host();
-    let vm = vm(&host);
+    // Priority headers count only when trusted (a filter before this one sets them).
+    let vm = host
+        .vm(&config_with(r#", "priority": {"trust_headers": true}"#))
+        .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6)); // every pod past the queue threshold of 5
     let body = chat_body(LLAMA, "batch job");
     let mut shed = post(&vm, "/v1/chat/completions", &body);
@@ -454,6 +457,44 @@ fn a_saturated_pool_sheds_sheddable_requests_first_with_429() {
         .send()
         .unwrap();
     assert_routed(&c);
+}
+
+#[test]
+fn client_priority_headers_are_ignored_unless_trusted() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "objectives": {"batch": -1, "vip": 1}"#))
+        .unwrap();
+    push_ok(&vm, &saturated_fleet(&host, 6)); // 1.2x saturated
+    let body = chat_body(LLAMA, "cheap");
+    // Declaring itself sheddable changes nothing either: every request is standard.
+    for (name, value) in [
+        ("x-llm-router-priority", "-1"),
+        ("x-gateway-inference-objective", "batch"),
+    ] {
+        let mut r = post(&vm, "/v1/chat/completions", &body);
+        r.header(name, value).body(&body).send().unwrap();
+        assert_routed(&r);
+        r.finish().unwrap();
+    }
+    push_ok(&vm, &{
+        let mut b = saturated_fleet(&host, 60); // 12x: standard requests are shed
+        b[8] = 2;
+        b
+    });
+    for (name, value) in [
+        ("x-llm-router-priority", "5"),
+        ("x-gateway-inference-objective", "vip"),
+    ] {
+        let mut r = post(&vm, "/v1/chat/completions", &body);
+        r.header(name, value).body(&body).send().unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            Some(429),
+            "a client exempted itself with {name}: {value}\n{}",
+            r.explain()
+        );
+    }
 }
 
 #[test]
@@ -699,7 +740,7 @@ fn every_fixture_body_is_routed_on_its_endpoint() {
     models.dedup();
     let model_refs: Vec<&str> = models.iter().map(String::as_str).collect();
     let cfg = format!(
-        r#"{{"pools": [{{"name": "fx", "cluster": "pool_fx", "models": {}}}], "snapshot": {{"secret": "{SECRET}"}}}}"#,
+        r#"{{"pools": [{{"name": "fx", "cluster": "pool_fx", "models": {}}}], "snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#,
         serde_json::to_string(&models).unwrap()
     );
     let host = host();
@@ -823,16 +864,9 @@ fn a_snapshot_push_is_accepted_and_answered_with_its_summary() {
     assert_eq!(j["accepted"], false);
     assert_eq!(j["reason"], "stale generation");
 
-    // State shows it, to loopback + secret only.
-    let mut s = vm.request();
-    s.headers(&[
-        (":method", "GET"),
-        (":path", STATE_PATH),
-        ("x-llm-router-secret", SECRET),
-    ])
-    .property("source.address", "127.0.0.1:5000")
-    .send()
-    .unwrap();
+    // State shows it (on the instance with the snapshot endpoints).
+    let mut s = state_request(&vm);
+    s.send().unwrap();
     assert_eq!(
         s.local_response().map(|l| l.status),
         Some(200),
@@ -844,39 +878,51 @@ fn a_snapshot_push_is_accepted_and_answered_with_its_summary() {
     assert_eq!(state["pools"].as_array().map(Vec::len), Some(2));
 }
 
-#[test]
-fn a_push_with_a_wrong_secret_or_from_outside_is_403_and_changes_nothing() {
-    let host = host();
-    let vm = vm(&host);
-    let bytes = snapshot(
-        &host,
-        1,
+fn one_pod_snapshot(host: &proxy_wasm_host::Host, generation: u64, addr: &str) -> Vec<u8> {
+    snapshot(
+        host,
+        generation,
         vec![pool(
             "llama",
             "pool_llama",
             &[LLAMA],
-            vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+            vec![pod(addr, 0, 0, 0.1)],
         )],
-    );
-    let cases: Vec<(&str, Option<&str>, &str)> = vec![
-        ("wrong secret", Some("127.0.0.1:4000"), "nope"),
-        ("empty secret", Some("127.0.0.1:4000"), ""),
-        ("non-loopback source", Some("10.1.2.3:4000"), SECRET),
-        ("IPv6 non-loopback", Some("[2001:db8::1]:4000"), SECRET),
-        ("unknown source", None, SECRET),
+    )
+}
+
+#[test]
+fn a_push_without_the_right_hmac_is_403_forbidden_and_changes_nothing() {
+    let host = host();
+    let vm = host
+        .builder()
+        .plugin_config(config())
+        .log_level(LogLevel::Debug)
+        .start()
+        .unwrap();
+    let bytes = one_pod_snapshot(&host, 5, "10.0.0.1:8000");
+    let right = signature(&bytes);
+    let other_bytes = one_pod_snapshot(&host, 6, "10.0.0.1:8000");
+    let wrong_key = llm_router_snapshot::sign(b"not-the-secret", &bytes);
+    let cases: Vec<(&str, Option<String>)> = vec![
+        ("missing", None),
+        ("wrong key", Some(wrong_key)),
+        ("signature of other bytes", Some(signature(&other_bytes))),
+        (
+            "truncated by one digit",
+            Some(right[..right.len() - 1].to_string()),
+        ),
+        ("truncated to half", Some(right[..7 + 32].to_string())),
+        (
+            "no sha256= prefix",
+            Some(right["sha256=".len()..].to_string()),
+        ),
+        ("empty", Some(String::new())),
+        ("the secret itself", Some(SECRET.to_string())),
     ];
-    for (what, source, secret) in cases {
-        let mut r = vm.request();
-        r.headers(&[
-            (":method", "POST"),
-            (":path", PUSH_PATH),
-            ("x-llm-router-secret", secret),
-            ("content-length", &bytes.len().to_string()),
-        ])
-        .body(&bytes);
-        if let Some(s) = source {
-            r.property("source.address", s);
-        }
+    let mut bodies = Vec::new();
+    for (what, sig) in &cases {
+        let mut r = push_signed(&vm, &bytes, sig.as_deref());
         r.send().unwrap();
         assert_eq!(
             r.local_response().map(|l| l.status),
@@ -884,17 +930,41 @@ fn a_push_with_a_wrong_secret_or_from_outside_is_403_and_changes_nothing() {
             "{what}\n{}",
             r.explain()
         );
-        assert_eq!(json_of(&r)["accepted"], false, "{what}");
         assert!(!r.forwarded(), "{what}");
         assert_eq!(
             host.shared_data("llmr/snapshot"),
             None,
             "{what}: a refused push must not be stored"
         );
+        bodies.push(json_of(&r));
     }
-    // IPv6 loopback is loopback.
+    // The old clear-text secret header is not enough.
+    let mut r = push_signed(&vm, &bytes, None);
+    r.header("x-llm-router-secret", SECRET);
+    r.send().unwrap();
+    assert_eq!(r.local_response().map(|l| l.status), Some(403));
+    bodies.push(json_of(&r));
+    // One answer for every refusal; what failed is in the proxy's log only.
+    for b in &bodies {
+        assert_eq!(b, &bodies[0]);
+    }
+    assert_eq!(bodies[0]["error"]["message"], "forbidden");
+    assert_eq!(bodies[0]["accepted"], false);
+    for detail in [
+        "no signature header",
+        "does not match",
+        "not sha256=<64 hex digits>",
+    ] {
+        assert!(
+            vm.logged(detail),
+            "log lacks {detail:?}:\n{}",
+            vm.log_text()
+        );
+    }
+    // The right signature is accepted from any source: the listener decides who can reach
+    // the endpoint, not source.address (which X-Forwarded-For can set).
     let mut r = push_request(&vm, &bytes);
-    r.property("source.address", "[::1]:4000");
+    r.property("source.address", "10.1.2.3:4000");
     r.send().unwrap();
     assert_eq!(
         r.local_response().map(|l| l.status),
@@ -902,13 +972,68 @@ fn a_push_with_a_wrong_secret_or_from_outside_is_403_and_changes_nothing() {
         "{}",
         r.explain()
     );
-    // The state endpoint is guarded the same way.
-    let mut s = vm.request();
-    s.headers(&[(":method", "GET"), (":path", STATE_PATH)])
-        .property("source.address", "127.0.0.1:5000")
-        .send()
-        .unwrap();
-    assert_eq!(s.local_response().map(|l| l.status), Some(403));
+    assert_eq!(
+        host.shared_data("llmr/snapshot").map(|(v, _)| v),
+        Some(bytes.clone())
+    );
+    // Replays are refused: the same signed push again, and an older generation signed right.
+    let newer = one_pod_snapshot(&host, 9, "10.0.0.9:8000");
+    push_ok(&vm, &newer);
+    for (what, old) in [
+        ("replay of generation 5", bytes.clone()),
+        ("generation 8", one_pod_snapshot(&host, 8, "10.0.0.8:8000")),
+    ] {
+        let mut r = push_request(&vm, &old);
+        r.send().unwrap();
+        assert_eq!(r.local_response().map(|l| l.status), Some(409), "{what}");
+        assert_eq!(
+            host.shared_data("llmr/snapshot").map(|(v, _)| v),
+            Some(newer.clone()),
+            "{what} replaced the snapshot"
+        );
+    }
+    // A signature over generation 5 does not carry over to the same bytes with a newer
+    // generation: the generation is signed.
+    let mut bumped = bytes.clone();
+    bumped[8] = 10;
+    let mut r = push_signed(&vm, &bumped, Some(&right));
+    r.send().unwrap();
+    assert_eq!(r.local_response().map(|l| l.status), Some(403));
+    assert_eq!(
+        host.shared_data("llmr/snapshot").map(|(v, _)| v),
+        Some(newer)
+    );
+}
+
+#[test]
+fn without_snapshot_endpoints_the_paths_are_404_and_instances_share_the_snapshot() {
+    let host = host();
+    let public = host.vm(&public_config()).unwrap();
+    let internal = host.vm(&internal_config()).unwrap();
+    let bytes = one_pod_snapshot(&host, 3, "10.0.0.7:8000");
+    // The public instance answers 404 for both paths, even to a correctly signed push.
+    let mut r = push_request(&public, &bytes);
+    r.send().unwrap();
+    assert_eq!(
+        r.local_response().map(|l| l.status),
+        Some(404),
+        "{}",
+        r.explain()
+    );
+    assert!(!r.forwarded());
+    let mut s = state_request(&public);
+    s.send().unwrap();
+    assert_eq!(s.local_response().map(|l| l.status), Some(404));
+    assert!(!s.forwarded());
+    assert_eq!(host.shared_data("llmr/snapshot"), None);
+    // Pushed to the internal instance, the snapshot routes the public one's requests.
+    push_ok(&internal, &bytes);
+    let r = chat(&public, LLAMA, "hello");
+    assert_routed(&r);
+    assert_eq!(endpoints(&r), ["10.0.0.7:8000"]);
+    let mut s = state_request(&internal);
+    s.send().unwrap();
+    assert_eq!(json_of(&s)["generation"], 3);
 }
 
 #[test]
@@ -957,27 +1082,17 @@ fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot()
         host.shared_data("llmr/snapshot").map(|(v, _)| v),
         Some(good)
     );
-    // GET on the push path is 405; an empty POST is 400.
+    // GET on the push path and an empty POST are refused like any unsigned push.
     let mut g = vm.request();
-    g.headers(&[
-        (":method", "GET"),
-        (":path", PUSH_PATH),
-        ("x-llm-router-secret", SECRET),
-    ])
-    .property("source.address", "127.0.0.1:1")
-    .send()
-    .unwrap();
-    assert_eq!(g.local_response().map(|l| l.status), Some(405));
+    g.headers(&[(":method", "GET"), (":path", PUSH_PATH)])
+        .send()
+        .unwrap();
+    assert_eq!(g.local_response().map(|l| l.status), Some(403));
     let mut e = vm.request();
-    e.headers(&[
-        (":method", "POST"),
-        (":path", PUSH_PATH),
-        ("x-llm-router-secret", SECRET),
-    ])
-    .property("source.address", "127.0.0.1:1")
-    .send()
-    .unwrap();
-    assert_eq!(e.local_response().map(|l| l.status), Some(400));
+    e.headers(&[(":method", "POST"), (":path", PUSH_PATH)])
+        .send()
+        .unwrap();
+    assert_eq!(e.local_response().map(|l| l.status), Some(403));
     assert_eq!(
         host.metric("llm_router.snapshot_refused").map(|m| m.value),
         Some(4)
@@ -1057,16 +1172,26 @@ fn a_bad_configuration_fails_at_load_with_a_log_line_that_says_why() {
             Ok(_) => panic!("{cfg}: accepted"),
         }
     }
-    // No configuration at all is valid (pools come from the snapshot); it warns about the secret.
+    // Snapshot endpoints need a secret.
+    match host.vm(r#"{"snapshot": {"endpoints": true}}"#) {
+        Err(HostError::ConfigureRejected { logs }) => {
+            assert!(logs.contains("snapshot.secret"), "{logs}")
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("endpoints without a secret accepted"),
+    }
+    // No configuration at all is valid (pools come from the snapshot; no endpoints).
     let vm = host.builder().log_level(LogLevel::Debug).start().unwrap();
-    assert!(vm.logged("snapshot.secret is empty"), "{}", vm.log_text());
+    assert!(vm.logged("snapshot endpoints off"), "{}", vm.log_text());
 }
 
 #[test]
 fn pools_may_come_from_the_snapshot_alone() {
     let host = host();
     let vm = host
-        .vm(&format!(r#"{{"snapshot": {{"secret": "{SECRET}"}}}}"#))
+        .vm(&format!(
+            r#"{{"snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#
+        ))
         .unwrap();
     push_ok(
         &vm,
@@ -1111,26 +1236,12 @@ fn the_filter_uses_no_timers_and_reads_time_only_from_the_host() {
             )],
         ),
     );
-    let mut s = vm.request();
-    s.headers(&[
-        (":method", "GET"),
-        (":path", STATE_PATH),
-        ("x-llm-router-secret", SECRET),
-    ])
-    .property("source.address", "127.0.0.1:1")
-    .send()
-    .unwrap();
+    let mut s = state_request(&vm);
+    s.send().unwrap();
     assert_eq!(json_of(&s)["age_ms"], 0);
     vm.advance(std::time::Duration::from_millis(1234)).unwrap();
-    let mut s = vm.request();
-    s.headers(&[
-        (":method", "GET"),
-        (":path", STATE_PATH),
-        ("x-llm-router-secret", SECRET),
-    ])
-    .property("source.address", "127.0.0.1:1")
-    .send()
-    .unwrap();
+    let mut s = state_request(&vm);
+    s.send().unwrap();
     assert_eq!(json_of(&s)["age_ms"], 1234);
     assert!(vm.shutdown().unwrap());
 }
@@ -1258,7 +1369,9 @@ fn a_trap_in_the_real_filter_is_reported_with_its_backtrace() {
 fn an_inference_objective_header_maps_to_a_priority() {
     let host = host();
     let vm = host
-        .vm(&config_with(r#", "objectives": {"batch": -1, "chat": 0}"#))
+        .vm(&config_with(
+            r#", "objectives": {"batch": -1, "chat": 0}, "priority": {"trust_headers": true}"#,
+        ))
         .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6));
     let body = chat_body(LLAMA, "nightly batch");

@@ -133,15 +133,21 @@ pub fn snapshot(pools: Vec<(&TestPool, Vec<Pod>)>) -> Snapshot {
     }
 }
 
-pub async fn push(envoy: &EnvoyProcess, snap: &Snapshot) -> HttpResponse {
-    testkit::post_bytes(
-        envoy.listen_addr,
-        PUSH,
-        &[("x-llm-router-secret", SECRET)],
-        snap.encode().unwrap(),
+/// The signature header for `bytes` under [`SECRET`], as the sidecar sends it.
+pub fn signed(bytes: &[u8]) -> (&'static str, String) {
+    (
+        llm_router_snapshot::SIGNATURE_HEADER,
+        llm_router_snapshot::sign(SECRET.as_bytes(), bytes),
     )
-    .await
-    .unwrap()
+}
+
+/// Pushes `snap` signed, to the internal listener (as the sidecar does).
+pub async fn push(envoy: &EnvoyProcess, snap: &Snapshot) -> HttpResponse {
+    let bytes = snap.encode().unwrap();
+    let (name, value) = signed(&bytes);
+    testkit::post_bytes(envoy.push_addr(), PUSH, &[(name, &value)], bytes)
+        .await
+        .unwrap()
 }
 
 pub async fn push_ok(envoy: &EnvoyProcess, snap: &Snapshot) {
@@ -174,9 +180,7 @@ pub fn backend(r: &HttpResponse) -> String {
 }
 
 pub async fn state(envoy: &EnvoyProcess) -> Value {
-    let r = testkit::get(envoy.listen_addr, STATE, &[("x-llm-router-secret", SECRET)])
-        .await
-        .unwrap();
+    let r = testkit::get(envoy.push_addr(), STATE, &[]).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     r.json().unwrap()
 }

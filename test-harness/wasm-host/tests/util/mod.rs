@@ -25,7 +25,9 @@ pub fn bodies_fixtures_dir() -> std::path::PathBuf {
     dir
 }
 
-/// The plugin configuration of the brief: two pools, aliases, adapters, a secret.
+/// The plugin configuration of the brief: two pools, aliases, adapters, a secret. For brevity
+/// one instance both routes and serves the snapshot endpoints (`snapshot.endpoints`); the
+/// shipped configs split those over a public and an internal listener, see [`public_config`].
 pub fn config() -> String {
     config_with("")
 }
@@ -41,9 +43,24 @@ pub fn config_with(extra: &str) -> String {
     {{"name": "qwen", "cluster": "pool_qwen", "models": ["Qwen/Qwen2.5-7B-Instruct"]}}
   ],
   "top_k": 3,
-  "snapshot": {{"secret": "{SECRET}", "stale_after_ms": 3000}}{extra}
+  "snapshot": {{"secret": "{SECRET}", "stale_after_ms": 3000, "endpoints": true}}{extra}
 }}"#
     )
+}
+
+/// [`config`] as the public listener's instance has it: no snapshot endpoints.
+pub fn public_config() -> String {
+    config().replace(r#", "endpoints": true"#, "")
+}
+
+/// The internal listener's instance: only the snapshot section, endpoints on.
+pub fn internal_config() -> String {
+    format!(r#"{{"snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#)
+}
+
+/// `x-llm-router-signature` for `bytes` under [`SECRET`].
+pub fn signature(bytes: &[u8]) -> String {
+    llm_router_snapshot::sign(SECRET.as_bytes(), bytes)
 }
 
 /// A host on the release filter; a missing `.wasm` fails with the command that builds it.
@@ -113,19 +130,34 @@ pub fn snapshot(host: &Host, generation: u64, pools: Vec<Pool>) -> Vec<u8> {
     snap.encode().expect("test snapshot encodes")
 }
 
-/// A push as the sidecar sends it: loopback source, secret header, binary body.
+/// A push as the sidecar sends it: signed with [`SECRET`], binary body.
 pub fn push_request(vm: &Vm, bytes: &[u8]) -> Request {
+    push_signed(vm, bytes, Some(&signature(bytes)))
+}
+
+/// A push carrying `signature` (none when `None`) in `x-llm-router-signature`.
+pub fn push_signed(vm: &Vm, bytes: &[u8], signature: Option<&str>) -> Request {
     let mut r = vm.request();
     r.headers(&[
         (":method", "POST"),
         (":path", PUSH_PATH),
-        (":authority", "127.0.0.1:10000"),
+        (":authority", "127.0.0.1:10001"),
         ("content-type", "application/octet-stream"),
-        ("x-llm-router-secret", SECRET),
         ("content-length", &bytes.len().to_string()),
     ])
-    .property("source.address", "127.0.0.1:41234")
-    .body(bytes);
+    .property("source.address", "127.0.0.1:41234");
+    if let Some(sig) = signature {
+        r.header(llm_router_snapshot::SIGNATURE_HEADER, sig);
+    }
+    r.body(bytes);
+    r
+}
+
+/// `GET` on the state path.
+pub fn state_request(vm: &Vm) -> Request {
+    let mut r = vm.request();
+    r.headers(&[(":method", "GET"), (":path", STATE_PATH)])
+        .property("source.address", "127.0.0.1:5000");
     r
 }
 

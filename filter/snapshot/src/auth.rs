@@ -1,0 +1,111 @@
+//! Authentication of snapshot pushes by their content: the sidecar signs the exact bytes it
+//! pushes with HMAC-SHA256 under the shared secret and sends the signature in
+//! [`SIGNATURE_HEADER`]; the filter recomputes it over the bytes it received and compares in
+//! constant time before it decodes anything.
+//!
+//! The signature covers the whole encoded snapshot, header included, so the `generation`
+//! (bytes 8..16) is signed too: a captured push cannot be replayed under a newer generation,
+//! and replaying it as it is loses against the filter's "newer generation only" rule. The
+//! secret itself never travels. Both sides use these two functions and nothing else.
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::fmt;
+
+/// The request header carrying the signature.
+pub const SIGNATURE_HEADER: &str = "x-llm-router-signature";
+/// What the header value starts with; 64 lower- or upper-case hex digits follow.
+pub const SIGNATURE_PREFIX: &str = "sha256=";
+/// Bytes of an HMAC-SHA256 tag.
+const TAG_BYTES: usize = 32;
+
+/// Why a signature was refused (for the proxy's log; callers answer every case the same way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignatureError {
+    /// No secret is configured: nothing can be verified.
+    NoSecret,
+    /// The request carried no signature.
+    Missing,
+    /// Not `sha256=` followed by 64 hex digits (for example truncated).
+    Malformed,
+    /// Well formed, but not the HMAC of these bytes under this secret.
+    Mismatch,
+}
+
+impl fmt::Display for SignatureError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SignatureError::NoSecret => "no snapshot secret is configured",
+            SignatureError::Missing => "no signature header",
+            SignatureError::Malformed => "signature is not sha256=<64 hex digits>",
+            SignatureError::Mismatch => "signature does not match the snapshot bytes",
+        })
+    }
+}
+
+impl std::error::Error for SignatureError {}
+
+/// HMAC-SHA256 keyed with `secret` over `snapshot`. HMAC accepts keys of any length, so this
+/// is `None` only if the hmac crate ever refused one; both callers then fail closed.
+fn mac(secret: &[u8], snapshot: &[u8]) -> Option<Hmac<Sha256>> {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).ok()?;
+    m.update(snapshot);
+    Some(m)
+}
+
+/// The header value for `snapshot` (the encoded bytes, exactly as sent): `sha256=<64 hex>`.
+pub fn sign(secret: &[u8], snapshot: &[u8]) -> String {
+    let mut out = String::with_capacity(SIGNATURE_PREFIX.len() + 2 * TAG_BYTES);
+    out.push_str(SIGNATURE_PREFIX);
+    if let Some(m) = mac(secret, snapshot) {
+        for b in m.finalize().into_bytes() {
+            out.push(hex_char(b >> 4));
+            out.push(hex_char(b & 0xF));
+        }
+    }
+    out
+}
+
+fn hex_char(nibble: u8) -> char {
+    char::from_digit(u32::from(nibble), 16).unwrap_or('0')
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    char::from(c)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
+}
+
+/// Checks `signature` (the header value, `None` if absent) against `snapshot` under `secret`.
+/// The tag comparison takes the same time wherever the first differing byte is.
+pub fn verify(
+    secret: &[u8],
+    snapshot: &[u8],
+    signature: Option<&str>,
+) -> Result<(), SignatureError> {
+    if secret.is_empty() {
+        return Err(SignatureError::NoSecret);
+    }
+    let value = signature.ok_or(SignatureError::Missing)?.trim();
+    let hex = value
+        .strip_prefix(SIGNATURE_PREFIX)
+        .ok_or(SignatureError::Malformed)?
+        .as_bytes();
+    if hex.len() != 2 * TAG_BYTES {
+        return Err(SignatureError::Malformed);
+    }
+    let mut tag = [0u8; TAG_BYTES];
+    for (slot, pair) in tag.iter_mut().zip(hex.chunks_exact(2)) {
+        let (Some(hi), Some(lo)) = (
+            pair.first().copied().and_then(hex_digit),
+            pair.get(1).copied().and_then(hex_digit),
+        ) else {
+            return Err(SignatureError::Malformed);
+        };
+        *slot = (hi << 4) | lo;
+    }
+    mac(secret, snapshot)
+        .ok_or(SignatureError::Mismatch)?
+        .verify_slice(&tag)
+        .map_err(|_| SignatureError::Mismatch)
+}
