@@ -109,7 +109,7 @@ async fn non_streaming_chat_and_completions() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["object"], "error");
-    let long = "y".repeat(4 * 140_000);
+    let long = "y".repeat(8 * 140_000);
     let r = http(
         addr,
         "POST",
