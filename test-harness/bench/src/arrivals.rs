@@ -189,7 +189,11 @@ mod tests {
             on_s: 10.0 / 3.0,
             off_s: 20.0 / 3.0,
         };
-        let t = a.times(&mut StdRng::seed_from_u64(2), Duration::from_secs(400), 100_000);
+        let t = a.times(
+            &mut StdRng::seed_from_u64(2),
+            Duration::from_secs(400),
+            100_000,
+        );
         let rate = t.len() as f64 / 400.0;
         assert!((rate - a.mean_rate()).abs() < 0.1 * a.mean_rate(), "{rate}");
         let z = Arrival::Bursty {
@@ -199,7 +203,11 @@ mod tests {
             off_s: 0.0,
         };
         assert!(!z
-            .times(&mut StdRng::seed_from_u64(2), Duration::from_secs(50), 10_000)
+            .times(
+                &mut StdRng::seed_from_u64(2),
+                Duration::from_secs(50),
+                10_000
+            )
             .is_empty());
     }
 

@@ -99,7 +99,11 @@ impl RespCtx {
     fn response_obj(&self, finish: Option<&str>, usage: Option<&Usage>) -> Value {
         let (status, incomplete, output) = match (finish, usage) {
             (Some(f), Some(u)) => (
-                if f == "length" { "incomplete" } else { "completed" },
+                if f == "length" {
+                    "incomplete"
+                } else {
+                    "completed"
+                },
                 if f == "length" {
                     json!({"reason": "max_output_tokens"})
                 } else {
@@ -198,7 +202,8 @@ impl RespCtx {
             Api::Responses => {
                 let text = full_text(self.req, usage.completion_tokens);
                 let seq = 4 + usage.completion_tokens;
-                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
+                let part =
+                    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
                 s.push_str(&named_event("response.output_text.done", &json!({"type": "response.output_text.done", "sequence_number": seq, "item_id": self.item_id(), "output_index": 0, "content_index": 0, "text": text, "logprobs": []})));
                 s.push_str(&named_event("response.content_part.done", &json!({"type": "response.content_part.done", "sequence_number": seq + 1, "item_id": self.item_id(), "output_index": 0, "content_index": 0, "part": part})));
                 s.push_str(&named_event("response.output_item.done", &json!({"type": "response.output_item.done", "sequence_number": seq + 2, "output_index": 0, "item": self.response_item(&text, true)})));
@@ -210,9 +215,15 @@ impl RespCtx {
                 s.push_str(&named_event(kind, &json!({"type": kind, "sequence_number": seq + 3, "response": self.response_obj(Some(finish), Some(usage))})));
             }
             Api::Messages => {
-                s.push_str(&named_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})));
+                s.push_str(&named_event(
+                    "content_block_stop",
+                    &json!({"type": "content_block_stop", "index": 0}),
+                ));
                 s.push_str(&named_event("message_delta", &json!({"type": "message_delta", "delta": {"stop_reason": anthropic_stop(finish), "stop_sequence": null}, "usage": {"output_tokens": usage.completion_tokens}})));
-                s.push_str(&named_event("message_stop", &json!({"type": "message_stop"})));
+                s.push_str(&named_event(
+                    "message_stop",
+                    &json!({"type": "message_stop"}),
+                ));
             }
         }
         s
@@ -352,7 +363,10 @@ mod tests {
         };
         let end = c.end_events(&u, "length", true);
         let v: Value = serde_json::from_str(
-            end.split("\n\n").next().unwrap_or("").trim_start_matches("data: "),
+            end.split("\n\n")
+                .next()
+                .unwrap_or("")
+                .trim_start_matches("data: "),
         )
         .unwrap_or(Value::Null);
         assert!(end.ends_with(DONE));

@@ -193,7 +193,10 @@ mod tests {
         // At 8k context the attention term adds a quarter of the linear cost (8B).
         let extra = 8192.0 * h.prefill_attn_s / h.prefill_per_token_s;
         assert!((0.2..0.35).contains(&extra), "{extra}");
-        assert_eq!(Profile::by_name("H100-70B").map(|p| p.name).ok(), Some("h100-70b".into()));
+        assert_eq!(
+            Profile::by_name("H100-70B").map(|p| p.name).ok(),
+            Some("h100-70b".into())
+        );
     }
 
     #[test]

@@ -431,7 +431,9 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, ParseError> {
     }
     if api == Api::Messages && max_tokens.is_none() {
         // Anthropic's API requires it.
-        return Err(ParseError::BadMaxTokens { field: "max_tokens" });
+        return Err(ParseError::BadMaxTokens {
+            field: "max_tokens",
+        });
     }
     let ignore_eos = o
         .get("ignore_eos")
@@ -460,9 +462,27 @@ mod tests {
     /// English-like filler in the style of the benchmark's prompts.
     fn prose(words: usize, seed: u64) -> String {
         const W: &[&str] = &[
-            "the", "model", "router", "cache", "token", "prefix", "request", "latency", "pod",
-            "queue", "attention", "document", "section", "gateway", "a", "of", "mountain",
-            "language", "history", "value", "system",
+            "the",
+            "model",
+            "router",
+            "cache",
+            "token",
+            "prefix",
+            "request",
+            "latency",
+            "pod",
+            "queue",
+            "attention",
+            "document",
+            "section",
+            "gateway",
+            "a",
+            "of",
+            "mountain",
+            "language",
+            "history",
+            "value",
+            "system",
         ];
         let mut x = seed | 1;
         let mut s = String::new();
@@ -488,10 +508,18 @@ mod tests {
         // Token lengths vary: the same word always splits the same way, different words
         // differently.
         assert_eq!(tokenize(" attention"), tokenize(" attention"));
-        let lens: std::collections::BTreeSet<usize> = ["a", " the", " model", " router", " attention", " mountain", " language"]
-            .iter()
-            .map(|w| w.len() / tokenize(w).len())
-            .collect();
+        let lens: std::collections::BTreeSet<usize> = [
+            "a",
+            " the",
+            " model",
+            " router",
+            " attention",
+            " mountain",
+            " language",
+        ]
+        .iter()
+        .map(|w| w.len() / tokenize(w).len())
+        .collect();
         assert!(lens.len() >= 3, "{lens:?}");
         assert_eq!(count_tokens(""), 1);
     }
@@ -518,10 +546,7 @@ mod tests {
         let content = tokenize("abcd").len() + tokenize("efgh").len();
         let roles = tokenize("system").len() + tokenize("user").len();
         let assistant = tokenize("assistant").len();
-        assert_eq!(
-            p.tokens.len(),
-            1 + 2 * 4 + roles + content + 3 + assistant
-        );
+        assert_eq!(p.tokens.len(), 1 + 2 * 4 + roles + content + 3 + assistant);
         assert_eq!(p.tokens.first(), Some(&BOS));
         // A later turn of the same chat starts with this prompt.
         let next = br#"{"model":"m","messages":[{"role":"system","content":"abcd"},{"role":"user","content":[{"type":"text","text":"efgh"}]},{"role":"assistant","content":"ok"},{"role":"user","content":"more"}]}"#;
@@ -538,7 +563,8 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.max_tokens, Some(9));
         assert!(r.stream);
-        let s = parse(Api::Responses, br#"{"input":"hello there"}"#).unwrap_or_else(|e| panic!("{e}"));
+        let s =
+            parse(Api::Responses, br#"{"input":"hello there"}"#).unwrap_or_else(|e| panic!("{e}"));
         assert!(r.tokens.len() > s.tokens.len());
         assert_eq!(parse(Api::Responses, b"{}"), Err(ParseError::NoInput));
         let m = parse(
@@ -555,7 +581,9 @@ mod tests {
         assert_eq!(m.tokens, c.tokens, "same conversation, same template");
         assert_eq!(
             parse(Api::Messages, br#"{"messages":[]}"#),
-            Err(ParseError::BadMaxTokens { field: "max_tokens" })
+            Err(ParseError::BadMaxTokens {
+                field: "max_tokens"
+            })
         );
     }
 

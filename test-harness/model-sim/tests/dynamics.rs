@@ -379,7 +379,12 @@ fn the_parser_accepts_colon_names_in_real_fixtures() {
 /// TTFT of one prompt of `chars` characters on an idle pod.
 fn idle_ttft(p: Profile, chars: usize) -> f64 {
     let mut e = Engine::new(p, 0);
-    let out = simulate(&mut e, vec![(0.0, req(&text(7, chars), 1, None))], 600.0, |_, _| {});
+    let out = simulate(
+        &mut e,
+        vec![(0.0, req(&text(7, chars), 1, None))],
+        600.0,
+        |_, _| {},
+    );
     out[0].ttft
 }
 
@@ -391,7 +396,9 @@ fn prefill_grows_faster_than_linearly_with_context() {
     let mut linear_only = Profile::h100();
     linear_only.prefill_attn_s = 0.0;
     let linear = ratio(linear_only);
-    eprintln!("TTFT(32k tokens)/TTFT(8k tokens): {quadratic:.2} with attention, {linear:.2} without");
+    eprintln!(
+        "TTFT(32k tokens)/TTFT(8k tokens): {quadratic:.2} with attention, {linear:.2} without"
+    );
     assert!(linear < 4.2, "{linear}");
     assert!(quadratic > 4.8, "{quadratic}");
     // The step cost counts the attention pairs of a chunk: n·c + n(n+1)/2.
@@ -411,7 +418,12 @@ fn engine_blocks_do_not_line_up_with_64_character_text_blocks() {
     // its block ends drift away from multiples of 64.
     let t = text(11, 20_000);
     let ends = token_ends(&t);
-    let block_ends: Vec<i64> = ends.iter().skip(15).step_by(16).map(|&e| e as i64).collect();
+    let block_ends: Vec<i64> = ends
+        .iter()
+        .skip(15)
+        .step_by(16)
+        .map(|&e| e as i64)
+        .collect();
     let aligned = block_ends
         .iter()
         .enumerate()
@@ -428,7 +440,11 @@ fn engine_blocks_do_not_line_up_with_64_character_text_blocks() {
         offsets.first(),
         offsets.last()
     );
-    assert!(aligned * 5 < block_ends.len(), "{aligned} of {}", block_ends.len());
+    assert!(
+        aligned * 5 < block_ends.len(),
+        "{aligned} of {}",
+        block_ends.len()
+    );
     assert!(offsets.len() >= 10, "{offsets:?}");
 
     // Two prompts sharing k·64 characters: the engine hits the whole 16-token blocks the two
@@ -474,7 +490,10 @@ fn cpu_lora_cache_makes_swap_ins_cheap_and_disk_loads_dear() {
     let (cpu_ttft, loads, disk) = run(4);
     assert_eq!((loads, disk), (3, 2));
     assert!(cpu_ttft >= p.lora_cpu_load_s, "{cpu_ttft}");
-    assert!(cpu_ttft < p.lora_load_s / 2.0, "swap-in from CPU is cheap: {cpu_ttft}");
+    assert!(
+        cpu_ttft < p.lora_load_s / 2.0,
+        "swap-in from CPU is cheap: {cpu_ttft}"
+    );
     let (disk_ttft, loads, disk) = run(1);
     assert_eq!((loads, disk), (3, 3));
     assert!(disk_ttft >= p.lora_load_s, "{disk_ttft}");
@@ -516,7 +535,11 @@ fn peaks_and_kv_integral_follow_the_engine() {
     });
     let s = e.stats().clone();
     let peak = trace.iter().map(|x| x.1).fold(0.0, f64::max);
-    assert!(s.kv_usage_max >= peak && s.kv_usage_max > 0.3, "{} vs {peak}", s.kv_usage_max);
+    assert!(
+        s.kv_usage_max >= peak && s.kv_usage_max > 0.3,
+        "{} vs {peak}",
+        s.kv_usage_max
+    );
     assert!(s.waiting_max >= peak_wait && peak_wait > 0);
     // ∫ kv dt from the engine equals the step-by-step integral of the trace (usage is constant
     // between the end of one step and the end of the next, as seen after each step).
@@ -531,7 +554,10 @@ fn peaks_and_kv_integral_follow_the_engine() {
     let end = trace.last().map_or(0.0, |x| x.0);
     let engine = e.kv_usage_seconds_at(end);
     eprintln!("∫kv dt: engine {engine:.3}, trace {integral:.3}");
-    assert!(engine > 0.0 && (engine - integral).abs() <= 0.25 * integral, "{engine} vs {integral}");
+    assert!(
+        engine > 0.0 && (engine - integral).abs() <= 0.25 * integral,
+        "{engine} vs {integral}"
+    );
     e.reset_peaks();
     assert_eq!(e.stats().kv_usage_max, 0.0);
     assert_eq!(e.stats().waiting_max, 0);

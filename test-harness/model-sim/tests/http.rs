@@ -50,10 +50,13 @@ async fn non_streaming_chat_and_completions() {
     let content = "x".repeat(95);
     let body = chat(&content, 7, false, false, MODEL);
     let n = tokens(Api::Chat, &body);
-    assert!((20..50).contains(&n), "95 characters plus the chat template: {n}");
+    assert!(
+        (20..50).contains(&n),
+        "95 characters plus the chat template: {n}"
+    );
     let r = http(addr, "POST", "/v1/chat/completions", Some(&body))
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.header("x-model-sim-pod"), Some(addr.to_string().as_str()));
     let v = r.json();
@@ -675,10 +678,7 @@ async fn responses_api_bodies_and_stream() {
         assert_eq!(d["type"], k.as_str());
         assert_eq!(d["sequence_number"], i);
     }
-    let deltas: String = ev
-        .iter()
-        .filter_map(|(_, d)| d["delta"].as_str())
-        .collect();
+    let deltas: String = ev.iter().filter_map(|(_, d)| d["delta"].as_str()).collect();
     assert_eq!(ev[7].1["text"], deltas.as_str());
     assert_eq!(ev[10].1["response"]["usage"]["output_tokens"], 3);
     assert_eq!(ev[0].1["response"]["status"], "in_progress");
