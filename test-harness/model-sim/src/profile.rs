@@ -8,11 +8,11 @@ use std::fmt;
 /// Speed and memory of one emulated GPU (or tensor-parallel GPU group) serving one model.
 ///
 /// Step time of one engine iteration (see `engine.rs`):
-/// `step_base_s + decode_seqs * decode_per_seq_s + prefill_tokens * prefill_per_token_s
-///  + prefill_attention_pairs * prefill_attn_s + context_tokens * kv_read_per_token_s
-///  + disk_loads * lora_load_s + cpu_swap_ins * lora_cpu_load_s`, where
-/// `prefill_attention_pairs` = Σ over prefill tokens of the context each one attends to (so a
-/// prompt's prefill grows with the square of its length).
+/// `step_base_s + decode_seqs * decode_per_seq_s + prefill_tokens * prefill_per_token_s +
+/// prefill_attention_pairs * prefill_attn_s + context_tokens * kv_read_per_token_s +
+/// disk_loads * lora_load_s + cpu_swap_ins * lora_cpu_load_s`, where `prefill_attention_pairs`
+/// is the sum over prefill tokens of the context each one attends to (so a prompt's prefill
+/// grows with the square of its length).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     /// Profile name as given on the command line (`h100`, `a10g`).
