@@ -192,6 +192,8 @@ struct Design {
     adapters: Vec<String>,
     slo_ms: f64,
     condition: Condition,
+    /// Emulated seconds the longest request may need after the last arrival.
+    drain_s: f64,
 }
 
 const MIXED_CARD: &str = "\
@@ -206,7 +208,7 @@ const BURSTY_CARD: &str = "\
 - **Fleet**: 4 `h100-70b` (Llama-3.1-70B, TP 2 on H100: 1,800 KV blocks, ~11 average requests).
 - **Traffic**: ≥ 10 bursts (full mode): 10 s at 2.0× the fleet's measured capacity, 20 s at 0.3×; \
 prompts lognormal (median 1,000 tokens, σ 0.8, cut at 8,000), output lengths from the pods' \
-lognormal EOS (median 184, σ 1.27, cap 2,048).
+lognormal EOS (median 184, σ 1.27, cap 1,024: ~7% reach it).
 - **Anchor**: bursty traffic that exhausts the KV cache of a KV-limited large model.
 - **Check**: round robin preempts during the run (`vllm:num_preemptions_total` > 0); otherwise the \
 run is invalid.
@@ -272,6 +274,7 @@ fn design(name: &str) -> Option<Design> {
                 profile: "a10g",
                 min_peak: 1,
             },
+            drain_s: 30.0,
         },
         "bursty" => Design {
             about: "4 H100-70B (KV-limited), lognormal lengths, bursts at 2x capacity",
@@ -281,7 +284,7 @@ fn design(name: &str) -> Option<Design> {
                 prompt_median: 1000,
                 prompt_sigma: 0.8,
                 prompt_max: 8000,
-                max_tokens: 2048,
+                max_tokens: 1024,
             },
             // Mean (2.0·10 + 0.3·20) / 30 = 0.87 of capacity.
             load: (2.0 * 10.0 + 0.3 * 20.0) / 30.0,
@@ -292,6 +295,8 @@ fn design(name: &str) -> Option<Design> {
                 router: "round_robin",
                 min: 1,
             },
+            // 1,024 tokens at ~35 ms per step after a burst's backlog.
+            drain_s: 90.0,
         },
         "shared_prefix" => Design {
             about: "4 A10G, multi-turn chats + document Q&A, working set > one pod's KV",
@@ -314,6 +319,7 @@ fn design(name: &str) -> Option<Design> {
             adapters: vec![],
             slo_ms: 1500.0,
             condition: Condition::ColdReadsBelow { max_frac: 0.01 },
+            drain_s: 30.0,
         },
         "lora" => Design {
             about: "4 A10G, 32 adapters over 4 GPU slots + 12 CPU slots per pod",
@@ -338,6 +344,7 @@ fn design(name: &str) -> Option<Design> {
                 min_cpu: 1,
                 min_disk: 1,
             },
+            drain_s: 30.0,
         },
         "uniform" => Design {
             about: "4 A10G, steady Poisson at half capacity (no gain expected)",
@@ -352,6 +359,7 @@ fn design(name: &str) -> Option<Design> {
             adapters: vec![],
             slo_ms: 1000.0,
             condition: Condition::None,
+            drain_s: 30.0,
         },
         "long_prompt" => Design {
             about: "4 H100, ~200 KB prompts",
@@ -366,6 +374,7 @@ fn design(name: &str) -> Option<Design> {
             adapters: vec![],
             slo_ms: 8000.0,
             condition: Condition::None,
+            drain_s: 30.0,
         },
         _ => return None,
     })
@@ -448,7 +457,8 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
     };
     let warmup = Duration::from_secs_f64(warmup);
     let floor_ms = floor_ms(&fleet, &generate(&workload), warmup);
-    let drain = Duration::from_secs(if mode.quick { 8 } else { 30 });
+    let drain =
+        Duration::from_secs_f64(f64::max(if mode.quick { 8.0 } else { 30.0 }, d.drain_s / s));
     Some(Scenario {
         name,
         about: d.about,
