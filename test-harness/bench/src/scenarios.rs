@@ -41,6 +41,19 @@ pub enum Condition {
         /// Smallest peak of `vllm:num_requests_waiting` on one such pod.
         min_peak: u32,
     },
+    /// Under `router`, the mean KV use (`model_sim:kv_usage_perc_seconds_sum` over the window)
+    /// of the `slow` profile's pods is at least `min_ratio` times that of the `fast` profile's:
+    /// the slow generation is loaded far beyond its share of the fleet.
+    MeanKvRatioUnder {
+        /// Router name.
+        router: &'static str,
+        /// Profile of the slower pods.
+        slow: &'static str,
+        /// Profile of the faster pods.
+        fast: &'static str,
+        /// Smallest ratio of the two profiles' mean KV use (averaged over their pods).
+        min_ratio: f64,
+    },
     /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times
     /// (`model_sim:lora_loads_total` − `model_sim:lora_disk_loads_total`) and read from disk at
     /// least `min_disk` times (`model_sim:lora_disk_loads_total`), summed over pods.
@@ -201,7 +214,8 @@ const MIXED_CARD: &str = "\
 - **Traffic**: Poisson; prompts 300–1,200 tokens, 30–150 output tokens; nominal rate 80% of what \
 round robin can sustain (4 × one A10G's measured capacity), ≈ 20% of the fleet's capacity.
 - **Anchor**: mixed GPU generations behind one endpoint (the reference's H100 + A10G fleet).
-- **Check**: under round robin an A10G pod builds a waiting queue (peak ≥ 1).
+- **Check**: under round robin the A10Gs' mean KV use is ≥ 3× the H100s' (equal shares of \
+requests on unequal pods).
 - **SLO**: TTFT p95 ≤ 1 s (emulated); **floor**: TTFT p95 with every request alone on an idle H100.";
 
 const BURSTY_CARD: &str = "\
@@ -269,10 +283,11 @@ fn design(name: &str) -> Option<Design> {
             bursts: None,
             adapters: vec![],
             slo_ms: 1000.0,
-            condition: Condition::QueueUnder {
+            condition: Condition::MeanKvRatioUnder {
                 router: "round_robin",
-                profile: "a10g",
-                min_peak: 1,
+                slow: "a10g",
+                fast: "h100",
+                min_ratio: 3.0,
             },
             drain_s: 30.0,
         },
