@@ -66,12 +66,20 @@ impl Arrival {
                 if period <= 0.0 {
                     return (0.0, f64::INFINITY);
                 }
-                let cycle = (t / period).floor();
-                let in_cycle = t - cycle * period;
-                if in_cycle < on_s {
-                    (on_rate, cycle * period + on_s)
-                } else {
-                    (off_rate, (cycle + 1.0) * period)
+                // Phase ends are computed the same way every time and the phase returned always
+                // ends after `t`, so a caller that jumps to a phase end always moves on (floating
+                // point `t / period` may land just below a boundary).
+                let mut cycle = (t / period).floor();
+                loop {
+                    let on_end = cycle * period + on_s;
+                    let off_end = (cycle + 1.0) * period;
+                    if t < on_end {
+                        return (on_rate, on_end);
+                    }
+                    if t < off_end {
+                        return (off_rate, off_end);
+                    }
+                    cycle += 1.0;
                 }
             }
         }
@@ -169,6 +177,38 @@ mod tests {
         assert_eq!(a.times(&mut rng, Duration::from_secs(100), 50).len(), 50);
         let t = a.times(&mut rng, Duration::from_secs(1), usize::MAX);
         assert!(t.iter().all(|d| *d < Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn phase_lengths_that_floats_cannot_represent_still_end() {
+        // 10/3 and 20/3 s phases (a 3x speed-up of 10 s / 20 s): jumping to a phase end must
+        // always move on.
+        let a = Arrival::Bursty {
+            on_rate: 30.0,
+            off_rate: 3.0,
+            on_s: 10.0 / 3.0,
+            off_s: 20.0 / 3.0,
+        };
+        let t = a.times(
+            &mut StdRng::seed_from_u64(2),
+            Duration::from_secs(400),
+            100_000,
+        );
+        let rate = t.len() as f64 / 400.0;
+        assert!((rate - a.mean_rate()).abs() < 0.1 * a.mean_rate(), "{rate}");
+        let z = Arrival::Bursty {
+            on_rate: 5.0,
+            off_rate: 0.0,
+            on_s: 0.1,
+            off_s: 0.0,
+        };
+        assert!(!z
+            .times(
+                &mut StdRng::seed_from_u64(2),
+                Duration::from_secs(50),
+                10_000
+            )
+            .is_empty());
     }
 
     #[test]

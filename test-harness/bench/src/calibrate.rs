@@ -1,11 +1,12 @@
 //! `bench calibrate`: the saturation throughput of one emulated pod, measured directly (no
 //! Envoy) with a closed loop of many clients, so scenario load levels can be set from pod
-//! capacity rather than from any router's results.
+//! capacity rather than from any router's results. `--scenario NAME` measures one pod of each
+//! profile of that scenario's fleet on the scenario's own requests.
 
 use crate::arrivals::Arrival;
 use crate::client::{http_client, send};
 use crate::stack::{start_pods, FleetSpec, PodSpec};
-use crate::workload::{generate, Prompts, Range, WorkloadSpec};
+use crate::workload::{generate, Prompts, Range, RequestSpec, WorkloadSpec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,8 +14,14 @@ use std::time::{Duration, Instant};
 /// One calibration measurement.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Capacity {
+    /// Scenario whose pods and requests were used, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<String>,
     /// GPU profile.
     pub profile: String,
+    /// Emulator speed-up of the measurement (`rps` and `tokens_per_s` are divided by it, so
+    /// they are in emulated, real-GPU units).
+    pub speedup: f64,
     /// Concurrent clients.
     pub concurrency: usize,
     /// Completed requests per second.
@@ -33,16 +40,7 @@ pub async fn capacity(
     concurrency: usize,
     secs: u64,
 ) -> Result<Capacity, String> {
-    let fleet = FleetSpec {
-        pods: vec![PodSpec {
-            profile,
-            max_loras: None,
-        }],
-        speedup: 1.0,
-        seed: 1,
-    };
-    let pods = start_pods(&fleet).await.map_err(|e| e.to_string())?;
-    let reqs = Arc::new(generate(&WorkloadSpec {
+    let reqs = generate(&WorkloadSpec {
         seed: 7,
         arrival: Arrival::Poisson { rate: 1000.0 },
         horizon: Duration::from_secs(100),
@@ -52,7 +50,52 @@ pub async fn capacity(
             prompt_tokens,
             max_tokens,
         },
-    }));
+    });
+    measure(PodSpec::new(profile), 1.0, reqs, concurrency, secs).await
+}
+
+/// Measure one pod of each profile of scenario `name`'s fleet (its first pod of that profile,
+/// at the scenario's quick-mode speed-up) on the scenario's own requests, in order.
+pub async fn scenario_capacity(
+    name: &str,
+    concurrency: usize,
+    secs: u64,
+) -> Result<Vec<Capacity>, String> {
+    let mode = crate::scenarios::Mode {
+        quick: false,
+        ..crate::scenarios::Mode::quick(7)
+    };
+    let sc = crate::scenarios::scenario(name, mode).ok_or_else(|| format!("no scenario {name}"))?;
+    let reqs = generate(&sc.workload);
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for p in &sc.fleet.pods {
+        if seen.contains(&p.profile) {
+            continue;
+        }
+        seen.push(p.profile);
+        let mut c = measure(p.clone(), sc.fleet.speedup, reqs.clone(), concurrency, secs).await?;
+        c.scenario = Some(name.to_string());
+        out.push(c);
+    }
+    Ok(out)
+}
+
+async fn measure(
+    pod: PodSpec,
+    speedup: f64,
+    reqs: Vec<RequestSpec>,
+    concurrency: usize,
+    secs: u64,
+) -> Result<Capacity, String> {
+    let profile = pod.profile;
+    let fleet = FleetSpec {
+        pods: vec![pod],
+        speedup,
+        seed: 1,
+    };
+    let pods = start_pods(&fleet).await.map_err(|e| e.to_string())?;
+    let reqs = Arc::new(reqs);
     let uri: hyper::Uri = format!("http://{}/v1/chat/completions", pods.addrs[0])
         .parse()
         .map_err(|e| format!("{e}"))?;
@@ -93,10 +136,12 @@ pub async fn capacity(
     let window = (secs - secs / 4) as f64;
     let n = done.load(Ordering::Relaxed);
     Ok(Capacity {
+        scenario: None,
         profile: profile.into(),
+        speedup,
         concurrency,
-        rps: n as f64 / window,
-        tokens_per_s: tokens.load(Ordering::Relaxed) as f64 / window,
+        rps: n as f64 / window / speedup,
+        tokens_per_s: tokens.load(Ordering::Relaxed) as f64 / window / speedup,
         ttft_mean_ms: ttft_us.load(Ordering::Relaxed) as f64 / 1000.0 / n.max(1) as f64,
     })
 }

@@ -56,6 +56,9 @@ enum Cmd {
         /// Seconds per measurement.
         #[arg(long, default_value_t = 20)]
         secs: u64,
+        /// Measure one pod of each profile of this scenario on its own requests instead.
+        #[arg(long)]
+        scenario: Option<String>,
     },
     /// Only the overhead bench (same Envoy with and without the filter, instant backend).
     Overhead {
@@ -146,7 +149,24 @@ fn main() -> ExitCode {
                 max_tokens,
                 concurrency,
                 secs,
+                scenario,
             } => {
+                if let Some(name) = scenario {
+                    for c in concurrency {
+                        match bench::calibrate::scenario_capacity(&name, c, secs).await {
+                            Ok(caps) => {
+                                for cap in caps {
+                                    println!("{}", serde_json::to_string(&cap).unwrap_or_default())
+                                }
+                            }
+                            Err(e) => {
+                                eprintln!("calibrate: {e}");
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                    }
+                    return ExitCode::SUCCESS;
+                }
                 let profile: &'static str = if profile == "h100" { "h100" } else { "a10g" };
                 let r = |v: &[u32]| bench::workload::Range::new(v[0], v[v.len() - 1]);
                 for c in concurrency {

@@ -1,14 +1,80 @@
-//! The six scenarios of the issue, after the seeds: fleet, arrival process, prompt shape, load.
+//! The six scenarios that reproduce the reference benchmark's conditions: fleet, arrival
+//! process, prompt shape, load, and for each a *card* (the anchor condition it mirrors, the
+//! check that the condition occurred, the TTFT SLO for goodput and the floor a perfect router
+//! could reach).
 //!
-//! Load levels are set from the emulated pods' capacity (see the comments and the crate README),
-//! never from the filter's results: each scenario puts the fleet where the seeds say round robin
-//! suffers (or, for `uniform` and `long_prompt`, where no gain is expected). Rates are given for
-//! real-time pods and multiplied by the emulator speed-up.
+//! Load levels come from the pods' measured capacity (`bench calibrate --scenario NAME`: one pod
+//! of each profile of the fleet, closed loop, no Envoy, the scenario's own requests), never from
+//! any router's results; the figures used are in [`CAPACITY`]. Rates and times are designed in
+//! emulated (real-GPU) seconds; a run at speed-up `s` sends `s` times the rate for `1/s` of the
+//! time, so every wall-clock figure (rates, horizons, SLOs, floors) here is already divided by
+//! `s`.
 
 use crate::arrivals::Arrival;
 use crate::stack::{FleetSpec, PodSpec, MODEL};
-use crate::workload::{adapter_name, Prompts, Range, WorkloadSpec};
+use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, WorkloadSpec};
+use model_sim::engine::{Engine, Event, NewRequest};
+use model_sim::profile::Profile;
+use model_sim::prompt::{block_hashes, parse, Api};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What must have happened in a run for the scenario to show its anchor condition; the bench
+/// evaluates it from the run's diagnostics and reports the scenario invalid when it fails.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
+    /// Nothing special to check (the steady, uniform cases).
+    None,
+    /// Under `router`, the pods preempted at least `min` times in the measurement window.
+    PreemptionsUnder {
+        /// Router name (`round_robin`, ...).
+        router: &'static str,
+        /// Fewest preemptions, summed over pods.
+        min: u64,
+    },
+    /// Under `router`, some pod of `profile` had a waiting queue of at least `min_peak`.
+    QueueUnder {
+        /// Router name.
+        router: &'static str,
+        /// GPU profile of the pods to look at.
+        profile: &'static str,
+        /// Smallest peak of `vllm:num_requests_waiting` on one such pod.
+        min_peak: u32,
+    },
+    /// Under `router`, the mean KV use (`model_sim:kv_usage_perc_seconds_sum` over the window)
+    /// of the `slow` profile's pods is at least `min_ratio` times that of the `fast` profile's:
+    /// the slow generation is loaded far beyond its share of the fleet.
+    MeanKvRatioUnder {
+        /// Router name.
+        router: &'static str,
+        /// Profile of the slower pods.
+        slow: &'static str,
+        /// Profile of the faster pods.
+        fast: &'static str,
+        /// Smallest ratio of the two profiles' mean KV use (averaged over their pods).
+        min_ratio: f64,
+    },
+    /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times
+    /// (`model_sim:lora_loads_total` − `model_sim:lora_disk_loads_total`) and read from disk at
+    /// least `min_disk` times (`model_sim:lora_disk_loads_total`), summed over pods.
+    AdapterLoadsUnder {
+        /// Router name.
+        router: &'static str,
+        /// Fewest swap-ins from the CPU cache.
+        min_cpu: u64,
+        /// Fewest loads from disk.
+        min_disk: u64,
+    },
+    /// Steady state: of the requests in the measurement window, fewer than `max_frac` are the
+    /// first read of their shared prefix (cold for every router). Computed from the workload:
+    /// [`Scenario::cold_read_fraction`].
+    ColdReadsBelow {
+        /// Largest share of cold reads.
+        max_frac: f64,
+    },
+    /// All of these.
+    All(Vec<Condition>),
+}
 
 /// One scenario, ready to run.
 #[derive(Debug, Clone)]
@@ -17,14 +83,39 @@ pub struct Scenario {
     pub name: &'static str,
     /// One line saying what it shows.
     pub about: &'static str,
+    /// The scenario's card (Markdown lines): fleet, rates relative to measured capacity, the
+    /// anchor condition, its check, the SLO and the floor's definition.
+    pub card: &'static str,
     /// The pods (fresh ones for every router).
     pub fleet: FleetSpec,
     /// The requests.
     pub workload: WorkloadSpec,
     /// LoRA adapters the pool serves (filter configuration: pool membership, not tuning).
     pub adapters: Vec<String>,
+    /// Arrivals before this offset are the warm-up: identical for every router, excluded from
+    /// the figures.
+    pub warmup: Duration,
     /// How long open requests may finish after the last arrival.
     pub drain: Duration,
+    /// Mean offered rate, wall-clock requests per second.
+    pub rate_rps: f64,
+    /// The fleet's measured capacity at this speed-up (sum over pods of one pod's closed-loop
+    /// throughput on this workload), wall-clock requests per second: the unit of
+    /// [`scenario_at`]'s rates.
+    pub capacity_rps: f64,
+    /// TTFT p95 objective for goodput, wall-clock ms.
+    pub slo_ttft_ms: f64,
+    /// TTFT p95 a perfect router could reach, wall-clock ms (see [`floor_ms`]).
+    pub floor_ms: f64,
+    /// What must have happened for the run to count.
+    pub condition: Condition,
+}
+
+impl Scenario {
+    /// Share of the measured requests that are cold reads (first read of their shared prefix).
+    pub fn cold_read_fraction(&self) -> f64 {
+        crate::workload::cold_read_fraction(&generate(&self.workload), self.warmup)
+    }
 }
 
 /// Knobs shared by all scenarios of one run.
@@ -32,207 +123,552 @@ pub struct Scenario {
 pub struct Mode {
     /// Quick (CI-sized) or full.
     pub quick: bool,
-    /// Emulator speed-up (rates are multiplied by it).
+    /// Emulator speed-up (rates are multiplied by it, times divided).
     pub speedup: f64,
     /// Workload seed.
     pub seed: u64,
 }
 
+/// Speed-up for quick runs: 15 s of arrivals cover 60 emulated seconds.
+pub const QUICK_SPEEDUP: f64 = 4.0;
+/// Speed-up for full runs (a little slower, so step lateness stays small at the highest rates
+/// of a goodput sweep).
+pub const FULL_SPEEDUP: f64 = 3.0;
+
+impl Mode {
+    /// Quick mode at [`QUICK_SPEEDUP`].
+    pub fn quick(seed: u64) -> Self {
+        Mode {
+            quick: true,
+            speedup: QUICK_SPEEDUP,
+            seed,
+        }
+    }
+
+    /// Full mode at [`FULL_SPEEDUP`].
+    pub fn full(seed: u64) -> Self {
+        Mode {
+            quick: false,
+            speedup: FULL_SPEEDUP,
+            seed,
+        }
+    }
+}
+
 /// Names of all scenarios, in run order.
 pub const NAMES: [&str; 6] = crate::report::SCENARIOS;
 
-fn pods(profiles: &[&'static str], max_loras: Option<u32>) -> Vec<PodSpec> {
+/// Measured capacity of one pod, emulated requests per second, per (scenario, profile):
+/// `bench calibrate --scenario NAME --concurrency 64 --secs 20` (closed loop, no Envoy, speed-up
+/// 4, one run each), measured on this 2-core machine on 2026-11-30 before any router ran. The
+/// H100 of `mixed_gpu` was measured with 256 clients and still had no queue (TTFT 90 ms): 24 is
+/// a lower bound (it only enters `capacity_rps`, not the nominal rate).
+pub const CAPACITY: &[(&str, &str, f64)] = &[
+    ("mixed_gpu", "h100", 24.1),
+    ("mixed_gpu", "a10g", 3.47),
+    ("bursty", "h100-70b", 0.83),
+    ("shared_prefix", "a10g", 1.52),
+    ("lora", "a10g", 2.77),
+    ("uniform", "a10g", 3.67),
+    ("long_prompt", "h100", 0.25),
+];
+
+/// One pod's measured capacity for `scenario` on `profile` (emulated req/s).
+pub fn pod_capacity(scenario: &str, profile: &str) -> f64 {
+    CAPACITY
+        .iter()
+        .find(|(s, p, _)| *s == scenario && *p == profile)
+        .map_or(0.0, |x| x.2)
+}
+
+fn pods(profiles: &[&'static str], f: impl Fn(&mut PodSpec)) -> Vec<PodSpec> {
     profiles
         .iter()
-        .map(|p| PodSpec {
-            profile: p,
-            max_loras,
+        .map(|p| {
+            let mut s = PodSpec::new(p);
+            f(&mut s);
+            s
         })
         .collect()
 }
 
-/// Build a scenario by name.
+/// The design of one scenario in emulated units, before speed-up and mode are applied.
+struct Design {
+    about: &'static str,
+    card: &'static str,
+    pods: Vec<PodSpec>,
+    prompts: Prompts,
+    /// Nominal mean rate as a fraction of the fleet's measured capacity.
+    load: f64,
+    /// Bursts: (burst rate, quiet rate) as multiples of the mean, and (on, off) seconds.
+    bursts: Option<((f64, f64), (f64, f64))>,
+    adapters: Vec<String>,
+    slo_ms: f64,
+    condition: Condition,
+    /// Emulated seconds the longest request may need after the last arrival.
+    drain_s: f64,
+}
+
+const MIXED_CARD: &str = "\
+- **Fleet**: 2 `h100` + 2 `a10g` (Llama-3.1-8B; the A10G has 1/12 of the KV and ~1/6 of the speed).
+- **Traffic**: Poisson; prompts 300–1,200 tokens, 30–150 output tokens; nominal rate 80% of what \
+round robin can sustain (4 × one A10G's measured capacity), ≈ 20% of the fleet's capacity.
+- **Anchor**: mixed GPU generations behind one endpoint (the reference's H100 + A10G fleet).
+- **Check**: under round robin the A10Gs' mean KV use is ≥ 3× the H100s' (equal shares of \
+requests on unequal pods).
+- **SLO**: TTFT p95 ≤ 1 s (emulated); **floor**: TTFT p95 with every request alone on an idle H100.";
+
+const BURSTY_CARD: &str = "\
+- **Fleet**: 4 `h100-70b` (Llama-3.1-70B, TP 2 on H100: 1,800 KV blocks, ~11 average requests).
+- **Traffic**: ≥ 10 bursts (full mode): 10 s at 2.0× the fleet's measured capacity, 20 s at 0.3×; \
+prompts lognormal (median 1,000 tokens, σ 0.8, cut at 8,000), output lengths from the pods' \
+lognormal EOS (median 184, σ 1.27, cap 1,024: ~7% reach it).
+- **Anchor**: bursty traffic that exhausts the KV cache of a KV-limited large model.
+- **Check**: round robin preempts during the run (`vllm:num_preemptions_total` > 0); otherwise the \
+run is invalid.
+- **SLO**: TTFT p95 ≤ 3 s (emulated); **floor**: TTFT p95 with every request alone on an idle pod.";
+
+const SHARED_CARD: &str = "\
+- **Fleet**: 4 `a10g` (36K tokens of KV each, 144K in all).
+- **Traffic**: Poisson; inference-perf `shared_prefix` style: 12 documents of 4,000 tokens asked \
+about (50%) and multi-turn chats (history resent each turn, ≤ 6 turns) over 8 system prompts of \
+1,500 tokens: a working set of ≈ 75K tokens, larger than one pod's KV and smaller than the \
+fleet's. Nominal rate 60% of 4 × one pod's measured capacity on this workload.
+- **Anchor**: shared prompt prefixes in steady state.
+- **Check**: every shared prefix is first read during the warm-up, so cold reads are < 1% of the \
+measured requests.
+- **SLO**: TTFT p95 ≤ 1.5 s (emulated); **floor**: TTFT p95 on an idle A10G whose cache holds \
+every prefix seen before (cold reads pay their prefill, warm reads only their new tokens).";
+
+const LORA_CARD: &str = "\
+- **Fleet**: 4 `a10g`, `max_loras` 4 GPU slots, `max_cpu_loras` 12 (vLLM's CPU tier). (A10Gs
+rather than H100s keep the wall-clock token rate within what this 2-core machine can carry.)
+- **Traffic**: Poisson; 32 adapters (Zipf 1.0) + 10% base model; prompts 200–800, 30–120 out; \
+nominal rate 60% of 4 × one pod's measured capacity on this workload.
+- **Anchor**: more adapters than GPU slots; a CPU swap-in is cheap (10 ms), a disk load dear (200 ms).
+- **Check**: under round robin adapters are both swapped in from CPU and read from disk.
+- **SLO**: TTFT p95 ≤ 1 s (emulated); **floor**: TTFT p95 alone on an idle A10G with the adapter \
+resident.";
+
+const UNIFORM_CARD: &str = "\
+- **Fleet**: 4 `a10g`.
+- **Traffic**: Poisson at 50% of the fleet's measured capacity; prompts 200–1,000, 50–200 out.
+- **Anchor**: a uniform fleet at steady load: no gain expected; shows the router does not lose.
+- **Check**: none.
+- **SLO**: TTFT p95 ≤ 1 s (emulated); **floor**: TTFT p95 alone on an idle A10G.";
+
+const LONG_CARD: &str = "\
+- **Fleet**: 4 `h100`.
+- **Traffic**: Poisson at 50% of the fleet's measured capacity; ~200 KB prompts (48K–52K tokens), \
+20–80 out.
+- **Anchor**: long prompts: the proxy reads and parses big bodies; prefill grows with the square \
+of the context.
+- **Check**: none.
+- **SLO**: TTFT p95 ≤ 8 s (emulated); **floor**: TTFT p95 alone on an idle H100.";
+
+fn design(name: &str) -> Option<Design> {
+    Some(match name {
+        "mixed_gpu" => Design {
+            about: "2 H100 + 2 A10G, Poisson just below what round robin sustains",
+            card: MIXED_CARD,
+            pods: pods(&["h100", "h100", "a10g", "a10g"], |_| {}),
+            prompts: Prompts::Independent {
+                prompt_tokens: Range::new(300, 1200),
+                max_tokens: Range::new(30, 150),
+            },
+            // 80% of 4 A10Gs' capacity, as a fraction of the fleet's.
+            load: 0.8 * 4.0 * pod_capacity("mixed_gpu", "a10g")
+                / (2.0 * pod_capacity("mixed_gpu", "h100")
+                    + 2.0 * pod_capacity("mixed_gpu", "a10g")),
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 1000.0,
+            condition: Condition::MeanKvRatioUnder {
+                router: "round_robin",
+                slow: "a10g",
+                fast: "h100",
+                min_ratio: 3.0,
+            },
+            drain_s: 30.0,
+        },
+        "bursty" => Design {
+            about: "4 H100-70B (KV-limited), lognormal lengths, bursts at 2x capacity",
+            card: BURSTY_CARD,
+            pods: pods(&["h100-70b"; 4], |p| p.output_len = Some("lognormal")),
+            prompts: Prompts::HeavyTailed {
+                prompt_median: 1000,
+                prompt_sigma: 0.8,
+                prompt_max: 8000,
+                max_tokens: 1024,
+            },
+            // Mean (2.0·10 + 0.3·20) / 30 = 0.87 of capacity.
+            load: (2.0 * 10.0 + 0.3 * 20.0) / 30.0,
+            bursts: Some(((2.0, 0.3), (10.0, 20.0))),
+            adapters: vec![],
+            slo_ms: 3000.0,
+            condition: Condition::PreemptionsUnder {
+                router: "round_robin",
+                min: 1,
+            },
+            // 1,024 tokens at ~35 ms per step after a burst's backlog.
+            drain_s: 90.0,
+        },
+        "shared_prefix" => Design {
+            about: "4 A10G, multi-turn chats + document Q&A, working set > one pod's KV",
+            card: SHARED_CARD,
+            pods: pods(&["a10g"; 4], |_| {}),
+            prompts: Prompts::SharedPrefix {
+                conversations: 24,
+                max_turns: 6,
+                system_prompts: 8,
+                system_tokens: 1500,
+                turn_tokens: Range::new(50, 150),
+                reply_tokens: 120,
+                documents: 12,
+                document_tokens: 4000,
+                document_share: 0.5,
+                max_tokens: Range::new(30, 120),
+            },
+            load: 0.6,
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 1500.0,
+            condition: Condition::ColdReadsBelow { max_frac: 0.01 },
+            drain_s: 30.0,
+        },
+        "lora" => Design {
+            about: "4 A10G, 32 adapters over 4 GPU slots + 12 CPU slots per pod",
+            card: LORA_CARD,
+            pods: pods(&["a10g"; 4], |p| {
+                p.max_loras = Some(4);
+                p.max_cpu_loras = Some(12);
+            }),
+            prompts: Prompts::Lora {
+                adapters: 32,
+                zipf_s: 1.0,
+                base_share: 0.1,
+                prompt_tokens: Range::new(200, 800),
+                max_tokens: Range::new(30, 120),
+            },
+            load: 0.6,
+            bursts: None,
+            adapters: (0..32).map(adapter_name).collect(),
+            slo_ms: 1000.0,
+            condition: Condition::AdapterLoadsUnder {
+                router: "round_robin",
+                min_cpu: 1,
+                min_disk: 1,
+            },
+            drain_s: 30.0,
+        },
+        "uniform" => Design {
+            about: "4 A10G, steady Poisson at half capacity (no gain expected)",
+            card: UNIFORM_CARD,
+            pods: pods(&["a10g"; 4], |_| {}),
+            prompts: Prompts::Independent {
+                prompt_tokens: Range::new(200, 1000),
+                max_tokens: Range::new(50, 200),
+            },
+            load: 0.5,
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 1000.0,
+            condition: Condition::None,
+            drain_s: 30.0,
+        },
+        "long_prompt" => Design {
+            about: "4 H100, ~200 KB prompts",
+            card: LONG_CARD,
+            pods: pods(&["h100"; 4], |_| {}),
+            prompts: Prompts::Independent {
+                prompt_tokens: Range::new(48_000, 52_000),
+                max_tokens: Range::new(20, 80),
+            },
+            load: 0.5,
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 8000.0,
+            condition: Condition::None,
+            drain_s: 30.0,
+        },
+        _ => return None,
+    })
+}
+
+/// Measured capacity of `pods` for scenario `name`, emulated req/s.
+fn fleet_capacity(name: &str, pods: &[PodSpec]) -> f64 {
+    pods.iter().map(|p| pod_capacity(name, p.profile)).sum()
+}
+
+/// Build a scenario by name at its nominal load.
 pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
+    build(name, mode, f64::NAN)
+}
+
+/// The same scenario at another mean offered rate (wall-clock req/s), for a goodput sweep:
+/// everything else (fleet, prompt shapes, burst shape, seed) stays.
+pub fn scenario_at(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
+    build(name, mode, rate_rps)
+}
+
+/// `rate_rps` NaN means the design's nominal load.
+fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
+    let name: &'static str = NAMES.iter().find(|n| **n == name)?;
+    let d = design(name)?;
     let s = mode.speedup.max(0.01);
-    // Arrival windows: long enough for queues to build (full) or a CI-sized glimpse (quick).
-    let horizon =
-        |full: u64, quick: u64| Duration::from_secs(if mode.quick { quick } else { full });
-    let max_requests = if mode.quick { 600 } else { 20_000 };
-    let fleet = |pods: Vec<PodSpec>| FleetSpec {
-        pods,
+    let capacity_rps = fleet_capacity(name, &d.pods) * s;
+    let rate = if rate_rps.is_finite() && rate_rps > 0.0 {
+        rate_rps
+    } else {
+        d.load * capacity_rps
+    };
+    let arrival = match d.bursts {
+        None => Arrival::Poisson { rate },
+        Some(((hi, lo), (on, off))) => {
+            // The burst shape is fixed relative to the mean.
+            let mean = (hi * on + lo * off) / (on + off);
+            Arrival::Bursty {
+                on_rate: rate * hi / mean,
+                off_rate: rate * lo / mean,
+                on_s: on / s,
+                off_s: off / s,
+            }
+        }
+    };
+    // Warm-up: identical for every router, long enough to see every shared prefix once.
+    let warm_requests = 60.0;
+    let warmup = if mode.quick {
+        (warm_requests / rate).clamp(3.0, 5.0)
+    } else {
+        (warm_requests / rate).clamp(10.0, 30.0)
+    };
+    // Window: quick ~12 s; full ≥ 2,100 measured requests (≥ 21 above the p99), whole burst
+    // cycles, capped at 5 minutes.
+    let mut window = if mode.quick {
+        12.0
+    } else {
+        (2100.0 / rate).clamp(60.0, 300.0)
+    };
+    if let Some((_, (on, off))) = d.bursts {
+        let period = (on + off) / s;
+        let cycles = (window / period)
+            .ceil()
+            .max(if mode.quick { 1.0 } else { 10.0 });
+        window = cycles * period;
+    }
+    let horizon = Duration::from_secs_f64(warmup + window);
+    let workload = WorkloadSpec {
+        seed: mode.seed,
+        arrival,
+        horizon,
+        max_requests: if mode.quick { 2_000 } else { 40_000 },
+        model: MODEL.to_string(),
+        prompts: d.prompts,
+    };
+    let fleet = FleetSpec {
+        pods: d.pods,
         speedup: s,
         seed: mode.seed,
     };
-    let spec = |arrival: Arrival, h: Duration, prompts: Prompts| WorkloadSpec {
-        seed: mode.seed,
-        arrival,
-        horizon: h,
-        max_requests,
-        model: MODEL.to_string(),
-        prompts,
+    let warmup = Duration::from_secs_f64(warmup);
+    let floor_ms = floor_ms(&fleet, &generate(&workload), warmup);
+    let drain =
+        Duration::from_secs_f64(f64::max(if mode.quick { 8.0 } else { 30.0 }, d.drain_s / s));
+    Some(Scenario {
+        name,
+        about: d.about,
+        card: d.card,
+        fleet,
+        workload,
+        adapters: d.adapters,
+        warmup,
+        drain,
+        rate_rps: rate,
+        capacity_rps,
+        slo_ttft_ms: d.slo_ms / s,
+        floor_ms,
+        condition: d.condition,
+    })
+}
+
+/// The TTFT p95 (wall-clock ms) a perfect router could reach: every measured request served
+/// alone on an idle pod of the fleet's fastest profile whose prefix cache holds every prefix
+/// seen before (as big as the whole fleet's KV) and whose adapters are resident. Cold reads pay
+/// their full prefill; nothing waits. Computed with model-sim's engine on a simulated clock.
+pub fn floor_ms(fleet: &FleetSpec, reqs: &[RequestSpec], warmup: Duration) -> f64 {
+    let profiles: Vec<Profile> = fleet
+        .pods
+        .iter()
+        .filter_map(|p| Profile::by_name(p.profile).ok())
+        .collect();
+    let Some(best) = profiles
+        .iter()
+        .min_by(|a, b| a.prefill_per_token_s.total_cmp(&b.prefill_per_token_s))
+    else {
+        return 0.0;
     };
-    let drain = Duration::from_secs(if mode.quick { 10 } else { 45 });
-    let sc = match name {
-        // 2 H100-like + 2 A10G-like pods. Saturation throughput measured with `bench calibrate`
-        // (one pod, closed loop, no Envoy): ≈ 18 req/s per H100 with these prompts (300-1200
-        // tokens, 50-250 out), ≈ 1.8 req/s per A10G: ≈ 40 req/s for the fleet. 20 req/s is half
-        // the fleet's capacity, but round robin gives each A10G 5 req/s, ~2.8x what it serves.
-        "mixed_gpu" => Scenario {
-            name: "mixed_gpu",
-            about: "2 H100 + 2 A10G, Poisson at half the fleet's capacity",
-            fleet: fleet(pods(&["h100", "h100", "a10g", "a10g"], None)),
-            workload: spec(
-                Arrival::Poisson { rate: 20.0 * s },
-                horizon(45, 8),
-                Prompts::Independent {
-                    prompt_tokens: Range::new(300, 1200),
-                    max_tokens: Range::new(50, 250),
-                },
-            ),
-            adapters: vec![],
-            drain,
-        },
-        // Uniform A10G fleet (≈ 1.8 req/s each by `bench calibrate`, ≈ 7.3 for the fleet):
-        // bursts of 8 s at 20 req/s (~2.7x capacity, enough to fill the pods' KV cache), then
-        // 12 s at 1 req/s, during which the backlog drains (mean 8.6 req/s).
-        "bursty" => Scenario {
-            name: "bursty",
-            about: "4 A10G, on/off bursts at 2x capacity",
-            fleet: fleet(pods(&["a10g"; 4], None)),
-            workload: spec(
-                Arrival::Bursty {
-                    on_rate: 20.0 * s,
-                    off_rate: 1.0 * s,
-                    on_s: 8.0 / s,
-                    off_s: 12.0 / s,
-                },
-                horizon(45, 8),
-                Prompts::Independent {
-                    prompt_tokens: Range::new(200, 1000),
-                    max_tokens: Range::new(50, 200),
-                },
-            ),
-            adapters: vec![],
-            drain,
-        },
-        // A10G fleet (36K KV tokens each): 16 documents of 3,000 tokens and 48 conversations
-        // growing to ~2,000 tokens need ~140K tokens of cache — more than any one pod holds, so
-        // only prefix-aware placement keeps hitting. 3.5 req/s.
-        "shared_prefix" => Scenario {
-            name: "shared_prefix",
-            about: "4 A10G, multi-turn chats + document Q&A with long shared prefixes",
-            fleet: fleet(pods(&["a10g"; 4], None)),
-            workload: spec(
-                Arrival::Poisson { rate: 3.5 * s },
-                horizon(60, 12),
-                Prompts::SharedPrefix {
-                    conversations: 48,
-                    max_turns: 6,
-                    system_tokens: 300,
-                    turn_tokens: Range::new(50, 150),
-                    reply_tokens: 100,
-                    documents: 16,
-                    document_tokens: 3000,
-                    document_share: 0.5,
-                    max_tokens: Range::new(30, 120),
-                },
-            ),
-            adapters: vec![],
-            drain,
-        },
-        // 4 H100 with 4 LoRA slots each, 16 adapters (Zipf popularity), 10 req/s.
-        "lora" => Scenario {
-            name: "lora",
-            about: "4 H100, 16 adapters, max_loras 4",
-            fleet: fleet(pods(&["h100"; 4], Some(4))),
-            workload: spec(
-                Arrival::Poisson { rate: 10.0 * s },
-                horizon(45, 8),
-                Prompts::Lora {
-                    adapters: 16,
-                    zipf_s: 1.0,
-                    base_share: 0.1,
-                    prompt_tokens: Range::new(200, 800),
-                    max_tokens: Range::new(50, 150),
-                },
-            ),
-            adapters: (0..16).map(adapter_name).collect(),
-            drain,
-        },
-        // Uniform A10G fleet, steady Poisson at half its measured capacity (≈ 7.3 req/s):
-        // no gain expected.
-        "uniform" => Scenario {
-            name: "uniform",
-            about: "4 A10G, steady Poisson at half capacity (no gain expected)",
-            fleet: fleet(pods(&["a10g"; 4], None)),
-            workload: spec(
-                Arrival::Poisson { rate: 3.6 * s },
-                horizon(45, 8),
-                Prompts::Independent {
-                    prompt_tokens: Range::new(200, 1000),
-                    max_tokens: Range::new(50, 200),
-                },
-            ),
-            adapters: vec![],
-            drain,
-        },
-        // ~200 KB bodies (≈ 50K tokens; H100 only: 2 s of prefill each), 1 req/s: the cost of
-        // reading big bodies in the proxy.
-        "long_prompt" => Scenario {
-            name: "long_prompt",
-            about: "4 H100, ~200 KB prompts",
-            fleet: fleet(pods(&["h100"; 4], None)),
-            workload: spec(
-                Arrival::Poisson { rate: 1.0 * s },
-                horizon(45, 8),
-                Prompts::Independent {
-                    prompt_tokens: Range::new(48_000, 52_000),
-                    max_tokens: Range::new(20, 80),
-                },
-            ),
-            adapters: vec![],
-            drain,
-        },
-        _ => return None,
-    };
-    Some(sc)
+    let mut p = best.scaled(fleet.speedup);
+    p.num_gpu_blocks = profiles.iter().map(|x| x.num_gpu_blocks).sum();
+    p.lora_load_s = 0.0;
+    p.lora_cpu_load_s = 0.0;
+    let mut e = Engine::new(p, 4096);
+    let mut t = 0.0;
+    let mut ttfts = Vec::new();
+    let mut events = Vec::new();
+    for r in reqs {
+        let Ok(parsed) = parse(Api::Chat, &r.body) else {
+            continue;
+        };
+        let adapter: Option<Arc<str>> = (r.model != MODEL).then(|| Arc::from(r.model.as_str()));
+        let n = NewRequest {
+            prompt_tokens: parsed.tokens.len().max(1) as u32,
+            output_tokens: 1,
+            max_tokens: 1,
+            block_hashes: block_hashes(&parsed.tokens, 16, adapter.as_deref()),
+            adapter,
+        };
+        if e.submit(n, t).is_err() {
+            continue;
+        }
+        // Run the engine until this request produced its token.
+        while let Some(end) = e.begin_step(t) {
+            events.clear();
+            e.finish_step(end, &mut events);
+            t = end;
+            if let Some(ttft) = events.iter().find_map(|ev| match ev {
+                Event::Finished { ttft, .. } => Some(*ttft),
+                _ => None,
+            }) {
+                if r.at >= warmup {
+                    ttfts.push(ttft);
+                }
+                break;
+            }
+        }
+        t += 1.0;
+    }
+    ttfts.sort_by(f64::total_cmp);
+    let i = ((ttfts.len() as f64 * 0.95).ceil() as usize).saturating_sub(1);
+    ttfts.get(i).map_or(0.0, |x| x * 1000.0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn quick() -> Mode {
+        Mode::quick(42)
+    }
+
     #[test]
     fn every_name_builds_and_is_deterministic() {
-        let mode = Mode {
-            quick: true,
-            speedup: 1.0,
-            seed: 42,
-        };
         for n in NAMES {
-            let a = scenario(n, mode).unwrap();
-            let b = scenario(n, mode).unwrap();
+            let a = scenario(n, quick()).unwrap();
+            let b = scenario(n, quick()).unwrap();
             assert_eq!(a.name, n);
-            let (wa, wb) = (
-                crate::workload::generate(&a.workload),
-                crate::workload::generate(&b.workload),
-            );
+            let (wa, wb) = (generate(&a.workload), generate(&b.workload));
             assert!(!wa.is_empty(), "{n}");
             assert_eq!(wa, wb, "{n}");
             assert_eq!(a.fleet, b.fleet);
+            assert!(
+                a.floor_ms > 0.0 && a.floor_ms < a.slo_ttft_ms,
+                "{n}: floor {} slo {}",
+                a.floor_ms,
+                a.slo_ttft_ms
+            );
+            assert!(a.rate_rps > 0.0 && a.capacity_rps > a.rate_rps * 0.5, "{n}");
+            assert!(!a.card.is_empty());
+            // Quick mode stays small: ~15 s of arrivals.
+            assert!(
+                a.workload.horizon <= Duration::from_secs(21),
+                "{n}: {:?}",
+                a.workload.horizon
+            );
         }
-        assert!(scenario("nope", mode).is_none());
+        assert!(scenario("nope", quick()).is_none());
+    }
+
+    #[test]
+    fn scenario_at_changes_only_the_rate() {
+        let a = scenario("bursty", quick()).unwrap();
+        let b = scenario_at("bursty", quick(), a.rate_rps * 2.0).unwrap();
+        assert!(
+            (b.workload.arrival.mean_rate() - 2.0 * a.workload.arrival.mean_rate()).abs() < 1e-6
+        );
+        assert_eq!(a.fleet, b.fleet);
+        assert_eq!(a.workload.prompts, b.workload.prompts);
+        assert_eq!(a.slo_ttft_ms, b.slo_ttft_ms);
+        let n1 = generate(&a.workload).len() as f64;
+        let n2 = generate(&b.workload).len() as f64;
+        assert!(n2 > 1.5 * n1, "{n1} {n2}");
+    }
+
+    #[test]
+    fn full_mode_has_enough_tail_samples_and_ten_bursts() {
+        for n in NAMES {
+            let s = scenario(n, Mode::full(1)).unwrap();
+            let reqs = generate(&s.workload);
+            let measured = reqs.iter().filter(|r| r.at >= s.warmup).count();
+            // ≥ 20 samples above the p99, unless the 5-minute cap bites (low-rate scenarios).
+            let cap = s.workload.horizon >= Duration::from_secs(300);
+            assert!(measured >= 2000 || cap, "{n}: {measured}");
+        }
+        let b = scenario("bursty", Mode::full(1)).unwrap();
+        let Arrival::Bursty { on_s, off_s, .. } = b.workload.arrival else {
+            panic!("bursty must burst");
+        };
+        let bursts = (b.workload.horizon.as_secs_f64() - b.warmup.as_secs_f64()) / (on_s + off_s);
+        assert!(bursts >= 10.0 - 1e-9, "{bursts}");
+    }
+
+    #[test]
+    fn shared_prefix_working_set_sits_between_one_pod_and_the_fleet() {
+        let s = scenario("shared_prefix", Mode::full(3)).unwrap();
+        let reqs = generate(&s.workload);
+        // Distinct 16-token blocks the workload ever reads = its working set of prefixes.
+        let mut blocks = std::collections::HashSet::new();
+        for r in &reqs {
+            let p = parse(Api::Chat, &r.body).unwrap();
+            blocks.extend(block_hashes(&p.tokens, 16, None));
+        }
+        let per_pod = Profile::a10g().num_gpu_blocks as usize;
+        let fleet = per_pod * s.fleet.pods.len();
+        // Shared prefixes only: documents and system prompts (not every conversation's history).
+        let docs_and_systems = 12 * 4000 / 16 + 8 * 1500 / 16;
+        eprintln!("blocks ever read {}, shared prefixes ≈ {docs_and_systems}, pod {per_pod}, fleet {fleet}", blocks.len());
+        assert!(docs_and_systems > per_pod && docs_and_systems < fleet);
+        // Steady state: cold reads are rare once the warm-up has seen every prefix.
+        let cold = s.cold_read_fraction();
+        assert!(cold < 0.01, "cold reads {cold}");
+        let q = scenario("shared_prefix", quick()).unwrap();
+        assert!(q.cold_read_fraction() < 0.01, "{}", q.cold_read_fraction());
+    }
+
+    #[test]
+    fn the_floor_counts_prefill_and_prefix_hits() {
+        // Long prompts cost more than short ones on the same fleet; a shared-prefix workload's
+        // floor is below its documents' cold prefill.
+        let long = scenario("long_prompt", quick()).unwrap();
+        let uni = scenario("uniform", quick()).unwrap();
+        assert!(
+            long.floor_ms > 20.0 * uni.floor_ms / 4.0,
+            "{} {}",
+            long.floor_ms,
+            uni.floor_ms
+        );
+        let sp = scenario("shared_prefix", quick()).unwrap();
+        let cold_doc_ms = 4000.0 * Profile::a10g().prefill_per_token_s * 1000.0 / QUICK_SPEEDUP;
+        assert!(
+            sp.floor_ms < cold_doc_ms,
+            "{} vs {cold_doc_ms}",
+            sp.floor_ms
+        );
     }
 
     #[test]
     fn long_prompt_bodies_are_about_200_kb() {
-        let mode = Mode {
-            quick: true,
-            speedup: 1.0,
-            seed: 1,
-        };
-        let s = scenario("long_prompt", mode).unwrap();
-        for r in crate::workload::generate(&s.workload) {
+        let s = scenario("long_prompt", quick()).unwrap();
+        for r in generate(&s.workload) {
             assert!(
                 (180_000..230_000).contains(&r.body.len()),
                 "{}",
@@ -242,17 +678,27 @@ mod tests {
     }
 
     #[test]
-    fn mixed_gpu_has_two_generations() {
-        let s = scenario(
-            "mixed_gpu",
-            Mode {
-                quick: false,
-                speedup: 1.0,
-                seed: 1,
-            },
-        )
-        .unwrap();
-        let profiles: Vec<&str> = s.fleet.pods.iter().map(|p| p.profile).collect();
-        assert_eq!(profiles, ["h100", "h100", "a10g", "a10g"]);
+    fn fleets_match_their_cards() {
+        let profiles = |n: &str| -> Vec<&str> {
+            scenario(n, quick())
+                .unwrap()
+                .fleet
+                .pods
+                .iter()
+                .map(|p| p.profile)
+                .collect()
+        };
+        assert_eq!(profiles("mixed_gpu"), ["h100", "h100", "a10g", "a10g"]);
+        assert_eq!(profiles("bursty"), ["h100-70b"; 4]);
+        let l = scenario("lora", quick()).unwrap();
+        assert!(l
+            .fleet
+            .pods
+            .iter()
+            .all(|p| p.max_loras == Some(4) && p.max_cpu_loras == Some(12)));
+        assert!(
+            l.adapters.len() > 4 * 4,
+            "more adapters than the fleet's GPU slots"
+        );
     }
 }

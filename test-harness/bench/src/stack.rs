@@ -64,12 +64,26 @@ impl RouterKind {
 }
 
 /// One emulated pod.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodSpec {
-    /// GPU profile (`h100`, `a10g`).
+    /// GPU profile (`h100`, `a10g`, `h100-70b`).
     pub profile: &'static str,
     /// LoRA slots, if not the emulator's default.
     pub max_loras: Option<u32>,
+    /// CPU LoRA cache (`--max-cpu-loras`), if not the emulator's default (= `max_loras`).
+    pub max_cpu_loras: Option<u32>,
+    /// Output length mode (`--output-len max|uniform|lognormal`), if not the default (max).
+    pub output_len: Option<&'static str>,
+}
+
+impl PodSpec {
+    /// A pod of `profile` with the emulator's defaults otherwise.
+    pub fn new(profile: &'static str) -> Self {
+        PodSpec {
+            profile,
+            ..PodSpec::default()
+        }
+    }
 }
 
 /// The fleet of a scenario.
@@ -175,6 +189,12 @@ pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
             .arg(MODEL);
         if let Some(n) = p.max_loras {
             cmd.arg("--max-loras").arg(n.to_string());
+        }
+        if let Some(n) = p.max_cpu_loras {
+            cmd.arg("--max-cpu-loras").arg(n.to_string());
+        }
+        if let Some(m) = p.output_len {
+            cmd.arg("--output-len").arg(m);
         }
         let g = ChildGuard::spawn(&format!("model-sim-{i}-{}", p.profile), cmd)
             .map_err(tk("start model-sim"))?;

@@ -53,14 +53,30 @@ pub enum Prompts {
         /// `max_tokens` of each request.
         max_tokens: Range,
     },
+    /// Independent single-turn chats whose prompt lengths follow a lognormal law (heavy
+    /// tail); the output length is left to the pod's EOS (`--output-len lognormal`) under a
+    /// generous `max_tokens` cap.
+    HeavyTailed {
+        /// Median prompt length, tokens.
+        prompt_median: u32,
+        /// σ of the log of the prompt length.
+        prompt_sigma: f64,
+        /// Longest prompt, tokens (the lognormal is cut here).
+        prompt_max: u32,
+        /// `max_tokens` of every request (a cap; the pod stops earlier at its EOS).
+        max_tokens: u32,
+    },
     /// Multi-turn conversations (each turn resends the whole history) mixed with document
-    /// Q&A (many questions about a few long documents): long common prefixes.
+    /// Q&A (many questions about a few long documents): long common prefixes, in the style of
+    /// inference-perf's `shared_prefix` (N shared prefixes × many questions each).
     SharedPrefix {
         /// Conversations open at any time; a finished one is replaced by a new one.
         conversations: usize,
         /// Turns per conversation before it is replaced.
         max_turns: u32,
-        /// Length of the system prompt every conversation shares, tokens.
+        /// Distinct system prompts; each conversation uses one of them.
+        system_prompts: usize,
+        /// Length of each system prompt, tokens.
         system_tokens: u32,
         /// New user text per turn, tokens.
         turn_tokens: Range,
@@ -120,6 +136,9 @@ pub struct RequestSpec {
     pub max_tokens: u32,
     /// Characters of prompt text in the body.
     pub prompt_chars: usize,
+    /// The shared prefix this request reads (a document or a system prompt), if any; the
+    /// first request of each group is a cold read for every router.
+    pub prefix_group: Option<u32>,
     /// The exact JSON body (streaming chat completion with usage).
     pub body: Bytes,
 }
@@ -210,6 +229,33 @@ pub fn text(rng: &mut StdRng, chars: usize) -> String {
     s
 }
 
+/// A lognormal sample with the given median and σ (Box-Muller).
+fn lognormal(rng: &mut StdRng, median: f64, sigma: f64) -> f64 {
+    let u1: f64 = 1.0 - rng.random::<f64>();
+    let u2: f64 = rng.random::<f64>();
+    let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+    (median.max(1.0).ln() + sigma * z).exp()
+}
+
+/// Share of the requests from `from` on that are the first read of their shared prefix (a
+/// cold read no router can avoid), counting groups first read before `from` as warm.
+pub fn cold_read_fraction(reqs: &[RequestSpec], from: Duration) -> f64 {
+    let mut seen = std::collections::HashSet::new();
+    let (mut cold, mut n) = (0usize, 0usize);
+    for r in reqs {
+        let first = r.prefix_group.is_some_and(|g| seen.insert(g));
+        if r.at >= from {
+            n += 1;
+            cold += usize::from(first);
+        }
+    }
+    if n == 0 {
+        0.0
+    } else {
+        cold as f64 / n as f64
+    }
+}
+
 fn tokens_to_chars(tokens: u32) -> usize {
     (tokens as usize) * (CHARS_PER_TOKEN as usize)
 }
@@ -232,6 +278,7 @@ fn chat_body(model: &str, messages: &[(String, String)], max_tokens: u32) -> Byt
 struct Conversation {
     id: u64,
     turns: u32,
+    system: usize,
     history: Vec<(String, String)>,
 }
 
@@ -260,13 +307,37 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     model: spec.model.clone(),
                     max_tokens: mt,
                     prompt_chars: msgs[0].1.len(),
+                    prefix_group: None,
                     body: chat_body(&spec.model, &msgs, mt),
+                });
+            }
+        }
+        Prompts::HeavyTailed {
+            prompt_median,
+            prompt_sigma,
+            prompt_max,
+            max_tokens,
+        } => {
+            for (i, at) in times.into_iter().enumerate() {
+                let n = lognormal(&mut rng, f64::from(*prompt_median), *prompt_sigma)
+                    .clamp(1.0, f64::from((*prompt_max).max(1))) as u32;
+                let prompt = format!("[{i}] {}", text(&mut rng, tokens_to_chars(n)));
+                let msgs = vec![("user".to_string(), prompt)];
+                out.push(RequestSpec {
+                    id: i as u64,
+                    at,
+                    model: spec.model.clone(),
+                    max_tokens: *max_tokens,
+                    prompt_chars: msgs[0].1.len(),
+                    prefix_group: None,
+                    body: chat_body(&spec.model, &msgs, *max_tokens),
                 });
             }
         }
         Prompts::SharedPrefix {
             conversations,
             max_turns,
+            system_prompts,
             system_tokens,
             turn_tokens,
             reply_tokens,
@@ -275,10 +346,16 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
             document_share,
             max_tokens,
         } => {
-            let system = format!(
-                "You are a helpful assistant. {}",
-                text(&mut rng, tokens_to_chars(*system_tokens))
-            );
+            let systems: Vec<String> = (0..(*system_prompts).max(1))
+                .map(|k| {
+                    format!(
+                        "You are assistant {k}. {}",
+                        text(&mut rng, tokens_to_chars(*system_tokens))
+                    )
+                })
+                .collect();
+            // Document questions carry the first system prompt.
+            let system = systems[0].clone();
             let docs: Vec<String> = (0..(*documents).max(1))
                 .map(|d| {
                     format!(
@@ -288,22 +365,43 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                 })
                 .collect();
             let mut next_conv = 0u64;
-            let new_conv = |next: &mut u64| {
+            // The first conversations take the system prompts in turn, later ones at random.
+            let new_conv = |next: &mut u64, rng: &mut StdRng| {
+                let k = if (*next as usize) < systems.len() {
+                    *next as usize
+                } else {
+                    rng.random_range(0..systems.len())
+                };
                 let c = Conversation {
                     id: *next,
                     turns: 0,
-                    history: vec![("system".to_string(), system.clone())],
+                    system: k,
+                    history: vec![("system".to_string(), systems[k].clone())],
                 };
                 *next += 1;
                 c
             };
             let mut convs: Vec<Conversation> = (0..(*conversations).max(1))
-                .map(|_| new_conv(&mut next_conv))
+                .map(|_| new_conv(&mut next_conv, &mut rng))
                 .collect();
             for (i, at) in times.into_iter().enumerate() {
                 let mt = max_tokens.sample(&mut rng);
-                let msgs = if rng.random::<f64>() < *document_share {
-                    let d = rng.random_range(0..docs.len());
+                let group;
+                // Priming: the first requests read every document, then open one conversation
+                // per system prompt, so a warm-up sees the whole working set.
+                let priming = i < docs.len() + systems.len().min(convs.len());
+                let doc_question = if priming {
+                    i < docs.len()
+                } else {
+                    rng.random::<f64>() < *document_share
+                };
+                let msgs = if doc_question {
+                    let d = if priming {
+                        i
+                    } else {
+                        rng.random_range(0..docs.len())
+                    };
+                    group = d as u32;
                     let qn = turn_tokens.sample(&mut rng);
                     let q = text(&mut rng, tokens_to_chars(qn));
                     vec![
@@ -314,11 +412,16 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                         ),
                     ]
                 } else {
-                    let k = rng.random_range(0..convs.len());
+                    let k = if priming {
+                        i - docs.len()
+                    } else {
+                        rng.random_range(0..convs.len())
+                    };
                     if convs[k].turns >= *max_turns {
-                        convs[k] = new_conv(&mut next_conv);
+                        convs[k] = new_conv(&mut next_conv, &mut rng);
                     }
                     let c = &mut convs[k];
+                    group = (docs.len() + c.system) as u32;
                     let un = turn_tokens.sample(&mut rng);
                     let user = format!(
                         "[conversation {} turn {}] {}",
@@ -341,6 +444,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     model: spec.model.clone(),
                     max_tokens: mt,
                     prompt_chars,
+                    prefix_group: Some(group),
                     body: chat_body(&spec.model, &msgs, mt),
                 });
             }
@@ -385,6 +489,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     at,
                     max_tokens: mt,
                     prompt_chars: msgs[0].1.len(),
+                    prefix_group: None,
                     body: chat_body(&model, &msgs, mt),
                     model,
                 });
@@ -418,6 +523,7 @@ mod tests {
             Prompts::SharedPrefix {
                 conversations: 4,
                 max_turns: 5,
+                system_prompts: 2,
                 system_tokens: 50,
                 turn_tokens: Range::new(10, 30),
                 reply_tokens: 20,
@@ -433,7 +539,57 @@ mod tests {
                 prompt_tokens: Range::new(10, 100),
                 max_tokens: Range::new(5, 50),
             },
+            Prompts::HeavyTailed {
+                prompt_median: 40,
+                prompt_sigma: 1.0,
+                prompt_max: 400,
+                max_tokens: 64,
+            },
         ]
+    }
+
+    #[test]
+    fn heavy_tailed_prompts_have_a_lognormal_spread() {
+        let p = Prompts::HeavyTailed {
+            prompt_median: 500,
+            prompt_sigma: 0.8,
+            prompt_max: 20_000,
+            max_tokens: 1000,
+        };
+        let mut s = spec(p, 4);
+        s.max_requests = 4000;
+        s.horizon = Duration::from_secs(1000);
+        let mut chars: Vec<usize> = generate(&s).iter().map(|r| r.prompt_chars).collect();
+        chars.sort_unstable();
+        let q = |f: f64| chars[((chars.len() - 1) as f64 * f) as usize] as f64;
+        // Median ≈ 500 tokens ≈ 2,000 characters; p99 / p50 = e^(2.33·0.8) ≈ 6.4.
+        assert!((1700.0..2300.0).contains(&q(0.5)), "{}", q(0.5));
+        let tail = q(0.99) / q(0.5);
+        assert!((4.5..9.0).contains(&tail), "{tail}");
+    }
+
+    #[test]
+    fn cold_reads_are_first_reads_of_a_group() {
+        let mk = |at: u64, g: Option<u32>| RequestSpec {
+            id: at,
+            at: Duration::from_secs(at),
+            model: "m".into(),
+            max_tokens: 1,
+            prompt_chars: 1,
+            prefix_group: g,
+            body: Bytes::new(),
+        };
+        let reqs = vec![
+            mk(0, Some(1)),
+            mk(1, Some(2)),
+            mk(2, Some(1)),
+            mk(3, Some(3)),
+            mk(4, None),
+            mk(5, Some(2)),
+        ];
+        assert!((cold_read_fraction(&reqs, Duration::ZERO) - 0.5).abs() < 1e-9);
+        // From t=2 on: only group 3's first read is cold (1 of 4).
+        assert!((cold_read_fraction(&reqs, Duration::from_secs(2)) - 0.25).abs() < 1e-9);
     }
 
     #[test]
@@ -467,6 +623,7 @@ mod tests {
         let p = Prompts::SharedPrefix {
             conversations: 2,
             max_turns: 10,
+            system_prompts: 1,
             system_tokens: 50,
             turn_tokens: Range::new(10, 30),
             reply_tokens: 20,

@@ -59,7 +59,7 @@ pub struct PodArgs {
     /// Port to serve (repeatable; `A-B` is a range; 0 picks a free port).
     #[arg(long = "port", value_name = "PORT|FIRST-LAST")]
     pub ports: Vec<String>,
-    /// GPU profile(s): h100, a10g; a comma list gives one per pod, the last repeats.
+    /// GPU profile(s): h100, a10g, h100-70b; a comma list gives one per pod, the last repeats.
     #[arg(long, value_delimiter = ',', default_value = "h100")]
     pub profile: Vec<String>,
     /// Metric names: vllm or sglang.
@@ -71,6 +71,9 @@ pub struct PodArgs {
     /// LoRA adapter slots per pod (0 disables adapters).
     #[arg(long, default_value_t = 4)]
     pub max_loras: usize,
+    /// LoRA adapters kept in the CPU cache (vLLM `--max-cpu-loras`; default max_loras).
+    #[arg(long)]
+    pub max_cpu_loras: Option<usize>,
     /// Seed (pod i of a command line uses seed + i).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -89,7 +92,8 @@ pub struct PodArgs {
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 128)]
     pub default_max_tokens: u32,
-    /// Output length: max (= max_tokens) or uniform (1..=max_tokens unless ignore_eos).
+    /// Output length: max (= max_tokens), uniform (1..=max_tokens) or lognormal (EOS after a
+    /// lognormal number of tokens, capped by max_tokens); the last two unless ignore_eos.
     #[arg(long, default_value = "max")]
     pub output_len: String,
     /// Override the profile's KV blocks.
@@ -98,9 +102,12 @@ pub struct PodArgs {
     /// Override the profile's max_num_seqs.
     #[arg(long)]
     pub max_num_seqs: Option<u32>,
-    /// Override the profile's LoRA load time (milliseconds, before speedup).
+    /// Override the profile's LoRA load time from disk (milliseconds, before speedup).
     #[arg(long)]
     pub lora_load_ms: Option<f64>,
+    /// Override the profile's LoRA swap-in time from the CPU cache (ms, before speedup).
+    #[arg(long)]
+    pub lora_cpu_load_ms: Option<f64>,
     /// Tokio worker threads for the whole process.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -123,6 +130,8 @@ pub struct PodSpec {
     pub speedup: Option<f64>,
     /// LoRA slots.
     pub max_loras: Option<usize>,
+    /// CPU LoRA cache.
+    pub max_cpu_loras: Option<usize>,
     /// Seed.
     pub seed: Option<u64>,
     /// Base model.
@@ -135,14 +144,16 @@ pub struct PodSpec {
     pub metrics_only: Option<bool>,
     /// Default max_tokens.
     pub default_max_tokens: Option<u32>,
-    /// max | uniform.
+    /// max | uniform | lognormal.
     pub output_len: Option<String>,
     /// KV blocks override.
     pub num_gpu_blocks: Option<u32>,
     /// max_num_seqs override.
     pub max_num_seqs: Option<u32>,
-    /// LoRA load time override (ms).
+    /// LoRA load time from disk override (ms).
     pub lora_load_ms: Option<f64>,
+    /// LoRA swap-in time from CPU override (ms).
+    pub lora_cpu_load_ms: Option<f64>,
 }
 
 /// A fleet file.
@@ -172,7 +183,7 @@ pub enum ConfigError {
     #[error("unknown kv metric {0:?} (want new, old or both)")]
     KvMetric(String),
     /// Unknown output-length mode.
-    #[error("unknown output length mode {0:?} (want max or uniform)")]
+    #[error("unknown output length mode {0:?} (want max, uniform or lognormal)")]
     OutputLen(String),
     /// Bad spec item.
     #[error("bad --spec item {0:?} (want PROFILE:PORT[-LAST][:ENGINE])")]
@@ -235,6 +246,7 @@ fn output_len(s: &str) -> Result<OutputLen, ConfigError> {
     match s {
         "max" => Ok(OutputLen::Max),
         "uniform" => Ok(OutputLen::Uniform),
+        "lognormal" => Ok(OutputLen::Lognormal),
         o => Err(ConfigError::OutputLen(o.into())),
     }
 }
@@ -248,6 +260,7 @@ impl PodArgs {
             engine: Some(self.engine.clone()),
             speedup: Some(self.speedup),
             max_loras: Some(self.max_loras),
+            max_cpu_loras: self.max_cpu_loras,
             seed: Some(self.seed),
             model: Some(self.model.clone()),
             host: Some(self.host),
@@ -258,6 +271,7 @@ impl PodArgs {
             num_gpu_blocks: self.num_gpu_blocks,
             max_num_seqs: self.max_num_seqs,
             lora_load_ms: self.lora_load_ms,
+            lora_cpu_load_ms: self.lora_cpu_load_ms,
         }
     }
 }
@@ -271,6 +285,7 @@ impl PodSpec {
             engine: self.engine.clone().or_else(|| base.engine.clone()),
             speedup: self.speedup.or(base.speedup),
             max_loras: self.max_loras.or(base.max_loras),
+            max_cpu_loras: self.max_cpu_loras.or(base.max_cpu_loras),
             seed: self.seed.or(base.seed),
             model: self.model.clone().or_else(|| base.model.clone()),
             host: self.host.or(base.host),
@@ -281,6 +296,7 @@ impl PodSpec {
             num_gpu_blocks: self.num_gpu_blocks.or(base.num_gpu_blocks),
             max_num_seqs: self.max_num_seqs.or(base.max_num_seqs),
             lora_load_ms: self.lora_load_ms.or(base.lora_load_ms),
+            lora_cpu_load_ms: self.lora_cpu_load_ms.or(base.lora_cpu_load_ms),
         }
     }
 
@@ -296,10 +312,14 @@ impl PodSpec {
         if let Some(ms) = self.lora_load_ms {
             profile.lora_load_s = (ms / 1000.0).max(0.0);
         }
+        if let Some(ms) = self.lora_cpu_load_ms {
+            profile.lora_cpu_load_s = (ms / 1000.0).max(0.0);
+        }
         let mut cfg = PodConfig::new(port, profile);
         cfg.flavor = flavor(self.engine.as_deref().unwrap_or("vllm"))?;
         cfg.speedup = self.speedup.unwrap_or(1.0);
         cfg.max_loras = self.max_loras.unwrap_or(4);
+        cfg.max_cpu_loras = self.max_cpu_loras;
         cfg.seed = self.seed.unwrap_or(0).wrapping_add(seed_offset);
         cfg.model = self.model.clone().unwrap_or_else(|| DEFAULT_MODEL.into());
         if let Some(h) = self.host {
@@ -496,9 +516,18 @@ mod tests {
         assert_eq!(pods[3].port, 9102);
         assert!(pods[3].metrics_only && !pods[0].metrics_only);
         assert!(pods.iter().all(|p| p.speedup == 10.0));
-        let t = "[defaults]\nengine = \"sglang\"\n[[pods]]\nport = 9001\nprofile = \"a10g\"\nmax_loras = 1\n";
+        let t = "[defaults]\nengine = \"sglang\"\n[[pods]]\nport = 9001\nprofile = \"h100-70b\"\nmax_loras = 1\nmax_cpu_loras = 8\noutput_len = \"lognormal\"\nlora_cpu_load_ms = 3\n";
         let f = parse_fleet(t, true).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f.pods[0].max_loras, Some(1));
+        let mut pods = Vec::new();
+        f.pods[0]
+            .over(&f.defaults.over(&cli(&[]).pod.base_spec()))
+            .expand(&mut pods)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pods[0].max_cpu_loras, Some(8));
+        assert_eq!(pods[0].output_len, OutputLen::Lognormal);
+        assert_eq!(pods[0].profile.name, "h100-70b");
+        assert!((pods[0].profile.lora_cpu_load_s - 0.003).abs() < 1e-12);
         assert!(parse_fleet("pods: [{prt: 1}]", false).is_err());
     }
 }

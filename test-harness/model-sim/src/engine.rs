@@ -10,15 +10,17 @@
 //!    `max_num_seqs`, the token budget and free KV blocks allow; cached prefix blocks are taken
 //!    from the prefix cache and skip prefill; a request whose LoRA adapter is not resident and
 //!    cannot get a slot is skipped (it keeps its place) so later requests may pass it;
-//! 3. the step lasts `base + decodes × per-seq + prefill tokens × per-token + context tokens ×
-//!    kv-read + adapter loads × load time` ([`crate::profile::Profile`]);
+//! 3. the step lasts `base + decodes × per-seq + prefill tokens × per-token + prefill attention
+//!    pairs × attention + context tokens × kv-read + adapter loads × load time`
+//!    ([`crate::profile::Profile`]); an adapter in the CPU cache swaps in cheaply, one that is
+//!    not is read from disk;
 //! 4. when it ends, every sequence that caught up with its tokens samples one new token.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::kv::{BlockId, KvCache};
-use crate::lora::LoraSlots;
+use crate::lora::{Load, LoraSlots};
 use crate::metrics::{Histogram, E2E_BUCKETS, TTFT_BUCKETS};
 use crate::profile::Profile;
 
@@ -149,6 +151,12 @@ pub struct Stats {
     pub aborted: u64,
     /// Engine steps run.
     pub steps: u64,
+    /// Peak KV usage (0..=1) since start or [`Engine::reset_peaks`].
+    pub kv_usage_max: f64,
+    /// Peak waiting-queue length since start or [`Engine::reset_peaks`].
+    pub waiting_max: u32,
+    /// ∫ KV usage dt over the engine clock (seconds), up to the last step event.
+    pub kv_usage_seconds: f64,
     /// `vllm:time_to_first_token_seconds`.
     pub ttft: Histogram,
     /// `vllm:e2e_request_latency_seconds`.
@@ -167,6 +175,9 @@ impl Default for Stats {
             finished_length: 0,
             aborted: 0,
             steps: 0,
+            kv_usage_max: 0.0,
+            waiting_max: 0,
+            kv_usage_seconds: 0.0,
             ttft: Histogram::new(TTFT_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
         }
@@ -210,6 +221,8 @@ pub struct Engine {
     next_id: ReqId,
     stats: Stats,
     last_step: Option<StepInfo>,
+    /// Engine time up to which `stats.kv_usage_seconds` is integrated.
+    kv_clock: f64,
 }
 
 /// What the last planned step contained (for tests and debugging).
@@ -219,8 +232,12 @@ pub struct StepInfo {
     pub decodes: u32,
     /// Prefill tokens computed.
     pub prefill_tokens: u32,
-    /// Adapters loaded in this step.
+    /// Σ over prefill tokens of the context each attends to (the quadratic part).
+    pub attention_pairs: u64,
+    /// Adapters put in a GPU slot in this step (from CPU or disk).
     pub lora_loads: u32,
+    /// Of those, adapters read from disk.
+    pub lora_disk_loads: u32,
     /// Step duration (seconds).
     pub duration: f64,
 }
@@ -242,14 +259,23 @@ pub struct EngineState {
     pub waiting_adapters: Vec<String>,
     /// Adapters resident in GPU slots, least recently used first.
     pub resident_adapters: Vec<String>,
+    /// Adapters in the CPU cache, least recently used first.
+    pub cpu_adapters: Vec<String>,
 }
 
 impl Engine {
-    /// An idle engine for `profile` with `max_loras` adapter slots.
+    /// An idle engine for `profile` with `max_loras` adapter slots (and a CPU cache of the
+    /// same size, vLLM's default).
     pub fn new(profile: Profile, max_loras: usize) -> Self {
+        Self::with_cpu_loras(profile, max_loras, max_loras)
+    }
+
+    /// An idle engine with `max_loras` GPU slots and a CPU cache of `max_cpu_loras` adapters.
+    pub fn with_cpu_loras(profile: Profile, max_loras: usize, max_cpu_loras: usize) -> Self {
         Engine {
             kv: KvCache::new(profile.num_gpu_blocks, profile.block_size),
-            lora: LoraSlots::new(max_loras),
+            lora: LoraSlots::new(max_loras, max_cpu_loras),
+            kv_clock: 0.0,
             profile,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
@@ -271,9 +297,43 @@ impl Engine {
         self.lora.max()
     }
 
-    /// Adapters loaded so far.
+    /// CPU cache size for adapters.
+    pub fn max_cpu_loras(&self) -> usize {
+        self.lora.max_cpu()
+    }
+
+    /// Adapters put into a GPU slot so far (from CPU or disk).
     pub fn lora_loads(&self) -> u64 {
         self.lora.loads()
+    }
+
+    /// Adapters read from disk so far.
+    pub fn lora_disk_loads(&self) -> u64 {
+        self.lora.disk_loads()
+    }
+
+    /// Integrates KV usage up to `now` (engine clock; earlier times are ignored).
+    fn account(&mut self, now: f64) {
+        if now > self.kv_clock {
+            self.stats.kv_usage_seconds += self.kv.usage() * (now - self.kv_clock);
+            self.kv_clock = now;
+        }
+    }
+
+    /// ∫ KV usage dt up to `now` (seconds of engine clock), without changing the engine.
+    pub fn kv_usage_seconds_at(&self, now: f64) -> f64 {
+        self.stats.kv_usage_seconds + self.kv.usage() * (now - self.kv_clock).max(0.0)
+    }
+
+    /// Restarts the peak gauges (`kv_usage_max`, `waiting_max`) from the current values.
+    pub fn reset_peaks(&mut self) {
+        self.stats.kv_usage_max = self.kv.usage();
+        self.stats.waiting_max = self.waiting.len() as u32;
+    }
+
+    fn note_peaks(&mut self) {
+        self.stats.kv_usage_max = self.stats.kv_usage_max.max(self.kv.usage());
+        self.stats.waiting_max = self.stats.waiting_max.max(self.waiting.len() as u32);
     }
 
     /// Counters and histograms.
@@ -346,6 +406,8 @@ impl Engine {
             },
         );
         self.waiting.push_back(id);
+        self.account(now);
+        self.note_peaks();
         Ok(id)
     }
 
@@ -414,6 +476,7 @@ impl Engine {
         if self.seqs.is_empty() {
             return None;
         }
+        self.account(now);
         let p = &self.profile;
         let mut budget = p.max_num_batched_tokens;
         let max_seqs = p.max_num_seqs as usize;
@@ -460,6 +523,7 @@ impl Engine {
 
         // 2. Admission from the waiting queue.
         let mut lora_loads = 0u32;
+        let mut lora_disk_loads = 0u32;
         if !preempted {
             let mut skipped: Vec<ReqId> = Vec::new();
             while budget > 0 && self.running.len() < max_seqs {
@@ -504,8 +568,14 @@ impl Engine {
                             .collect();
                         let busy: HashSet<String> = busy.into_iter().map(str::to_string).collect();
                         let busy_ref: HashSet<&str> = busy.iter().map(String::as_str).collect();
-                        self.lora.load(a, &busy_ref);
-                        lora_loads += 1;
+                        match self.lora.load(a, &busy_ref) {
+                            Some(Load::FromDisk) => {
+                                lora_loads += 1;
+                                lora_disk_loads += 1;
+                            }
+                            Some(Load::FromCpu) => lora_loads += 1,
+                            Some(Load::Resident) | None => {}
+                        }
                     }
                 } else if let Some(a) = &adapter {
                     self.lora.touch(a);
@@ -548,6 +618,7 @@ impl Engine {
             }
         }
 
+        self.note_peaks();
         if scheduled.is_empty() {
             self.last_step = None;
             return None;
@@ -557,12 +628,17 @@ impl Engine {
         let mut decodes = 0u32;
         let mut prefill = 0u32;
         let mut context = 0u64;
+        let mut attention_pairs = 0u64;
         for s in &scheduled {
             if let Some(seq) = self.seqs.get(&s.id) {
                 if s.tokens == 1 && seq.computed + 1 == seq.num_tokens() && seq.generated > 0 {
                     decodes += 1;
                 } else {
                     prefill += s.tokens;
+                    // Token j of the chunk attends to the `computed + j` tokens before it and
+                    // itself (causal attention).
+                    let (n, c) = (u64::from(s.tokens), u64::from(seq.computed));
+                    attention_pairs += n * c + n * (n + 1) / 2;
                 }
                 context += u64::from(seq.computed + s.tokens);
             }
@@ -571,12 +647,16 @@ impl Engine {
         let duration = p.step_base_s
             + f64::from(decodes) * p.decode_per_seq_s
             + f64::from(prefill) * p.prefill_per_token_s
+            + attention_pairs as f64 * p.prefill_attn_s
             + context as f64 * p.kv_read_per_token_s
-            + f64::from(lora_loads) * p.lora_load_s;
+            + f64::from(lora_disk_loads) * p.lora_load_s
+            + f64::from(lora_loads - lora_disk_loads) * p.lora_cpu_load_s;
         self.last_step = Some(StepInfo {
             decodes,
             prefill_tokens: prefill,
+            attention_pairs,
             lora_loads,
+            lora_disk_loads,
             duration,
         });
         let end = now + duration;
@@ -590,6 +670,7 @@ impl Engine {
         let Some((_, scheduled)) = self.in_flight.take() else {
             return;
         };
+        self.account(at);
         let bs = self.kv.block_size();
         for s in scheduled {
             let Some(seq) = self.seqs.get_mut(&s.id) else {
@@ -694,6 +775,7 @@ impl Engine {
             running_adapters,
             waiting_adapters,
             resident_adapters: self.lora.resident().map(str::to_string).collect(),
+            cpu_adapters: self.lora.cached().map(str::to_string).collect(),
         }
     }
 }

@@ -5,11 +5,14 @@
 
 use std::fmt;
 
-/// Speed and memory of one emulated GPU serving an 8B-class model (Llama-3.1-8B, bf16).
+/// Speed and memory of one emulated GPU (or tensor-parallel GPU group) serving one model.
 ///
 /// Step time of one engine iteration (see `engine.rs`):
-/// `step_base_s + decode_seqs * decode_per_seq_s + prefill_tokens * prefill_per_token_s
-///  + context_tokens * kv_read_per_token_s + adapter_loads * lora_load_s`.
+/// `step_base_s + decode_seqs * decode_per_seq_s + prefill_tokens * prefill_per_token_s +
+/// prefill_attention_pairs * prefill_attn_s + context_tokens * kv_read_per_token_s +
+/// disk_loads * lora_load_s + cpu_swap_ins * lora_cpu_load_s`, where `prefill_attention_pairs`
+/// is the sum over prefill tokens of the context each one attends to (so a prompt's prefill
+/// grows with the square of its length).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     /// Profile name as given on the command line (`h100`, `a10g`).
@@ -30,18 +33,29 @@ pub struct Profile {
     pub decode_per_seq_s: f64,
     /// Cost per prefill token (seconds).
     pub prefill_per_token_s: f64,
+    /// Attention cost of one prefill token per context token it attends to (seconds): the
+    /// part of prefill that grows with context length.
+    pub prefill_attn_s: f64,
     /// Cost per token of KV context read by the batch's attention (seconds).
     pub kv_read_per_token_s: f64,
-    /// Time to load one LoRA adapter into a GPU slot (seconds).
+    /// Time to load one LoRA adapter from disk into a GPU slot (not in the CPU cache; seconds).
     pub lora_load_s: f64,
+    /// Time to swap one LoRA adapter from the CPU cache into a GPU slot (seconds).
+    pub lora_cpu_load_s: f64,
 }
 
+/// Attention FLOPs of one token per context token (QK^T and A·V: 4 · layers · hidden) over
+/// the linear FLOPs of one token (2 · parameters), Llama-3.1-8B: 4·32·4096 / (2·8.03e9).
+const ATTN_PER_CONTEXT_8B: f64 = 4.0 * 32.0 * 4096.0 / (2.0 * 8.03e9);
+/// The same ratio for Llama-3.1-70B: 4·80·8192 / (2·70.6e9).
+const ATTN_PER_CONTEXT_70B: f64 = 4.0 * 80.0 * 8192.0 / (2.0 * 70.6e9);
+
 /// Names accepted by [`Profile::by_name`].
-pub const PROFILE_NAMES: &[&str] = &["h100", "a10g"];
+pub const PROFILE_NAMES: &[&str] = &["h100", "a10g", "h100-70b"];
 
 /// Error for an unknown profile name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown GPU profile {name:?} (known: h100, a10g)")]
+#[error("unknown GPU profile {name:?} (known: h100, a10g, h100-70b)")]
 pub struct UnknownProfile {
     /// The name that was asked for.
     pub name: String,
@@ -60,8 +74,10 @@ impl Profile {
             step_base_s: 0.0065,
             decode_per_seq_s: 0.000_040,
             prefill_per_token_s: 0.000_040,
+            prefill_attn_s: 0.000_040 * ATTN_PER_CONTEXT_8B,
             kv_read_per_token_s: 0.000_000_045,
             lora_load_s: 0.100,
+            lora_cpu_load_s: 0.005,
         }
     }
 
@@ -77,8 +93,31 @@ impl Profile {
             step_base_s: 0.032,
             decode_per_seq_s: 0.000_250,
             prefill_per_token_s: 0.000_250,
+            prefill_attn_s: 0.000_250 * ATTN_PER_CONTEXT_8B,
             kv_read_per_token_s: 0.000_000_250,
             lora_load_s: 0.200,
+            lora_cpu_load_s: 0.010,
+        }
+    }
+
+    /// Llama-3.1-70B-Instruct in bf16 on two H100 SXM 80 GB (tensor parallel 2) with vLLM
+    /// defaults: the weights take most of the memory, so the KV cache holds few requests and
+    /// bursts preempt.
+    pub fn h100_70b() -> Self {
+        Profile {
+            name: "h100-70b".into(),
+            block_size: 16,
+            num_gpu_blocks: 1_800,
+            max_num_seqs: 1024,
+            max_num_batched_tokens: 8192,
+            max_model_len: 16_384,
+            step_base_s: 0.029,
+            decode_per_seq_s: 0.000_178,
+            prefill_per_token_s: 0.000_178,
+            prefill_attn_s: 0.000_178 * ATTN_PER_CONTEXT_70B,
+            kv_read_per_token_s: 0.000_000_056,
+            lora_load_s: 0.300,
+            lora_cpu_load_s: 0.010,
         }
     }
 
@@ -87,6 +126,7 @@ impl Profile {
         match name.trim().to_ascii_lowercase().as_str() {
             "h100" => Ok(Self::h100()),
             "a10g" => Ok(Self::a10g()),
+            "h100-70b" => Ok(Self::h100_70b()),
             other => Err(UnknownProfile {
                 name: other.to_string(),
             }),
@@ -104,8 +144,10 @@ impl Profile {
             step_base_s: self.step_base_s / s,
             decode_per_seq_s: self.decode_per_seq_s / s,
             prefill_per_token_s: self.prefill_per_token_s / s,
+            prefill_attn_s: self.prefill_attn_s / s,
             kv_read_per_token_s: self.kv_read_per_token_s / s,
             lora_load_s: self.lora_load_s / s,
+            lora_cpu_load_s: self.lora_cpu_load_s / s,
             ..self.clone()
         }
     }
@@ -140,6 +182,21 @@ mod tests {
         assert!((h.step_base_s - 0.00065).abs() < 1e-12);
         assert_eq!(h.num_gpu_blocks, 28_000);
         assert_eq!(Profile::h100().scaled(0.0), Profile::h100());
+    }
+
+    #[test]
+    fn seventy_b_holds_few_requests_and_attention_grows_with_context() {
+        let (h, b) = (Profile::h100(), Profile::h100_70b());
+        // A 2,000-token prompt with 500 output tokens needs 157 blocks: ~11 fit.
+        assert!(b.num_gpu_blocks / 157 < 16);
+        assert!(b.step_base_s > 3.0 * h.step_base_s);
+        // At 8k context the attention term adds a quarter of the linear cost (8B).
+        let extra = 8192.0 * h.prefill_attn_s / h.prefill_per_token_s;
+        assert!((0.2..0.35).contains(&extra), "{extra}");
+        assert_eq!(
+            Profile::by_name("H100-70B").map(|p| p.name).ok(),
+            Some("h100-70b".into())
+        );
     }
 
     #[test]

@@ -31,7 +31,7 @@ use crate::engine::{
     Engine, EngineState, Event, FinishReason, NewRequest, ReqId, SubmitError, Usage,
 };
 use crate::metrics::{engine_view, render_sglang, render_vllm, Flavor, KvMetricName};
-use crate::openai::{error_body, models_body, RespCtx, DONE};
+use crate::openai::{anthropic_error_body, error_body, models_body, RespCtx};
 use crate::profile::Profile;
 use crate::prompt::{self, Api};
 use crate::synthetic;
@@ -52,7 +52,16 @@ pub enum OutputLen {
     Max,
     /// Uniform in `1..=max_tokens` (finish reason `stop` when shorter), unless `ignore_eos`.
     Uniform,
+    /// The model stops at its EOS after a lognormal number of tokens (median
+    /// [`LOGNORMAL_MEDIAN`], σ [`LOGNORMAL_SIGMA`], independent of the request), capped by
+    /// `max_tokens`; `ignore_eos` generates `max_tokens`.
+    Lognormal,
 }
+
+/// Median output length of `--output-len lognormal`, tokens (see CALIBRATION.md).
+pub const LOGNORMAL_MEDIAN: f64 = 184.0;
+/// σ of the log of the output length of `--output-len lognormal` (see CALIBRATION.md).
+pub const LOGNORMAL_SIGMA: f64 = 1.27;
 
 /// Everything that defines one pod.
 #[derive(Debug, Clone)]
@@ -69,6 +78,8 @@ pub struct PodConfig {
     pub speedup: f64,
     /// LoRA slots.
     pub max_loras: usize,
+    /// CPU LoRA cache (vLLM `--max-cpu-loras`); `None` = `max_loras`.
+    pub max_cpu_loras: Option<usize>,
     /// Seed of the output-length generator and synthetic metrics.
     pub seed: u64,
     /// Base model name.
@@ -93,6 +104,7 @@ impl PodConfig {
             flavor: Flavor::Vllm,
             speedup: 1.0,
             max_loras: 4,
+            max_cpu_loras: None,
             seed: 0,
             model: DEFAULT_MODEL.to_string(),
             kv_metric: KvMetricName::New,
@@ -255,6 +267,10 @@ struct Core {
     lora_series: Vec<(String, String, f64)>,
     rng: u64,
     thr: (f64, u64, f64),
+    /// Σ over steps of how late (wall seconds) each step ended after its planned end.
+    late_sum: f64,
+    /// Latest step end so far since start or the last stats reset.
+    late_max: f64,
 }
 
 impl Core {
@@ -263,6 +279,19 @@ impl Core {
         self.rng ^= self.rng >> 7;
         self.rng ^= self.rng << 17;
         self.rng
+    }
+
+    /// Uniform in (0, 1].
+    fn next_unit(&mut self) -> f64 {
+        ((self.next_rand() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+
+    /// A lognormal output length (Box-Muller), at least 1.
+    fn lognormal_len(&mut self) -> u32 {
+        let (u1, u2) = (self.next_unit(), self.next_unit());
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let n = (LOGNORMAL_MEDIAN.ln() + LOGNORMAL_SIGMA * z).exp().round();
+        n.clamp(1.0, f64::from(u32::MAX)) as u32
     }
 
     fn note_lora(&mut self, now_unix: f64) {
@@ -376,6 +405,15 @@ impl Pod {
         }
     }
 
+    /// Restarts the peak gauges (KV, queue, step lateness) from now; counters keep counting.
+    pub fn reset_stats(&self) {
+        let mut core = lock(&self.core);
+        core.late_max = 0.0;
+        if let Some(e) = core.engine.as_mut() {
+            e.reset_peaks();
+        }
+    }
+
     /// Stops the pod: closes its listener, drops its connections, ends its scheduler.
     pub fn stop(&self) {
         let _ = self.die.send(true);
@@ -413,7 +451,11 @@ impl Pod {
             if let Some(last) = series.last_mut() {
                 last.2 = now_unix;
             }
-            engine_view(&self.cfg.model, e, series, rate, self.start_unix)
+            let mut view = engine_view(&self.cfg.model, e, series, rate, self.start_unix);
+            view.kv_usage_seconds = e.kv_usage_seconds_at(now);
+            view.step_lateness_sum = core.late_sum;
+            view.step_lateness_max = core.late_max;
+            view
         };
         if let Some(v) = ov.running {
             view.running = v;
@@ -485,8 +527,13 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
     let addr = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr: bind, source })?;
-    let engine =
-        (!cfg.metrics_only).then(|| Engine::new(cfg.profile.scaled(cfg.speedup), cfg.max_loras));
+    let engine = (!cfg.metrics_only).then(|| {
+        Engine::with_cpu_loras(
+            cfg.profile.scaled(cfg.speedup),
+            cfg.max_loras,
+            cfg.max_cpu_loras.unwrap_or(cfg.max_loras),
+        )
+    });
     let start_unix = unix_now();
     let (die, _) = watch::channel(false);
     let pod = Arc::new(Pod {
@@ -498,6 +545,8 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
             lora_series: vec![(String::new(), String::new(), start_unix)],
             rng: cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
             thr: (0.0, 0, 0.0),
+            late_sum: 0.0,
+            late_max: 0.0,
         }),
         cfg,
         addr,
@@ -593,6 +642,10 @@ async fn scheduler(pod: Arc<Pod>) {
                     tokio::task::yield_now().await;
                 }
                 let mut core = lock(&pod.core);
+                // How late this step ends on the wall clock (a loaded machine lags).
+                let late = (pod.now() - end).max(0.0);
+                core.late_sum += late;
+                core.late_max = core.late_max.max(late);
                 events.clear();
                 if let Some(e) = core.engine.as_mut() {
                     e.finish_step(end, &mut events);
@@ -710,10 +763,7 @@ impl SseStream {
                     self.sent += 1;
                 }
                 Poll::Ready(Some(Event::Finished { usage, .. })) => {
-                    if self.include_usage {
-                        buf.push_str(&self.ctx.usage_event(&usage));
-                    }
-                    buf.push_str(DONE);
+                    buf.push_str(&self.ctx.end_events(&usage, self.finish, self.include_usage));
                     self.guard.done = true;
                     self.done = true;
                     break;
@@ -807,7 +857,13 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
         }
         (Method::POST, "/v1/chat/completions") => infer(pod, Api::Chat, req).await,
         (Method::POST, "/v1/completions") => infer(pod, Api::Completions, req).await,
+        (Method::POST, "/v1/responses") => infer(pod, Api::Responses, req).await,
+        (Method::POST, "/v1/messages") => infer(pod, Api::Messages, req).await,
         (Method::POST, "/v1/embeddings") => embeddings(pod, req).await,
+        (Method::POST, "/admin/stats/reset") => {
+            pod.reset_stats();
+            json_response(StatusCode::OK, json!({"reset": true}).to_string())
+        }
         (Method::POST, "/admin/fault") => {
             let body = match read_body(req).await {
                 Ok(b) => b,
@@ -867,7 +923,11 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
                         "block_size": pod.cfg.profile.block_size,
                         "running_adapters": st.running_adapters, "waiting_adapters": st.waiting_adapters,
                         "resident_adapters": st.resident_adapters, "max_loras": e.max_loras(),
-                        "lora_loads": e.lora_loads(),
+                        "cpu_adapters": st.cpu_adapters, "max_cpu_loras": e.max_cpu_loras(),
+                        "lora_loads": e.lora_loads(), "lora_disk_loads": e.lora_disk_loads(),
+                        "kv_usage_max": s.kv_usage_max, "num_requests_waiting_max": s.waiting_max,
+                        "step_lateness_seconds_sum": core.late_sum,
+                        "step_lateness_seconds_max": core.late_max,
                         "prefix_cache_hits": s.prefix_hits, "prefix_cache_queries": s.prefix_queries,
                         "preemptions": s.preemptions, "prompt_tokens": s.prompt_tokens,
                         "generation_tokens": s.generation_tokens, "steps": s.steps,
@@ -986,6 +1046,14 @@ async fn embeddings(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody>
     json_response(StatusCode::OK, out.to_string())
 }
 
+/// An error in the shape of `api` (Anthropic's for `/v1/messages`, vLLM's otherwise).
+fn api_error(api: Api, status: StatusCode, kind: &str, msg: &str) -> Response<SimBody> {
+    match api {
+        Api::Messages => json_response(status, anthropic_error_body(status.as_u16(), msg)),
+        _ => error_response(status, kind, msg),
+    }
+}
+
 async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<SimBody> {
     let fault = pod.fault();
     if let Some(r) = inference_fault(pod, fault).await {
@@ -998,7 +1066,12 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
     let parsed = match prompt::parse(api, &body) {
         Ok(p) => p,
         Err(e) => {
-            return error_response(StatusCode::BAD_REQUEST, "BadRequestError", &e.to_string())
+            return api_error(
+                api,
+                StatusCode::BAD_REQUEST,
+                "BadRequestError",
+                &e.to_string(),
+            )
         }
     };
     let cfg = &pod.cfg;
@@ -1006,15 +1079,16 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
         .then(|| Arc::from(parsed.model.as_str()));
     let max_tokens = parsed.max_tokens.unwrap_or(cfg.default_max_tokens);
     if max_tokens == 0 {
-        return error_response(
+        return api_error(
+            api,
             StatusCode::BAD_REQUEST,
             "BadRequestError",
             "max_tokens must be at least 1, got 0.",
         );
     }
-    let prompt_tokens = prompt::count_tokens(&parsed.text);
+    let prompt_tokens = parsed.tokens.len().clamp(1, u32::MAX as usize) as u32;
     let block_hashes =
-        prompt::block_hashes(&parsed.text, cfg.profile.block_size, adapter.as_deref());
+        prompt::block_hashes(&parsed.tokens, cfg.profile.block_size, adapter.as_deref());
     let model_json = serde_json::to_string(if parsed.model.is_empty() {
         &cfg.model
     } else {
@@ -1029,6 +1103,7 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             OutputLen::Uniform if !parsed.ignore_eos => {
                 1 + (core.next_rand() % u64::from(max_tokens)) as u32
             }
+            OutputLen::Lognormal if !parsed.ignore_eos => core.lognormal_len().min(max_tokens),
             _ => max_tokens,
         };
         let new = NewRequest {
@@ -1068,7 +1143,7 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
                     SubmitError::NoLora { .. } => (StatusCode::NOT_FOUND, "NotFoundError"),
                     _ => (StatusCode::BAD_REQUEST, "BadRequestError"),
                 };
-                return error_response(status, kind, &e.to_string());
+                return api_error(api, status, kind, &e.to_string());
             }
         }
     };
@@ -1077,13 +1152,19 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
     } else {
         FinishReason::Stop
     };
-    let prefix = if api == Api::Chat { "chatcmpl" } else { "cmpl" };
+    let prefix = match api {
+        Api::Chat => "chatcmpl-",
+        Api::Completions => "cmpl-",
+        Api::Responses => "resp_",
+        Api::Messages => "msg_",
+    };
     let ctx = RespCtx {
         api,
-        id: format!("{prefix}-{:08x}{:08x}", pod.addr.port(), id),
+        id: format!("{prefix}{:08x}{:08x}", pod.addr.port(), id),
         model_json,
         created,
         req: id,
+        prompt_tokens,
     };
     if id == 0 {
         // Metrics-only pod: answer at once, no engine.
@@ -1097,10 +1178,7 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             for i in 1..=output_tokens {
                 s.push_str(&ctx.token_events(i, (i == output_tokens).then_some(finish.as_str())));
             }
-            if parsed.include_usage {
-                s.push_str(&ctx.usage_event(&usage));
-            }
-            s.push_str(DONE);
+            s.push_str(&ctx.end_events(&usage, finish.as_str(), parsed.include_usage));
             response(StatusCode::OK, "text/event-stream", SimBody::text(s))
         } else {
             json_response(StatusCode::OK, ctx.full_body(&usage, finish.as_str()))

@@ -119,6 +119,13 @@ pub fn view(
         ttft,
         e2e,
         lora_loads: requests / 50,
+        lora_disk_loads: requests / 100,
+        steps: (t * 50.0) as u64,
+        step_lateness_sum: 0.0,
+        step_lateness_max: 0.0,
+        kv_usage_max: kv_usage,
+        kv_usage_seconds: t * 0.5,
+        waiting_max: waiting,
         gen_throughput: running * 25.0,
         created: created_unix,
     }
