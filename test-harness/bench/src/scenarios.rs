@@ -25,6 +25,25 @@ pub struct Scenario {
     pub adapters: Vec<String>,
     /// How long open requests may finish after the last arrival.
     pub drain: Duration,
+    /// The scenario's card (Markdown lines: fleet, rates, anchor, check, floor). // simfid replaces
+    pub card: &'static str,
+    /// TTFT p95 SLO used for goodput, ms. // simfid replaces
+    pub slo_ttft_ms: f64,
+    /// What a perfect router could reach (TTFT p95, ms; NaN = not stated). // simfid replaces
+    pub floor_ms: f64,
+    /// The check that the scenario's anchor condition occurred. // simfid replaces
+    pub condition: Condition,
+}
+
+/// The anchor condition a scenario must show for its verdict to count. // simfid replaces
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Condition {
+    /// No condition.
+    None,
+    /// The named router preempts (at least one preemption in the window, summed over the fleet).
+    PreemptionsUnder(&'static str),
+    /// Cold first reads of shared prefixes are below this share of the window's requests.
+    ColdReadsBelow(f64),
 }
 
 /// Knobs shared by all scenarios of one run.
@@ -91,6 +110,10 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: vec![],
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         // Uniform A10G fleet (≈ 1.8 req/s each by `bench calibrate`, ≈ 7.3 for the fleet):
         // bursts of 8 s at 20 req/s (~2.7x capacity, enough to fill the pods' KV cache), then
@@ -114,6 +137,10 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: vec![],
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         // A10G fleet (36K KV tokens each): 16 documents of 3,000 tokens and 48 conversations
         // growing to ~2,000 tokens need ~140K tokens of cache — more than any one pod holds, so
@@ -139,6 +166,10 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: vec![],
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         // 4 H100 with 4 LoRA slots each, 16 adapters (Zipf popularity), 10 req/s.
         "lora" => Scenario {
@@ -158,6 +189,10 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: (0..16).map(adapter_name).collect(),
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         // Uniform A10G fleet, steady Poisson at half its measured capacity (≈ 7.3 req/s):
         // no gain expected.
@@ -175,6 +210,10 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: vec![],
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         // ~200 KB bodies (≈ 50K tokens; H100 only: 2 s of prefill each), 1 req/s: the cost of
         // reading big bodies in the proxy.
@@ -192,9 +231,55 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             ),
             adapters: vec![],
             drain,
+            card: "",
+            slo_ttft_ms: f64::NAN,
+            floor_ms: f64::NAN,
+            condition: Condition::None,
         },
         _ => return None,
     };
+    Some(with_card(sc)) // simfid replaces
+}
+
+/// Placeholder cards until simfid's definitions land. // simfid replaces
+fn with_card(mut sc: Scenario) -> Scenario {
+    let (slo, condition) = match sc.name {
+        "bursty" => (2000.0, Condition::PreemptionsUnder("round_robin")),
+        "shared_prefix" => (1500.0, Condition::None),
+        "long_prompt" => (5000.0, Condition::None),
+        _ => (1000.0, Condition::None),
+    };
+    sc.card = "";
+    sc.slo_ttft_ms = slo;
+    sc.floor_ms = f64::NAN;
+    sc.condition = condition;
+    sc
+}
+
+/// The scenario `name` at another offered rate (mean req/s of emulated time, before the
+/// speed-up): every arrival rate is scaled by the same factor. // simfid replaces
+pub fn scenario_at(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
+    let mut sc = scenario(name, mode)?;
+    let s = mode.speedup.max(0.01);
+    let now = sc.workload.arrival.mean_rate() / s;
+    if now > 0.0 && rate_rps > 0.0 {
+        let k = rate_rps / now;
+        sc.workload.arrival = match sc.workload.arrival {
+            Arrival::Poisson { rate } => Arrival::Poisson { rate: rate * k },
+            Arrival::Bursty {
+                on_rate,
+                off_rate,
+                on_s,
+                off_s,
+            } => Arrival::Bursty {
+                on_rate: on_rate * k,
+                off_rate: off_rate * k,
+                on_s,
+                off_s,
+            },
+        };
+        sc.workload.max_requests = usize::MAX;
+    }
     Some(sc)
 }
 
