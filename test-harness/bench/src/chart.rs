@@ -248,7 +248,12 @@ pub fn goodput_chart(scenario: &str, g: &GoodputSweep, path: &Path) -> Result<bo
         .filter(|y| y.is_finite() && *y > 0.0)
         .collect();
     let x_hi = pts.iter().map(|(x, _)| *x).fold(1.0, f64::max) * 1.1;
-    let y_lo = finite.iter().copied().fold(f64::INFINITY, f64::min).min(1e9) * 0.5;
+    let y_lo = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(1e9)
+        * 0.5;
     let y_hi = finite.iter().copied().fold(0.0, f64::max).max(y_lo * 10.0) * 3.0;
     let mut b = ChartBuilder::on(&root);
     b.margin(20);
@@ -379,7 +384,11 @@ mod tests {
         };
         g.probes.insert(
             "round_robin".into(),
-            vec![probe(4.0, 300.0), probe(8.0, f64::INFINITY), probe(5.6, 900.0)],
+            vec![
+                probe(4.0, 300.0),
+                probe(8.0, f64::INFINITY),
+                probe(5.6, 900.0),
+            ],
         );
         g.probes
             .insert("filter".into(), vec![probe(4.0, 200.0), probe(8.0, 400.0)]);

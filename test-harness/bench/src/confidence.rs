@@ -421,7 +421,10 @@ mod tests {
         let r = run(1, &v, 10.0);
         assert_eq!(pooled(Stat::Ttft(50.0), std::slice::from_ref(&r)), 50.0);
         assert_eq!(pooled(Stat::Ttft(95.0), std::slice::from_ref(&r)), 95.0);
-        assert_eq!(pooled(Stat::Ttft(99.0), std::slice::from_ref(&r)), f64::INFINITY);
+        assert_eq!(
+            pooled(Stat::Ttft(99.0), std::slice::from_ref(&r)),
+            f64::INFINITY
+        );
         assert_eq!(pooled(Stat::ErrorRate, std::slice::from_ref(&r)), 0.04);
         assert!((pooled(Stat::Throughput, &[r]) - 9.6).abs() < 1e-12);
         // Dropping the slow requests does not help: a router that fails its 10 slowest requests
@@ -489,11 +492,19 @@ mod tests {
         let xa: Vec<RunData> = (10..18).map(|s| noisy(s, 300, 100.0)).collect();
         let xb: Vec<RunData> = (20..28).map(|s| noisy(s, 300, 100.0)).collect();
         let many = ratio_cis(&xa, &xb, &[Stat::Ttft(95.0)], Bootstrap::default())[0];
-        let one = ratio_cis(&xa[..1], &xb[..1], &[Stat::Ttft(95.0)], Bootstrap::default())[0];
+        let one = ratio_cis(
+            &xa[..1],
+            &xb[..1],
+            &[Stat::Ttft(95.0)],
+            Bootstrap::default(),
+        )[0];
         let [lo, hi] = many.ci95.unwrap();
         assert!(lo < 1.0 && hi > 1.0, "{lo} {hi}");
         let [lo1, hi1] = one.ci95.unwrap();
-        assert!(hi1 - lo1 > hi - lo, "one seed {lo1}..{hi1} vs eight {lo}..{hi}");
+        assert!(
+            hi1 - lo1 > hi - lo,
+            "one seed {lo1}..{hi1} vs eight {lo}..{hi}"
+        );
         // Reproducible.
         assert_eq!(
             many,

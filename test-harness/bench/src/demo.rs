@@ -6,7 +6,9 @@
 use crate::report::{check_targets, Machine, Report};
 use crate::runner::{envoy_version, run_one, write_outputs, RunError};
 use crate::scenarios::{scenario, Mode};
-use crate::stack::{envoy_spec, start_pods, start_sidecar, wait_snapshot, RouterKind, Stack, MODEL};
+use crate::stack::{
+    envoy_spec, start_pods, start_sidecar, wait_snapshot, RouterKind, Stack, MODEL,
+};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;

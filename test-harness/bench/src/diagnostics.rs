@@ -163,9 +163,7 @@ impl Diagnostics {
                 adapter_loads_gpu: mean_opt(of(|p| p.adapter_loads_gpu)),
                 adapter_loads_disk: mean_opt(of(|p| p.adapter_loads_disk)),
                 prefix_hit_rate: mean_opt(of(|p| p.prefix_hit_rate)),
-                step_lateness_mean_ms: of(|p| p.step_lateness_mean_ms)
-                    .reduce(max_opt)
-                    .flatten(),
+                step_lateness_mean_ms: of(|p| p.step_lateness_mean_ms).reduce(max_opt).flatten(),
                 step_lateness_max_ms: of(|p| p.step_lateness_max_ms).reduce(max_opt).flatten(),
             };
             if let Some(e) = d.pods.get_mut(&label) {
@@ -243,11 +241,9 @@ pub fn condition_met(
 ) -> Option<bool> {
     match c {
         Condition::None => Some(true),
-        Condition::PreemptionsUnder(router) => preemptions
-            .get(router)
-            .copied()
-            .flatten()
-            .map(|p| p > 0.0),
+        Condition::PreemptionsUnder(router) => {
+            preemptions.get(router).copied().flatten().map(|p| p > 0.0)
+        }
         Condition::ColdReadsBelow(frac) => (!cold_reads.is_nan()).then_some(cold_reads < frac),
     }
 }
@@ -296,8 +292,14 @@ mod tests {
             condition_met(Condition::PreemptionsUnder("least_request"), &pre, f64::NAN),
             None
         );
-        assert_eq!(condition_met(Condition::ColdReadsBelow(0.02), &pre, 0.05), Some(false));
-        assert_eq!(condition_met(Condition::ColdReadsBelow(0.1), &pre, 0.05), Some(true));
+        assert_eq!(
+            condition_met(Condition::ColdReadsBelow(0.02), &pre, 0.05),
+            Some(false)
+        );
+        assert_eq!(
+            condition_met(Condition::ColdReadsBelow(0.1), &pre, 0.05),
+            Some(true)
+        );
         assert_eq!(condition_met(Condition::None, &pre, f64::NAN), Some(true));
     }
 
@@ -318,7 +320,7 @@ mod tests {
         let doc_a = "a".repeat(3000);
         let doc_b = "b".repeat(3000);
         let reqs = vec![
-            req(0, 0, &format!("{doc_a} q0")), // cold, before the window
+            req(0, 0, &format!("{doc_a} q0")),  // cold, before the window
             req(1, 10, &format!("{doc_a} q1")), // warm
             req(2, 11, &format!("{doc_b} q2")), // cold
             req(3, 12, "short"),                // too short to be a cold read
@@ -326,7 +328,9 @@ mod tests {
         ];
         let f = cold_read_fraction(&reqs, Duration::from_secs(10), Duration::from_secs(20));
         assert!((f - 0.25).abs() < 1e-12, "{f}");
-        assert!(cold_read_fraction(&reqs, Duration::from_secs(30), Duration::from_secs(40)).is_nan());
+        assert!(
+            cold_read_fraction(&reqs, Duration::from_secs(30), Duration::from_secs(40)).is_nan()
+        );
     }
 
     #[test]
@@ -353,8 +357,11 @@ mod tests {
         let mut pods_b = pods_a.clone();
         pods_b[1].1.kv_peak = Some(0.95);
         pods_b[1].1.preemptions = Some(5.0);
-        let shares: BTreeMap<String, f64> =
-            [("pod0 (h100)".to_string(), 0.75), ("pod1 (a10g)".to_string(), 0.25)].into();
+        let shares: BTreeMap<String, f64> = [
+            ("pod0 (h100)".to_string(), 0.75),
+            ("pod1 (a10g)".to_string(), 0.25),
+        ]
+        .into();
         let mut errs = BTreeMap::new();
         errs.insert("timeout".to_string(), 2u64);
         let none = BTreeMap::new();

@@ -30,7 +30,7 @@ enum Cmd {
         /// weighted_rr filter (default set) and filter_gaie_weights (extra).
         #[arg(long = "router")]
         routers: Vec<String>,
-        /// Emulator speed-up (rates and windows scale with it). Default: 2.
+        /// Emulator speed-up (rates and windows scale with it). Default: 2 quick, 4 full.
         #[arg(long)]
         speedup: Option<f64>,
         /// First workload seed (seeds are SEED, SEED+1, ...).
@@ -39,8 +39,7 @@ enum Cmd {
         /// Seeds per (scenario, router). Default: 1 quick, 5 full.
         #[arg(long)]
         seeds: Option<usize>,
-        /// Goodput sweep for these scenarios (repeatable). Default: none quick; mixed_gpu and
-        /// uniform full.
+        /// Goodput sweep for these scenarios (repeatable). Default: none quick; mixed_gpu full.
         #[arg(long = "sweep")]
         sweep: Vec<String>,
         /// No goodput sweep at all.
@@ -49,6 +48,9 @@ enum Cmd {
         /// Bootstrap replicates per ratio. Default: 500 quick, 1000 full.
         #[arg(long)]
         reps: Option<usize>,
+        /// Print the run plan and its estimated duration, run nothing.
+        #[arg(long)]
+        plan: bool,
         /// Skip the overhead bench.
         #[arg(long)]
         no_overhead: bool,
@@ -127,12 +129,13 @@ fn main() -> ExitCode {
                 sweep,
                 no_sweep,
                 reps,
+                plan,
                 no_overhead,
             } => {
                 let partial = !scenarios.is_empty() || !routers.is_empty();
                 let mode = Mode {
                     quick,
-                    speedup: speedup.unwrap_or(2.0),
+                    speedup: speedup.unwrap_or(if quick { 2.0 } else { 4.0 }),
                     seed,
                 };
                 let mut cfg = BenchConfig::defaults(mode, out_dir.clone());
@@ -149,6 +152,21 @@ fn main() -> ExitCode {
                 cfg.scenarios = scenarios;
                 cfg.routers = routers;
                 cfg.overhead = !no_overhead && !partial;
+                if plan {
+                    return match bench::runner::select(&cfg) {
+                        Ok((scs, routers)) => {
+                            println!(
+                                "{}",
+                                bench::runner::plan(&cfg, &scs, &routers, cfg.seeds.max(1))
+                            );
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("bench: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
+                }
                 let stem = match (quick, partial) {
                     (true, false) => "quick",
                     (false, false) => "latest",

@@ -465,7 +465,10 @@ pub fn check_targets(
             let row = find_ratio(ratios, t.scenario, router, t.baseline, t.metric);
             let (r, ci) = match row {
                 Some(x) => (x.ratio, x.ci95),
-                None => (ratio(scenarios, t.scenario, router, t.baseline, t.metric), None),
+                None => (
+                    ratio(scenarios, t.scenario, router, t.baseline, t.metric),
+                    None,
+                ),
             };
             let mut met = match (r, ci) {
                 (None, _) => None,
@@ -599,7 +602,12 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str) {
     let _ = writeln!(out, " errors |");
     let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(metrics.len()));
     for (s, r, sum) in ordered(&rep.scenarios) {
-        if r == baseline {
+        if r == baseline
+            || !rep
+                .scenarios
+                .get(s)
+                .is_some_and(|x| x.contains_key(baseline))
+        {
             continue;
         }
         let _ = write!(out, "| {s} | {r} |");
@@ -735,7 +743,12 @@ fn ci_widths(out: &mut String, rep: &Report) {
     let _ = writeln!(out, "| metric | ratios | median width | widest |");
     let _ = writeln!(out, "|---|---|---|---|");
     for (k, (n, med, max)) in w {
-        let _ = writeln!(out, "| {k} | {n} | {:.0} % | {:.0} % |", med * 100.0, max * 100.0);
+        let _ = writeln!(
+            out,
+            "| {k} | {n} | {:.0} % | {:.0} % |",
+            med * 100.0,
+            max * 100.0
+        );
     }
 }
 
@@ -840,7 +853,10 @@ pub fn markdown(rep: &Report) -> String {
     );
     ratio_table(&mut out, rep, "least_request");
     ci_widths(&mut out, rep);
-    let _ = writeln!(out, "\n### Absolute figures (failed requests count as ∞ in percentiles)\n");
+    let _ = writeln!(
+        out,
+        "\n### Absolute figures (failed requests count as ∞ in percentiles)\n"
+    );
     let _ = writeln!(
         out,
         "| scenario | router | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | e2e p95 ms | ITL p50 ms | req/s | out tok/s | requests | errors | extras | pod share |"

@@ -92,14 +92,33 @@ pub struct Windows {
 
 impl Windows {
     /// The benchmark's protocol: warm-up 6 s (quick) / 20 s (full) of emulated time, window =
-    /// the scenario's horizon, tail 2 s / 5 s; emulated seconds are divided by the speed-up.
-    pub fn for_scenario(sc: &Scenario, mode: &Mode) -> Self {
+    /// the scenario's horizon, lengthened in full mode until it holds `min_requests` arrivals at
+    /// the scenario's mean rate; tail 2 s / 5 s. Emulated seconds are divided by the speed-up.
+    pub fn for_scenario(sc: &Scenario, mode: &Mode, min_requests: usize) -> Self {
         let s = mode.speedup.max(0.01);
         let (warm, tail) = if mode.quick { (6.0, 2.0) } else { (20.0, 5.0) };
+        let rate = sc.workload.arrival.mean_rate() / s; // per emulated second
+        let needed = if rate > 0.0 {
+            min_requests as f64 / rate
+        } else {
+            0.0
+        };
+        let window = sc.workload.horizon.as_secs_f64().max(needed.ceil());
         Windows {
             warmup: Duration::from_secs_f64(warm / s),
-            window: sc.workload.horizon.div_f64(s),
+            window: Duration::from_secs_f64(window / s),
             tail: Duration::from_secs_f64(tail / s),
+        }
+    }
+
+    /// Window requests the protocol asks for: full mode wants each pooled p99 to rest on ≥ 20
+    /// tail samples (2,000 requests over the seeds); a sweep probe (one seed, judged on p95)
+    /// wants 20 behind its p95 (400); quick takes the scenario's horizon as it is.
+    pub fn min_requests(mode: &Mode, seeds: usize, probe: bool) -> usize {
+        match (mode.quick, probe) {
+            (true, _) => 0,
+            (false, true) => 400,
+            (false, false) => 2000usize.div_ceil(seeds.max(1)),
         }
     }
 
@@ -128,8 +147,10 @@ pub struct RunOutcome {
     pub prefix: Option<(f64, f64)>,
     /// Whether every pod accepted the stats reset at the window start.
     pub stats_reset: bool,
-    /// Every sample of the run (warm-up and tail included).
+    /// Every sample of the run (warm-up and tail included; wall-clock ms, pod addresses).
     pub result: RunResult,
+    /// The window's samples (emulated ms, pods labelled `pod<i> (<profile>)`).
+    pub window: Vec<Sample>,
     /// Why the run is invalid (step lateness), if it is.
     pub invalid: Option<String>,
 }
@@ -245,6 +266,9 @@ pub async fn run_windowed(
         w.warmup.as_secs_f64() * 1000.0,
         (w.warmup + w.window).as_secs_f64() * 1000.0,
     );
+    // Figures are in emulated time: wall latencies × speed-up, rates ÷ speed-up (so they
+    // compare with the scenario's rates and SLO whatever the speed-up).
+    let k = sc.fleet.speedup.max(0.01);
     let window_samples: Vec<Sample> = result
         .samples
         .iter()
@@ -254,10 +278,13 @@ pub async fn run_windowed(
             if let Some(p) = s.outcome.pod.take() {
                 s.outcome.pod = Some(labels.get(&p).cloned().unwrap_or(p));
             }
+            s.outcome.ttft_ms = s.outcome.ttft_ms.map(|t| t * k);
+            s.outcome.e2e_ms *= k;
+            s.outcome.itl_ms.iter_mut().for_each(|t| *t *= k);
             s
         })
         .collect();
-    let window_s = w.window.as_secs_f64();
+    let window_s = w.window.as_secs_f64() * k;
     let mut summary = summarize(&RunResult {
         samples: window_samples.clone(),
         wall_s: window_s,
@@ -299,12 +326,7 @@ pub async fn run_windowed(
                 summary.extra.insert("adapter_loads".into(), v);
             }
             None => {
-                let max = sc
-                    .fleet
-                    .pods
-                    .first()
-                    .and_then(|p| p.max_loras)
-                    .unwrap_or(1) as usize;
+                let max = sc.fleet.pods.first().and_then(|p| p.max_loras).unwrap_or(1) as usize;
                 summary.extra.insert(
                     "adapter_loads".into(),
                     podmetrics::estimate_adapter_loads(&window_samples, MODEL, max) as f64,
@@ -321,9 +343,10 @@ pub async fn run_windowed(
             .extra
             .insert(format!("cpu_cores_{k}"), v / result.wall_s.max(1e-9));
     }
+    // Lateness is wall time: compare it with the wall-clock TTFT p50.
     let invalid = match lateness_check(
         &pods.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
-        summary.ttft_p50_ms,
+        summary.ttft_p50_ms / k,
     ) {
         Ok(Some(l)) => {
             summary.extra.insert("step_lateness_ms".into(), l);
@@ -367,6 +390,7 @@ pub async fn run_windowed(
         prefix,
         stats_reset,
         result,
+        window: window_samples,
         invalid,
     })
 }
@@ -396,8 +420,8 @@ pub struct BenchConfig {
 
 impl BenchConfig {
     /// The defaults of a mode: quick = 1 seed, no sweep, 500 replicates; full = 5 seeds, a
-    /// sweep of `mixed_gpu` and `uniform`, 1000 replicates; fixed load at 70 % of round robin's
-    /// goodput where swept.
+    /// sweep of `mixed_gpu`, 1000 replicates; fixed load at 70 % of round robin's goodput where
+    /// swept.
     pub fn defaults(mode: Mode, out_dir: PathBuf) -> Self {
         BenchConfig {
             mode,
@@ -407,7 +431,7 @@ impl BenchConfig {
             sweep: if mode.quick {
                 vec![]
             } else {
-                vec!["mixed_gpu".into(), "uniform".into()]
+                vec!["mixed_gpu".into()]
             },
             load_fraction: 0.7,
             bootstrap_reps: if mode.quick { 500 } else { 1000 },
@@ -569,10 +593,8 @@ pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Su
             })
         })
         .collect();
-    let mut diag = Diagnostics::from_runs(
-        &valid.iter().map(|o| o.view()).collect::<Vec<_>>(),
-        invalid,
-    );
+    let mut diag =
+        Diagnostics::from_runs(&valid.iter().map(|o| o.view()).collect::<Vec<_>>(), invalid);
     diag.warmup_s = w.warmup.as_secs_f64();
     diag.window_s = w.window.as_secs_f64();
     diag.offered_rps = offered_rps;
@@ -591,23 +613,10 @@ pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Su
         })
         .filter(|_| !runs.is_empty());
     }
-    let samples: Vec<Sample> = valid
-        .iter()
-        .flat_map(|o| {
-            let (from, to) = (
-                w.warmup.as_secs_f64() * 1000.0,
-                (w.warmup + w.window).as_secs_f64() * 1000.0,
-            );
-            o.result
-                .samples
-                .iter()
-                .filter(move |s| s.at_ms >= from && s.at_ms < to)
-                .cloned()
-        })
-        .collect();
+    let samples: Vec<Sample> = valid.iter().flat_map(|o| o.window.clone()).collect();
     let mut sum = summarize(&RunResult {
         samples,
-        wall_s: w.window.as_secs_f64() * valid.len() as f64,
+        wall_s: valid.iter().map(|o| o.data.window_s).sum(),
     });
     // Pod shares by label, averaged over the seeds (addresses differ per seed).
     sum.pod_share = diag
@@ -668,7 +677,7 @@ async fn sweep(
             let Some(sc) = scenario_at(name, mode, rate) else {
                 break;
             };
-            let w = Windows::for_scenario(&sc, &mode);
+            let w = Windows::for_scenario(&sc, &mode, Windows::min_requests(&mode, 1, true));
             match run_windowed(&sc, *r, w).await {
                 Ok(o) => {
                     let passed = probe_passes(&o, base.slo_ttft_ms);
@@ -765,10 +774,16 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     );
     let proto = scs
         .first()
-        .map(|sc| Windows::for_scenario(sc, &cfg.mode))
+        .map(|sc| {
+            Windows::for_scenario(
+                sc,
+                &cfg.mode,
+                Windows::min_requests(&cfg.mode, seeds.len(), false),
+            )
+        })
         .map(|w| {
             format!(
-                "Protocol: per run a warm-up of {:.1} s (wall; identical traffic for every router, excluded), the measurement window = the scenario's horizon ÷ speed-up ({:.1} s wall for `{}`), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
+                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run a warm-up of {:.1} s (wall; identical traffic for every router, excluded), the measurement window = the scenario's horizon ÷ speed-up ({:.1} s wall for `{}`), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
                 w.warmup.as_secs_f64(),
                 w.window.as_secs_f64(),
                 sc_name(&scs),
@@ -790,6 +805,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             )
         })
         .unwrap_or_default();
+    eprintln!("bench: {}", plan(cfg, &scs, &routers, seeds.len()));
     let mut rep = Report {
         machine: Machine::detect(envoy_version(), setup),
         mode: mode_name.into(),
@@ -820,7 +836,10 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             ..ScenarioResult::default()
         };
         if cfg.sweep.iter().any(|s| s == name) {
-            eprintln!("bench: scenario {name}: goodput sweep (SLO TTFT p95 ≤ {} ms)", base.slo_ttft_ms);
+            eprintln!(
+                "bench: scenario {name}: goodput sweep (SLO TTFT p95 ≤ {} ms)",
+                base.slo_ttft_ms
+            );
             let mut g = sweep(name, cfg.mode, &routers_here, &runs_dir).await?;
             goodput_ratios(&mut g);
             let gp = goodputs(&g);
@@ -849,7 +868,8 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             let Some(sc) = scenario_at(name, mode, entry.offered_rps) else {
                 continue;
             };
-            let w = Windows::for_scenario(&sc, &mode);
+            let w =
+                Windows::for_scenario(&sc, &mode, Windows::min_requests(&mode, seeds.len(), false));
             windows = Some(w);
             let mut wl = sc.workload.clone();
             wl.horizon = w.warmup + w.window + w.tail;
@@ -883,8 +903,10 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                     }
                     Err(e) => {
                         eprintln!("bench:   {} failed: {e}", r.name());
-                        rep.notes
-                            .push(format!("{name} / {} / seed {seed}: not measured: {e}", r.name()));
+                        rep.notes.push(format!(
+                            "{name} / {} / seed {seed}: not measured: {e}",
+                            r.name()
+                        ));
                     }
                 }
             }
@@ -955,6 +977,44 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     }
     write_outputs(&rep, &cfg.out_dir, stem)?;
     Ok(rep)
+}
+
+/// Seconds of wall time a run costs beyond its arrivals (stack start, snapshot wait, drain of
+/// the last requests, stop), as observed on this 2-core machine.
+const RUN_OVERHEAD_S: f64 = 6.0;
+
+/// The run plan and its estimated wall time.
+pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: usize) -> String {
+    let (mut runs, mut probes, mut secs) = (0usize, 0usize, 0.0);
+    for sc in scs {
+        let w = Windows::for_scenario(
+            sc,
+            &cfg.mode,
+            Windows::min_requests(&cfg.mode, seeds, false),
+        );
+        let per = (w.warmup + w.window + w.tail).as_secs_f64() + RUN_OVERHEAD_S;
+        let wp = Windows::for_scenario(sc, &cfg.mode, Windows::min_requests(&cfg.mode, 1, true));
+        let per_probe = (wp.warmup + wp.window + wp.tail).as_secs_f64() + RUN_OVERHEAD_S;
+        let n = routers
+            .iter()
+            .filter(|r| **r != RouterKind::WeightedRr || heterogeneous(&sc.fleet))
+            .count();
+        runs += n * seeds;
+        secs += (n * seeds) as f64 * per;
+        if cfg.sweep.iter().any(|x| x == sc.name) {
+            // A bisection to 10 % typically takes 5-7 probes (≤ 8).
+            probes += 6 * n;
+            secs += (6 * n) as f64 * per_probe;
+        }
+    }
+    if cfg.overhead {
+        secs += if cfg.mode.quick { 45.0 } else { 90.0 };
+    }
+    format!(
+        "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",
+        cfg.mode.speedup,
+        secs / 60.0
+    )
 }
 
 fn sc_name(scs: &[Scenario]) -> &'static str {
@@ -1066,7 +1126,10 @@ mod tests {
         cfg.sweep = vec!["nope".into()];
         assert!(matches!(
             select(&cfg),
-            Err(RunError::Unknown { what: "scenario", .. })
+            Err(RunError::Unknown {
+                what: "scenario",
+                ..
+            })
         ));
         cfg.sweep = vec![];
         cfg.scenarios = vec!["lora".into()];
@@ -1130,6 +1193,7 @@ mod tests {
             pods: vec![("pod0 (a10g)".into(), PodWindow::default())],
             prefix: None,
             stats_reset: true,
+            window: result.samples.clone(),
             result,
             invalid: invalid.map(str::to_string),
         }
@@ -1159,7 +1223,13 @@ mod tests {
         assert_eq!(none.diagnostics.unwrap().invalid_runs.len(), 1);
         // Ratios use only seeds valid for both routers.
         let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
-        by.insert("round_robin", vec![outcome(1, &[200.0; 20], None), outcome(2, &[200.0; 20], None)]);
+        by.insert(
+            "round_robin",
+            vec![
+                outcome(1, &[200.0; 20], None),
+                outcome(2, &[200.0; 20], None),
+            ],
+        );
         by.insert("filter", runs);
         let rows = scenario_ratios("uniform", &by, 100);
         let p95 = rows
@@ -1180,14 +1250,24 @@ mod tests {
             invalid: None,
         };
         let mut g = GoodputSweep::default();
-        g.probes
-            .insert("round_robin".into(), vec![p(4.0, true), p(8.0, false), p(5.6, true)]);
-        g.probes
-            .insert("least_request".into(), vec![p(4.0, true), p(8.0, true), p(16.0, false)]);
+        g.probes.insert(
+            "round_robin".into(),
+            vec![p(4.0, true), p(8.0, false), p(5.6, true)],
+        );
+        g.probes.insert(
+            "least_request".into(),
+            vec![p(4.0, true), p(8.0, true), p(16.0, false)],
+        );
         // A pass above a fail (noise) does not count.
         g.probes.insert(
             "filter".into(),
-            vec![p(4.0, true), p(8.0, true), p(16.0, false), p(11.3, false), p(20.0, true)],
+            vec![
+                p(4.0, true),
+                p(8.0, true),
+                p(16.0, false),
+                p(11.3, false),
+                p(20.0, true),
+            ],
         );
         let gp = goodputs(&g);
         assert_eq!(gp["round_robin"], 5.6);
@@ -1215,11 +1295,17 @@ mod tests {
             speedup,
             seed: 1,
         };
-        let w1 = Windows::for_scenario(&sc, &m(1.0));
-        let w2 = Windows::for_scenario(&sc, &m(2.0));
+        let w1 = Windows::for_scenario(&sc, &m(1.0), 0);
+        let w2 = Windows::for_scenario(&sc, &m(2.0), 0);
         assert_eq!(w1.window, Duration::from_secs(40));
         assert_eq!(w2.window, Duration::from_secs(20));
         assert_eq!(w1.warmup, 2 * w2.warmup);
+        // Lengthened until the window holds enough arrivals: 400 at 3.6 req/s = 112 s.
+        let rate = sc.workload.arrival.mean_rate();
+        let w = Windows::for_scenario(&sc, &m(1.0), 400);
+        assert_eq!(w.window, Duration::from_secs((400.0 / rate).ceil() as u64));
+        assert_eq!(Windows::min_requests(&m(1.0), 5, false), 400);
+        assert_eq!(Windows::min_requests(&m(1.0), 1, true), 400);
         assert_eq!(Windows::whole(&sc).warmup, Duration::ZERO);
     }
 }

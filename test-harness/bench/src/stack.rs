@@ -564,11 +564,14 @@ mod tests {
             doc["static_resources"]["clusters"][0].clone()
         };
         assert_eq!(cluster(RouterKind::RoundRobin)["lb_policy"], "ROUND_ROBIN");
-        assert_eq!(cluster(RouterKind::LeastRequest)["lb_policy"], "LEAST_REQUEST");
+        assert_eq!(
+            cluster(RouterKind::LeastRequest)["lb_policy"],
+            "LEAST_REQUEST"
+        );
         let full = cluster(RouterKind::LeastRequestFull);
         assert_eq!(
-            full["load_balancing_policy"]["policies"][0]["typed_extension_config"]
-                ["typed_config"]["selection_method"],
+            full["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"]
+                ["selection_method"],
             "FULL_SCAN"
         );
         let w = cluster(RouterKind::WeightedRr);
@@ -576,10 +579,11 @@ mod tests {
         let eps = &w["load_assignment"]["endpoints"][0]["lb_endpoints"];
         assert_eq!(eps[0]["load_balancing_weight"], 10);
         assert_eq!(eps[1]["load_balancing_weight"], 1);
-        assert!(cluster(RouterKind::RoundRobin)["load_assignment"]["endpoints"][0]
-            ["lb_endpoints"][0]
-            .get("load_balancing_weight")
-            .is_none());
+        assert!(
+            cluster(RouterKind::RoundRobin)["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+                .get("load_balancing_weight")
+                .is_none()
+        );
     }
 
     #[test]
