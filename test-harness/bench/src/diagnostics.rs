@@ -181,12 +181,14 @@ pub const LATENESS_LIMIT: f64 = 0.05;
 /// when it exceeds [`LATENESS_LIMIT`] × TTFT p50 (the run is then marked invalid, not reported).
 /// Pods that do not export lateness give `Ok(None)`.
 pub fn lateness_check(pods: &[PodWindow], ttft_p50_ms: f64) -> Result<Option<f64>, String> {
+    let limit = LATENESS_LIMIT * ttft_p50_ms;
     let worst = pods
         .iter()
         .filter_map(|p| p.step_lateness_mean_ms)
         .reduce(f64::max);
     match worst {
-        Some(l) if !(l <= LATENESS_LIMIT * ttft_p50_ms) => Err(format!(
+        // A NaN p50 (nothing served) cannot vouch for the run: invalid rather than trusted.
+        Some(l) if limit.is_nan() || l > limit => Err(format!(
             "step lateness {l:.1} ms > {:.0} % of TTFT p50 {ttft_p50_ms:.1} ms: the emulator fell behind wall time",
             LATENESS_LIMIT * 100.0
         )),

@@ -1236,7 +1236,7 @@ mod tests {
             ci95: Some([0.04, 0.06]),
             seeds: 5,
         };
-        let t = check_targets(&scenarios, &[row.clone()]);
+        let t = check_targets(&scenarios, std::slice::from_ref(&row));
         let p99 = find(&t, "bursty", "filter", "ttft_p99_ms", "round_robin");
         assert_eq!(p99.met, None);
         assert!(p99.note.as_deref().unwrap().starts_with("scenario invalid"));
