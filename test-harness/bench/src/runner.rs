@@ -703,14 +703,15 @@ async fn sweep(
                 }
                 Err(e) => {
                     eprintln!("bench:   sweep {name} {} at {rate:.2}: {e}", r.name());
+                    // Not a measurement: stop this router's sweep (its goodput is unknown).
                     probes.push(Probe {
                         rate_rps: rate,
                         ttft_p95_ms: f64::NAN,
                         error_rate: f64::NAN,
                         passed: false,
-                        invalid: Some(e),
+                        invalid: Some(format!("not measured: {e}")),
                     });
-                    b.record(rate, false);
+                    break;
                 }
             }
         }
@@ -719,10 +720,12 @@ async fn sweep(
     Ok(g)
 }
 
-/// Goodput per router from a sweep (the bisection's answer replayed from its probes).
+/// Goodput per router from a sweep (the bisection's answer replayed from its probes); routers
+/// whose sweep stopped on a run that could not be measured are left out (unknown).
 pub fn goodputs(g: &GoodputSweep) -> BTreeMap<String, f64> {
     g.probes
         .iter()
+        .filter(|(_, ps)| ps.iter().all(|p| !p.ttft_p95_ms.is_nan()))
         .map(|(r, ps)| {
             let fail = ps
                 .iter()
@@ -1269,7 +1272,15 @@ mod tests {
                 p(20.0, true),
             ],
         );
+        g.probes.insert(
+            "weighted_rr".into(),
+            vec![Probe {
+                ttft_p95_ms: f64::NAN,
+                ..p(4.0, false)
+            }],
+        );
         let gp = goodputs(&g);
+        assert!(!gp.contains_key("weighted_rr"));
         assert_eq!(gp["round_robin"], 5.6);
         assert_eq!(gp["filter"], 8.0);
         goodput_ratios(&mut g);
