@@ -118,6 +118,17 @@ impl DerefMut for ScenarioResult {
     }
 }
 
+/// How wide the intervals of one metric came out.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CiWidth {
+    /// Ratios with a finite interval.
+    pub ratios: usize,
+    /// Median relative width.
+    pub median: f64,
+    /// Widest relative width.
+    pub widest: f64,
+}
+
 /// A ratio router ÷ baseline of one metric in one scenario, with its bootstrap interval.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RatioRow {
@@ -248,6 +259,8 @@ pub struct Report {
     pub scenarios: BTreeMap<String, ScenarioResult>,
     /// Every ratio with its interval.
     pub ratios: Vec<RatioRow>,
+    /// Interval widths obtained, per metric: (hi − lo) ÷ ratio over every ratio of the run.
+    pub ci_widths: BTreeMap<String, CiWidth>,
     /// Every target checked, met or not.
     pub targets: Vec<TargetResult>,
     /// The filter's own cost in front of an instant backend.
@@ -711,7 +724,7 @@ fn goodput_table(out: &mut String, rep: &Report) {
 }
 
 /// Relative widths (hi − lo) ÷ ratio of the intervals obtained, by metric.
-pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, (usize, f64, f64)> {
+pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, CiWidth> {
     let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in &rep.ratios {
         if let (Some(x), Some([lo, hi])) = (r.ratio, r.ci95) {
@@ -724,9 +737,16 @@ pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, (usize, f64, f64)> {
     by.into_iter()
         .map(|(k, mut v)| {
             v.sort_by(f64::total_cmp);
-            let med = v[(v.len() - 1) / 2];
-            let max = v[v.len() - 1];
-            (k, (v.len(), med, max))
+            let median = v[(v.len() - 1) / 2];
+            let widest = v[v.len() - 1];
+            (
+                k,
+                CiWidth {
+                    ratios: v.len(),
+                    median,
+                    widest,
+                },
+            )
         })
         .collect()
 }
@@ -742,12 +762,13 @@ fn ci_widths(out: &mut String, rep: &Report) {
     );
     let _ = writeln!(out, "| metric | ratios | median width | widest |");
     let _ = writeln!(out, "|---|---|---|---|");
-    for (k, (n, med, max)) in w {
+    for (k, c) in w {
         let _ = writeln!(
             out,
-            "| {k} | {n} | {:.0} % | {:.0} % |",
-            med * 100.0,
-            max * 100.0
+            "| {k} | {} | {:.0} % | {:.0} % |",
+            c.ratios,
+            c.median * 100.0,
+            c.widest * 100.0
         );
     }
 }
@@ -1163,6 +1184,29 @@ mod tests {
         assert!(abs.contains("| 75.0 | ∞ |"), "{abs}");
         assert!(abs.contains("| 10 (500:10) |"), "{abs}");
         assert!(md.contains("**MISSED**"));
+    }
+
+    #[test]
+    fn interval_widths_are_summarised_per_metric() {
+        let mut rep = report();
+        rep.ratios.push(RatioRow {
+            scenario: "uniform".into(),
+            router: "filter".into(),
+            baseline: "round_robin".into(),
+            metric: "ttft_p95_ms".into(),
+            ratio: Some(2.0),
+            ci95: Some([1.0, 3.0]),
+            seeds: 5,
+        });
+        let w = ci_width_summary(&rep);
+        assert_eq!(w["ttft_p95_ms"].ratios, 4);
+        // Three tight rows (width 0.002; the ∞ ratio has no finite width) and one of width 1.0.
+        assert!((w["ttft_p95_ms"].median - 0.002).abs() < 1e-9);
+        assert_eq!(w["ttft_p95_ms"].widest, 1.0);
+        rep.ci_widths = w;
+        let v = serde_json::to_value(&rep).unwrap();
+        assert_eq!(v["ci_widths"]["ttft_p95_ms"]["widest"], 1.0);
+        assert!(markdown(&rep).contains("| ttft_p95_ms | 4 | 0 % | 100 % |"));
     }
 
     #[test]

@@ -946,11 +946,13 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         rep.scenarios.insert(name.to_string(), entry);
     }
     rep.targets = check_targets(&rep.scenarios, &rep.ratios);
-    for (metric, (n, med, max)) in crate::report::ci_width_summary(&rep) {
+    rep.ci_widths = crate::report::ci_width_summary(&rep);
+    for (metric, c) in &rep.ci_widths {
         eprintln!(
-            "bench: interval widths {metric}: {n} ratios, median {:.0} %, widest {:.0} %",
-            med * 100.0,
-            max * 100.0
+            "bench: interval widths {metric}: {} ratios, median {:.0} %, widest {:.0} %",
+            c.ratios,
+            c.median * 100.0,
+            c.widest * 100.0
         );
     }
     if cfg.overhead {
