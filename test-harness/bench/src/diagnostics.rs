@@ -5,11 +5,8 @@
 
 use crate::podmetrics::PodWindow;
 use crate::scenarios::Condition;
-use crate::workload::RequestSpec;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 /// A run left out of the figures, and why.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -196,64 +193,67 @@ pub fn lateness_check(pods: &[PodWindow], ttft_p50_ms: f64) -> Result<Option<f64
     }
 }
 
-/// Share of the requests arriving in `[from, to)` that are *cold reads*: less than half of their
-/// prompt (in 256-byte blocks of the request body's messages, chained like a prefix cache's
-/// block hashes) was sent by any earlier request of the run. A perfect router still pays these.
-pub fn cold_read_fraction(reqs: &[RequestSpec], from: Duration, to: Duration) -> f64 {
-    const BLOCK: usize = 256;
-    let mut seen: HashSet<u64> = HashSet::new();
-    let mut order: Vec<&RequestSpec> = reqs.iter().collect();
-    order.sort_by_key(|r| (r.at, r.id));
-    let (mut n, mut cold) = (0usize, 0usize);
-    for r in order {
-        let body = r.body.as_ref();
-        let start = body
-            .windows(10)
-            .position(|w| w == b"\"messages\"")
-            .unwrap_or(0);
-        let mut h = DefaultHasher::new();
-        let mut hashes = Vec::new();
-        for chunk in body[start..].chunks_exact(BLOCK) {
-            chunk.hash(&mut h);
-            hashes.push(h.finish());
-        }
-        let hit = hashes.iter().take_while(|x| seen.contains(x)).count();
-        if r.at >= from && r.at < to {
-            n += 1;
-            if hashes.len() >= 4 && hit * 2 < hashes.len() {
-                cold += 1;
-            }
-        }
-        seen.extend(hashes);
-    }
-    if n == 0 {
-        f64::NAN
-    } else {
-        cold as f64 / n as f64
-    }
-}
-
-/// Whether the scenario's anchor condition occurred. `preemptions` gives each router's fleet
-/// preemptions per run (valid runs); `cold_reads` the window's cold-read share. `None` = could
-/// not be checked (the router it names was not run, or its pods do not export the counter).
+/// Whether the scenario's anchor condition occurred, from each router's diagnostics (valid
+/// runs) and the window's cold-read share. `None` = could not be checked (the router it names
+/// was not run, or its pods do not export the metric); `All` is false if any part is false,
+/// else unknown if any part is unknown.
 pub fn condition_met(
-    c: Condition,
-    preemptions: &BTreeMap<String, Option<f64>>,
+    c: &Condition,
+    diags: &BTreeMap<String, Diagnostics>,
     cold_reads: f64,
 ) -> Option<bool> {
+    let fleet = |router: &str, f: fn(&Diagnostics) -> Option<f64>| diags.get(router).and_then(f);
     match c {
         Condition::None => Some(true),
-        Condition::PreemptionsUnder(router) => {
-            preemptions.get(router).copied().flatten().map(|p| p > 0.0)
+        Condition::PreemptionsUnder { router, min } => {
+            fleet(router, |d| d.preemptions).map(|p| p >= *min as f64)
         }
-        Condition::ColdReadsBelow(frac) => (!cold_reads.is_nan()).then_some(cold_reads < frac),
+        Condition::QueueUnder {
+            router,
+            profile,
+            min_peak,
+        } => {
+            let d = diags.get(*router)?;
+            let suffix = format!("({profile})");
+            let peaks: Vec<f64> = d
+                .pods
+                .iter()
+                .filter(|(label, _)| label.ends_with(&suffix))
+                .filter_map(|(_, p)| p.window.queue_peak)
+                .collect();
+            (!peaks.is_empty()).then(|| peaks.iter().any(|q| *q >= f64::from(*min_peak)))
+        }
+        Condition::AdapterLoadsUnder {
+            router,
+            min_cpu,
+            min_disk,
+        } => {
+            let gpu = fleet(router, |d| d.adapter_loads_gpu)?;
+            let disk = fleet(router, |d| d.adapter_loads_disk)?;
+            Some(gpu - disk >= *min_cpu as f64 && disk >= *min_disk as f64)
+        }
+        Condition::ColdReadsBelow { max_frac } => {
+            (!cold_reads.is_nan()).then_some(cold_reads < *max_frac)
+        }
+        Condition::All(parts) => {
+            let v: Vec<Option<bool>> = parts
+                .iter()
+                .map(|p| condition_met(p, diags, cold_reads))
+                .collect();
+            if v.contains(&Some(false)) {
+                Some(false)
+            } else if v.contains(&None) {
+                None
+            } else {
+                Some(true)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn pod(lateness: Option<f64>) -> PodWindow {
         PodWindow {
@@ -277,61 +277,102 @@ mod tests {
         assert!(lateness_check(&[pod(Some(1.0))], f64::NAN).is_err());
     }
 
-    #[test]
-    fn condition_checks() {
-        let mut pre = BTreeMap::new();
-        pre.insert("round_robin".to_string(), Some(0.0));
-        pre.insert("filter".to_string(), Some(3.0));
-        assert_eq!(
-            condition_met(Condition::PreemptionsUnder("round_robin"), &pre, f64::NAN),
-            Some(false)
-        );
-        assert_eq!(
-            condition_met(Condition::PreemptionsUnder("filter"), &pre, f64::NAN),
-            Some(true)
-        );
-        assert_eq!(
-            condition_met(Condition::PreemptionsUnder("least_request"), &pre, f64::NAN),
-            None
-        );
-        assert_eq!(
-            condition_met(Condition::ColdReadsBelow(0.02), &pre, 0.05),
-            Some(false)
-        );
-        assert_eq!(
-            condition_met(Condition::ColdReadsBelow(0.1), &pre, 0.05),
-            Some(true)
-        );
-        assert_eq!(condition_met(Condition::None, &pre, f64::NAN), Some(true));
-    }
-
-    fn req(id: u64, at_s: u64, text: &str) -> RequestSpec {
-        let body = format!("{{\"model\":\"m\",\"messages\":[{{\"content\":\"{text}\"}}]}}");
-        RequestSpec {
-            id,
-            at: Duration::from_secs(at_s),
-            model: "m".into(),
-            max_tokens: 1,
-            prompt_chars: text.len(),
-            body: Bytes::from(body),
+    fn diag(preemptions: f64, queue: &[(&str, f64)], gpu: f64, disk: f64) -> Diagnostics {
+        Diagnostics {
+            preemptions: Some(preemptions),
+            adapter_loads_gpu: Some(gpu),
+            adapter_loads_disk: Some(disk),
+            pods: queue
+                .iter()
+                .map(|(label, q)| {
+                    (
+                        label.to_string(),
+                        PodDiag {
+                            share: 0.25,
+                            window: PodWindow {
+                                queue_peak: Some(*q),
+                                ..PodWindow::default()
+                            },
+                        },
+                    )
+                })
+                .collect(),
+            ..Diagnostics::default()
         }
     }
 
     #[test]
-    fn cold_reads_are_first_reads_of_long_prefixes() {
-        let doc_a = "a".repeat(3000);
-        let doc_b = "b".repeat(3000);
-        let reqs = vec![
-            req(0, 0, &format!("{doc_a} q0")),  // cold, before the window
-            req(1, 10, &format!("{doc_a} q1")), // warm
-            req(2, 11, &format!("{doc_b} q2")), // cold
-            req(3, 12, "short"),                // too short to be a cold read
-            req(4, 13, &format!("{doc_b} q4")), // warm
-        ];
-        let f = cold_read_fraction(&reqs, Duration::from_secs(10), Duration::from_secs(20));
-        assert!((f - 0.25).abs() < 1e-12, "{f}");
-        assert!(
-            cold_read_fraction(&reqs, Duration::from_secs(30), Duration::from_secs(40)).is_nan()
+    fn condition_checks() {
+        let mut d = BTreeMap::new();
+        d.insert(
+            "round_robin".to_string(),
+            diag(
+                0.0,
+                &[("pod0 (h100)", 9.0), ("pod2 (a10g)", 0.0)],
+                10.0,
+                0.0,
+            ),
+        );
+        d.insert(
+            "filter".to_string(),
+            diag(3.0, &[("pod2 (a10g)", 2.0)], 5.0, 1.0),
+        );
+        let pre = |router, min| Condition::PreemptionsUnder { router, min };
+        assert_eq!(
+            condition_met(&pre("round_robin", 1), &d, f64::NAN),
+            Some(false)
+        );
+        assert_eq!(condition_met(&pre("filter", 3), &d, f64::NAN), Some(true));
+        assert_eq!(condition_met(&pre("least_request", 1), &d, f64::NAN), None);
+        let queue = |router, min_peak| Condition::QueueUnder {
+            router,
+            profile: "a10g",
+            min_peak,
+        };
+        // The H100's queue of 9 does not count for an A10G condition.
+        assert_eq!(
+            condition_met(&queue("round_robin", 1), &d, f64::NAN),
+            Some(false)
+        );
+        assert_eq!(condition_met(&queue("filter", 2), &d, f64::NAN), Some(true));
+        let loads = |router, min_cpu, min_disk| Condition::AdapterLoadsUnder {
+            router,
+            min_cpu,
+            min_disk,
+        };
+        assert_eq!(
+            condition_met(&loads("round_robin", 1, 1), &d, f64::NAN),
+            Some(false)
+        );
+        assert_eq!(
+            condition_met(&loads("filter", 4, 1), &d, f64::NAN),
+            Some(true)
+        );
+        let cold = Condition::ColdReadsBelow { max_frac: 0.02 };
+        assert_eq!(condition_met(&cold, &d, 0.05), Some(false));
+        assert_eq!(condition_met(&cold, &d, 0.01), Some(true));
+        assert_eq!(condition_met(&cold, &d, f64::NAN), None);
+        assert_eq!(condition_met(&Condition::None, &d, f64::NAN), Some(true));
+        let all = |v| Condition::All(v);
+        assert_eq!(
+            condition_met(&all(vec![pre("filter", 1), cold.clone()]), &d, 0.01),
+            Some(true)
+        );
+        assert_eq!(
+            condition_met(
+                &all(vec![pre("least_request", 1), pre("round_robin", 1)]),
+                &d,
+                0.0
+            ),
+            Some(false)
+        );
+        assert_eq!(
+            condition_met(
+                &all(vec![pre("least_request", 1), pre("filter", 1)]),
+                &d,
+                0.0
+            ),
+            None
         );
     }
 

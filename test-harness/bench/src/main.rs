@@ -30,7 +30,8 @@ enum Cmd {
         /// weighted_rr filter (default set) and filter_gaie_weights (extra).
         #[arg(long = "router")]
         routers: Vec<String>,
-        /// Emulator speed-up (rates and windows scale with it). Default: 2 quick, 4 full.
+        /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
+        /// QUICK_SPEEDUP / FULL_SPEEDUP.
         #[arg(long)]
         speedup: Option<f64>,
         /// First workload seed (seeds are SEED, SEED+1, ...).
@@ -135,7 +136,11 @@ fn main() -> ExitCode {
                 let partial = !scenarios.is_empty() || !routers.is_empty();
                 let mode = Mode {
                     quick,
-                    speedup: speedup.unwrap_or(if quick { 2.0 } else { 4.0 }),
+                    speedup: speedup.unwrap_or(if quick {
+                        bench::scenarios::QUICK_SPEEDUP
+                    } else {
+                        bench::scenarios::FULL_SPEEDUP
+                    }),
                     seed,
                 };
                 let mut cfg = BenchConfig::defaults(mode, out_dir.clone());

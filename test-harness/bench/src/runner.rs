@@ -8,9 +8,7 @@
 //! show that neither Envoy nor the load generator was the bottleneck.
 
 use crate::confidence::{ratio_cis, Bisection, Bootstrap, Obs, RunData, Stat};
-use crate::diagnostics::{
-    cold_read_fraction, condition_met, lateness_check, Diagnostics, InvalidRun, RunView,
-};
+use crate::diagnostics::{condition_met, lateness_check, Diagnostics, InvalidRun, RunView};
 use crate::loadgen::{run, RunOptions, RunResult, Sample};
 use crate::podmetrics::{self, PodWindow};
 use crate::report::{
@@ -91,22 +89,22 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// The benchmark's protocol: warm-up 6 s (quick) / 20 s (full) of emulated time, window =
-    /// the scenario's horizon, lengthened in full mode until it holds `min_requests` arrivals at
-    /// the scenario's mean rate; tail 2 s / 5 s. Emulated seconds are divided by the speed-up.
+    /// The benchmark's protocol: the scenario's warm-up (`sc.warmup`) and window (horizon −
+    /// warm-up), the window lengthened in full mode until it holds `min_requests` arrivals at
+    /// the scenario's mean rate, then a tail of 2 s (quick) / 5 s (full) of emulated time.
+    /// Scenario times are wall clock already; the tail is divided by the speed-up.
     pub fn for_scenario(sc: &Scenario, mode: &Mode, min_requests: usize) -> Self {
         let s = mode.speedup.max(0.01);
-        let (warm, tail) = if mode.quick { (6.0, 2.0) } else { (20.0, 5.0) };
-        let rate = sc.workload.arrival.mean_rate() / s; // per emulated second
-        let needed = if rate > 0.0 {
-            min_requests as f64 / rate
+        let tail = if mode.quick { 2.0 } else { 5.0 };
+        let window = sc.workload.horizon.saturating_sub(sc.warmup).as_secs_f64();
+        let needed = if sc.rate_rps > 0.0 {
+            min_requests as f64 / sc.rate_rps
         } else {
             0.0
         };
-        let window = sc.workload.horizon.as_secs_f64().max(needed.ceil());
         Windows {
-            warmup: Duration::from_secs_f64(warm / s),
-            window: Duration::from_secs_f64(window / s),
+            warmup: sc.warmup,
+            window: Duration::from_secs_f64(window.max(needed)),
             tail: Duration::from_secs_f64(tail / s),
         }
     }
@@ -494,7 +492,12 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
     }
     let mut routers = Vec::new();
     if cfg.routers.is_empty() {
-        routers.extend(RouterKind::ALL);
+        // Quick leaves out the full-scan least request to fit its budget (named, it runs).
+        routers.extend(
+            RouterKind::ALL
+                .into_iter()
+                .filter(|r| !cfg.mode.quick || *r != RouterKind::LeastRequestFull),
+        );
     }
     for r in &cfg.routers {
         routers.push(RouterKind::from_name(r).ok_or_else(|| RunError::Unknown {
@@ -664,9 +667,12 @@ async fn sweep(
         name: name.into(),
         known: crate::scenarios::NAMES.join(", "),
     })?;
-    let nominal = base.workload.arrival.mean_rate() / mode.speedup.max(0.01);
+    // The bisection runs in emulated req/s (what the report shows); scenario_at takes wall.
+    let k = mode.speedup.max(0.01);
+    let nominal = base.rate_rps / k;
+    let slo = base.slo_ttft_ms * k;
     let mut g = GoodputSweep {
-        slo_ttft_ms: base.slo_ttft_ms,
+        slo_ttft_ms: slo,
         seed: mode.seed,
         ..GoodputSweep::default()
     };
@@ -674,13 +680,13 @@ async fn sweep(
         let mut b = Bisection::new(nominal, 0.1, 8);
         let mut probes = Vec::new();
         while let Some(rate) = b.next_rate() {
-            let Some(sc) = scenario_at(name, mode, rate) else {
+            let Some(sc) = scenario_at(name, mode, rate * k) else {
                 break;
             };
             let w = Windows::for_scenario(&sc, &mode, Windows::min_requests(&mode, 1, true));
             match run_windowed(&sc, *r, w).await {
                 Ok(o) => {
-                    let passed = probe_passes(&o, base.slo_ttft_ms);
+                    let passed = probe_passes(&o, slo);
                     eprintln!(
                         "bench:   sweep {name} {:<18} {rate:>7.2} req/s: TTFT p95 {:>9.1} ms, errors {:.1} % -> {}",
                         r.name(),
@@ -786,10 +792,10 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         })
         .map(|w| {
             format!(
-                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run a warm-up of {:.1} s (wall; identical traffic for every router, excluded), the measurement window = the scenario's horizon ÷ speed-up ({:.1} s wall for `{}`), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
+                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run the scenario's warm-up ({:.1} s wall for `{}`; identical traffic for every router, excluded), its measurement window ({:.1} s wall; in full mode at least 2,000 arrivals over the seeds), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
                 w.warmup.as_secs_f64(),
-                w.window.as_secs_f64(),
                 sc_name(&scs),
+                w.window.as_secs_f64(),
                 w.tail.as_secs_f64(),
                 seeds,
                 cfg.bootstrap_reps,
@@ -828,10 +834,12 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 "{name}: weighted_rr not run (uniform fleet: equal weights = round_robin)"
             ));
         }
-        let nominal = base.workload.arrival.mean_rate() / cfg.mode.speedup.max(0.01);
+        // Scenario figures are wall clock; the report is in emulated time (× / ÷ speed-up).
+        let k = cfg.mode.speedup.max(0.01);
+        let nominal = base.rate_rps / k;
         let mut entry = ScenarioResult {
-            floor_ms: base.floor_ms,
-            slo_ttft_ms: base.slo_ttft_ms,
+            floor_ms: base.floor_ms * k,
+            slo_ttft_ms: base.slo_ttft_ms * k,
             condition: format!("{:?}", base.condition),
             offered_rps: nominal,
             load_basis: "nominal rate of the scenario".into(),
@@ -841,7 +849,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         if cfg.sweep.iter().any(|s| s == name) {
             eprintln!(
                 "bench: scenario {name}: goodput sweep (SLO TTFT p95 ≤ {} ms)",
-                base.slo_ttft_ms
+                base.slo_ttft_ms * k
             );
             let mut g = sweep(name, cfg.mode, &routers_here, &runs_dir).await?;
             goodput_ratios(&mut g);
@@ -868,7 +876,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 seed: *seed,
                 ..cfg.mode
             };
-            let Some(sc) = scenario_at(name, mode, entry.offered_rps) else {
+            let Some(sc) = scenario_at(name, mode, entry.offered_rps * k) else {
                 continue;
             };
             let w =
@@ -878,7 +886,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             wl.horizon = w.warmup + w.window + w.tail;
             wl.max_requests = wl.max_requests.max(1_000_000);
             let reqs = generate(&wl);
-            cold.push(cold_read_fraction(&reqs, w.warmup, w.warmup + w.window));
+            cold.push(sc.cold_read_fraction());
             eprintln!(
                 "bench: scenario {name} seed {seed} — {} ({} requests, {:.2} req/s)",
                 sc.about,
@@ -927,18 +935,13 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 entry.insert(r.to_string(), sum);
             }
         }
-        let preemptions: BTreeMap<String, Option<f64>> = entry
+        let diags: BTreeMap<String, Diagnostics> = entry
             .iter()
-            .map(|(r, s)| {
-                (
-                    r.clone(),
-                    s.diagnostics.as_ref().and_then(|d| d.preemptions),
-                )
-            })
+            .filter_map(|(r, s)| Some((r.clone(), s.diagnostics.clone()?)))
             .collect();
         entry.condition_met = condition_met(
-            base.condition,
-            &preemptions,
+            &base.condition,
+            &diags,
             entry.cold_read_fraction.unwrap_or(f64::NAN),
         );
         rep.ratios
@@ -1126,8 +1129,13 @@ mod tests {
         );
         let (s, r) = select(&cfg).unwrap();
         assert_eq!(s.len(), 6);
-        assert_eq!(r.len(), 5);
+        // Quick: round_robin, least_request, weighted_rr, filter.
+        assert_eq!(r.len(), 4);
         assert!(!r.contains(&RouterKind::FilterGaieWeights));
+        assert!(!r.contains(&RouterKind::LeastRequestFull));
+        cfg.mode.quick = false;
+        assert_eq!(select(&cfg).unwrap().1.len(), 5);
+        cfg.mode.quick = true;
         cfg.sweep = vec!["nope".into()];
         assert!(matches!(
             select(&cfg),
@@ -1292,33 +1300,32 @@ mod tests {
     }
 
     #[test]
-    fn windows_follow_the_speedup() {
-        let mut sc = scenario(
-            "uniform",
-            Mode {
-                quick: false,
-                speedup: 1.0,
-                seed: 1,
-            },
-        )
-        .unwrap();
-        sc.workload.horizon = Duration::from_secs(40);
-        let m = |speedup| Mode {
-            quick: false,
+    fn windows_come_from_the_scenario() {
+        let m = |quick, speedup| Mode {
+            quick,
             speedup,
             seed: 1,
         };
-        let w1 = Windows::for_scenario(&sc, &m(1.0), 0);
-        let w2 = Windows::for_scenario(&sc, &m(2.0), 0);
-        assert_eq!(w1.window, Duration::from_secs(40));
-        assert_eq!(w2.window, Duration::from_secs(20));
-        assert_eq!(w1.warmup, 2 * w2.warmup);
-        // Lengthened until the window holds enough arrivals: 400 at 3.6 req/s = 112 s.
-        let rate = sc.workload.arrival.mean_rate();
-        let w = Windows::for_scenario(&sc, &m(1.0), 400);
-        assert_eq!(w.window, Duration::from_secs((400.0 / rate).ceil() as u64));
-        assert_eq!(Windows::min_requests(&m(1.0), 5, false), 400);
-        assert_eq!(Windows::min_requests(&m(1.0), 1, true), 400);
+        let mut sc = scenario("uniform", m(false, 2.0)).unwrap();
+        // A scenario with a 10 s warm-up and a 40 s window at 7.2 req/s (wall clock).
+        sc.warmup = Duration::from_secs(10);
+        sc.workload.horizon = Duration::from_secs(50);
+        sc.rate_rps = 7.2;
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 0);
+        assert_eq!(w.warmup, Duration::from_secs(10));
+        assert_eq!(w.window, Duration::from_secs(40));
+        // The tail is 5 emulated seconds: 2.5 s at speed-up 2.
+        assert_eq!(w.tail, Duration::from_millis(2500));
+        assert_eq!(
+            Windows::for_scenario(&sc, &m(true, 2.0), 0).tail,
+            Duration::from_secs(1)
+        );
+        // Lengthened until the window holds enough arrivals: 400 at 7.2 req/s = 55.6 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 400);
+        assert!((w.window.as_secs_f64() - 400.0 / 7.2).abs() < 1e-6);
+        assert_eq!(Windows::min_requests(&m(false, 1.0), 5, false), 400);
+        assert_eq!(Windows::min_requests(&m(false, 1.0), 1, true), 400);
+        assert_eq!(Windows::min_requests(&m(true, 1.0), 5, false), 0);
         assert_eq!(Windows::whole(&sc).warmup, Duration::ZERO);
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::arrivals::Arrival;
 use crate::stack::{FleetSpec, PodSpec, MODEL};
-use crate::workload::{adapter_name, Prompts, Range, WorkloadSpec};
+use crate::workload::{adapter_name, generate, Prompts, Range, WorkloadSpec};
 use std::time::Duration;
 
 /// One scenario, ready to run.
@@ -27,24 +27,110 @@ pub struct Scenario {
     pub drain: Duration,
     /// The scenario's card (Markdown lines: fleet, rates, anchor, check, floor). // simfid replaces
     pub card: &'static str,
-    /// TTFT p95 SLO used for goodput, ms. // simfid replaces
+    /// Arrivals before this offset are the warm-up (wall clock); the horizon is warm-up +
+    /// measurement window. // simfid replaces
+    pub warmup: Duration,
+    /// Mean offered rate, wall-clock requests per second. // simfid replaces
+    pub rate_rps: f64,
+    /// The fleet's measured capacity, wall-clock req/s (NaN = not stated). // simfid replaces
+    pub capacity_rps: f64,
+    /// TTFT p95 SLO used for goodput, wall-clock ms. // simfid replaces
     pub slo_ttft_ms: f64,
-    /// What a perfect router could reach (TTFT p95, ms; NaN = not stated). // simfid replaces
+    /// What a perfect router could reach (TTFT p95, wall-clock ms; NaN = not stated). // simfid replaces
     pub floor_ms: f64,
     /// The check that the scenario's anchor condition occurred. // simfid replaces
     pub condition: Condition,
 }
 
-/// The anchor condition a scenario must show for its verdict to count. // simfid replaces
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The anchor condition a scenario must show for its verdict to count (the bench evaluates it
+/// from the run's diagnostics). // simfid replaces
+#[derive(Debug, Clone, PartialEq)]
 pub enum Condition {
-    /// No condition.
+    /// Nothing to check.
     None,
-    /// The named router preempts (at least one preemption in the window, summed over the fleet).
-    PreemptionsUnder(&'static str),
-    /// Cold first reads of shared prefixes are below this share of the window's requests.
-    ColdReadsBelow(f64),
+    /// Under `router`, the pods preempted at least `min` times in the window (fleet sum).
+    PreemptionsUnder {
+        /// Router name.
+        router: &'static str,
+        /// Fewest preemptions.
+        min: u64,
+    },
+    /// Under `router`, some pod of `profile` had a waiting queue of at least `min_peak`.
+    QueueUnder {
+        /// Router name.
+        router: &'static str,
+        /// GPU profile.
+        profile: &'static str,
+        /// Smallest peak queue on one such pod.
+        min_peak: u32,
+    },
+    /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times and
+    /// read from disk at least `min_disk` times (fleet sums).
+    AdapterLoadsUnder {
+        /// Router name.
+        router: &'static str,
+        /// Fewest swap-ins from the CPU cache.
+        min_cpu: u64,
+        /// Fewest loads from disk.
+        min_disk: u64,
+    },
+    /// Fewer than `max_frac` of the window's requests are cold first reads of a shared prefix.
+    ColdReadsBelow {
+        /// Largest share of cold reads.
+        max_frac: f64,
+    },
+    /// All of these.
+    All(Vec<Condition>),
 }
+
+impl Scenario {
+    /// Share of the measured requests (after the warm-up) that are cold first reads of a long
+    /// prefix. // simfid replaces
+    pub fn cold_read_fraction(&self) -> f64 {
+        cold_read_fraction(&generate(&self.workload), self.warmup)
+    }
+}
+
+/// Share of the requests from `from` on that are *cold reads*: less than half of their prompt
+/// (in 256-byte blocks of the body's messages, chained like a prefix cache's block hashes) was
+/// sent by any earlier request. // simfid replaces
+pub fn cold_read_fraction(reqs: &[crate::workload::RequestSpec], from: Duration) -> f64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    const BLOCK: usize = 256;
+    let mut seen = std::collections::HashSet::new();
+    let (mut n, mut cold) = (0usize, 0usize);
+    for r in reqs {
+        let body = r.body.as_ref();
+        let start = body
+            .windows(10)
+            .position(|w| w == b"\"messages\"")
+            .unwrap_or(0);
+        let mut h = DefaultHasher::new();
+        let hashes: Vec<u64> = body[start..]
+            .chunks_exact(BLOCK)
+            .map(|c| {
+                c.hash(&mut h);
+                h.finish()
+            })
+            .collect();
+        let hit = hashes.iter().take_while(|x| seen.contains(*x)).count();
+        if r.at >= from {
+            n += 1;
+            cold += usize::from(hashes.len() >= 4 && hit * 2 < hashes.len());
+        }
+        seen.extend(hashes);
+    }
+    if n == 0 {
+        0.0
+    } else {
+        cold as f64 / n as f64
+    }
+}
+
+/// Speed-up for quick runs. // simfid replaces
+pub const QUICK_SPEEDUP: f64 = 2.0;
+/// Speed-up for full runs. // simfid replaces
+pub const FULL_SPEEDUP: f64 = 4.0;
 
 /// Knobs shared by all scenarios of one run.
 #[derive(Debug, Clone, Copy)]
@@ -111,6 +197,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
@@ -138,6 +227,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
@@ -167,6 +259,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
@@ -190,6 +285,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: (0..16).map(adapter_name).collect(),
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
@@ -211,6 +309,9 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
@@ -232,36 +333,49 @@ pub fn scenario(name: &str, mode: Mode) -> Option<Scenario> {
             adapters: vec![],
             drain,
             card: "",
+            warmup: Duration::ZERO,
+            rate_rps: f64::NAN,
+            capacity_rps: f64::NAN,
             slo_ttft_ms: f64::NAN,
             floor_ms: f64::NAN,
             condition: Condition::None,
         },
         _ => return None,
     };
-    Some(with_card(sc)) // simfid replaces
+    Some(with_card(sc, mode)) // simfid replaces
 }
 
-/// Placeholder cards until simfid's definitions land. // simfid replaces
-fn with_card(mut sc: Scenario) -> Scenario {
+/// Placeholder cards and windows until simfid's definitions land: the v1 horizon becomes the
+/// measurement window in emulated seconds, after a warm-up of 6 s (quick) / 20 s (full);
+/// everything in wall clock (÷ speed-up). // simfid replaces
+fn with_card(mut sc: Scenario, mode: Mode) -> Scenario {
+    let s = mode.speedup.max(0.01);
     let (slo, condition) = match sc.name {
-        "bursty" => (2000.0, Condition::PreemptionsUnder("round_robin")),
+        "bursty" => (
+            2000.0,
+            Condition::PreemptionsUnder {
+                router: "round_robin",
+                min: 1,
+            },
+        ),
         "shared_prefix" => (1500.0, Condition::None),
         "long_prompt" => (5000.0, Condition::None),
         _ => (1000.0, Condition::None),
     };
-    sc.card = "";
-    sc.slo_ttft_ms = slo;
-    sc.floor_ms = f64::NAN;
+    let warmup = Duration::from_secs_f64(if mode.quick { 6.0 } else { 20.0 } / s);
+    sc.workload.horizon = warmup + sc.workload.horizon.div_f64(s);
+    sc.warmup = warmup;
+    sc.rate_rps = sc.workload.arrival.mean_rate();
+    sc.slo_ttft_ms = slo / s;
     sc.condition = condition;
     sc
 }
 
-/// The scenario `name` at another offered rate (mean req/s of emulated time, before the
-/// speed-up): every arrival rate is scaled by the same factor. // simfid replaces
+/// The scenario `name` at another mean offered rate (wall-clock req/s): every arrival rate is
+/// scaled by the same factor. // simfid replaces
 pub fn scenario_at(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
     let mut sc = scenario(name, mode)?;
-    let s = mode.speedup.max(0.01);
-    let now = sc.workload.arrival.mean_rate() / s;
+    let now = sc.workload.arrival.mean_rate();
     if now > 0.0 && rate_rps > 0.0 {
         let k = rate_rps / now;
         sc.workload.arrival = match sc.workload.arrival {
@@ -278,7 +392,7 @@ pub fn scenario_at(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
                 off_s,
             },
         };
-        sc.workload.max_requests = usize::MAX;
+        sc.rate_rps = rate_rps;
     }
     Some(sc)
 }
@@ -307,6 +421,40 @@ mod tests {
             assert_eq!(a.fleet, b.fleet);
         }
         assert!(scenario("nope", mode).is_none());
+    }
+
+    #[test]
+    fn cold_reads_are_first_reads_of_long_prefixes() {
+        let req = |id: u64, at_s: u64, text: &str| crate::workload::RequestSpec {
+            id,
+            at: Duration::from_secs(at_s),
+            body: bytes::Bytes::from(format!(
+                "{{\"model\":\"m\",\"messages\":[{{\"content\":\"{text}\"}}]}}"
+            )),
+            ..crate::workload::generate(
+                &scenario(
+                    "uniform",
+                    Mode {
+                        quick: true,
+                        speedup: 1.0,
+                        seed: 1,
+                    },
+                )
+                .unwrap()
+                .workload,
+            )[0]
+            .clone()
+        };
+        let (a, b) = ("a".repeat(3000), "b".repeat(3000));
+        let reqs = vec![
+            req(0, 0, &format!("{a} q0")),  // cold, before the window
+            req(1, 10, &format!("{a} q1")), // warm
+            req(2, 11, &format!("{b} q2")), // cold
+            req(3, 12, "short"),            // too short to be a cold read
+            req(4, 13, &format!("{b} q4")), // warm
+        ];
+        let f = cold_read_fraction(&reqs, Duration::from_secs(10));
+        assert!((f - 0.25).abs() < 1e-12, "{f}");
     }
 
     #[test]

@@ -148,7 +148,7 @@ pub fn envoy_spec(
 }
 
 /// One emulated pod.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodSpec {
     /// GPU profile (`h100`, `a10g`).
     pub profile: &'static str,
@@ -541,7 +541,7 @@ mod tests {
                 .iter()
                 .map(|p| PodSpec {
                     profile: p,
-                    max_loras: None,
+                    ..PodSpec::default()
                 })
                 .collect(),
             speedup: 1.0,
