@@ -42,6 +42,9 @@ pub struct Diagnostics {
     pub offered_rps: f64,
     /// Requests that arrived in the windows (all seeds).
     pub window_requests: u64,
+    /// Requests at or above the pooled TTFT p99 (nearest rank): how many samples the p99
+    /// rests on (the protocol aims at ≥ 20).
+    pub p99_tail_samples: u64,
     /// Failed ÷ sent over the windows.
     pub error_rate: f64,
     /// Failures by cause: HTTP status, `timeout`, `transport`, `stream`.
@@ -117,6 +120,12 @@ impl Diagnostics {
                 *d.errors_by_cause.entry(k.clone()).or_default() += v;
             }
         }
+        let wr = d.window_requests;
+        d.p99_tail_samples = if wr == 0 {
+            0
+        } else {
+            wr - ((0.99 * wr as f64).ceil() as u64).clamp(1, wr) + 1
+        };
         let failed: u64 = d.errors_by_cause.values().sum();
         d.error_rate = if d.window_requests == 0 {
             f64::NAN
@@ -430,6 +439,8 @@ mod tests {
         ];
         let d = Diagnostics::from_runs(&runs, vec![]);
         assert_eq!(d.seeds, [1, 2]);
+        // 200 requests: p99 is rank 198, so 3 samples at or above it.
+        assert_eq!(d.p99_tail_samples, 3);
         assert_eq!(d.error_rate, 0.01);
         assert_eq!(d.errors_by_cause["timeout"], 2);
         assert_eq!(d.preemptions, Some(5.0)); // (4 + 6) / 2 runs

@@ -787,9 +787,9 @@ fn diagnostics_table(out: &mut String, rep: &Report) {
     );
     let _ = writeln!(
         out,
-        "| scenario | router | seeds | invalid runs | errors by cause | preemptions | adapter loads GPU (disk) | prefix hit | step lateness mean / max ms | pods |"
+        "| scenario | router | seeds | window requests (p99 tail) | invalid runs | errors by cause | preemptions | adapter loads GPU (disk) | prefix hit | step lateness mean / max ms | pods |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for (s, r, d) in rows {
         let seeds: Vec<String> = d.seeds.iter().map(u64::to_string).collect();
         let invalid: Vec<String> = d
@@ -823,8 +823,10 @@ fn diagnostics_table(out: &mut String, rep: &Report) {
             .collect();
         let _ = writeln!(
             out,
-            "| {s} | {r} | {} | {} | {} ({:.2} %) | {} | {} ({}) | {} | {} / {} | {} |",
+            "| {s} | {r} | {} | {} ({}) | {} | {} ({:.2} %) | {} | {} ({}) | {} | {} / {} | {} |",
             seeds.join(" "),
+            d.window_requests,
+            d.p99_tail_samples,
             if invalid.is_empty() {
                 "–".to_string()
             } else {

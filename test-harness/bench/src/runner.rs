@@ -74,6 +74,9 @@ pub fn envoy_version() -> String {
     }
 }
 
+/// Longest measurement window of a full-mode run, wall seconds (the budget's cap).
+pub const MAX_WINDOW_S: f64 = 60.0;
+
 /// The measurement protocol of one run, in wall time: a warm-up whose requests are sent but
 /// not counted (identical for every router: same seed, same arrivals), the window whose
 /// arrivals make the figures, and a tail of arrivals after it so window requests finish under
@@ -89,29 +92,52 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// The benchmark's protocol: the scenario's warm-up (`sc.warmup`) and window (horizon −
-    /// warm-up), the window lengthened in full mode until it holds `min_requests` arrivals at
-    /// the scenario's mean rate, then a tail of 2 s (quick) / 5 s (full) of emulated time.
-    /// Scenario times are wall clock already; the tail is divided by the speed-up.
-    pub fn for_scenario(sc: &Scenario, mode: &Mode, min_requests: usize) -> Self {
+    /// The benchmark's protocol for a run that is one of `seeds` (or a goodput `probe`): the
+    /// scenario's warm-up (`sc.warmup`, wall clock), then the measurement window, then a tail
+    /// of 2 s (quick) / 5 s (full) of emulated time.
+    ///
+    /// Quick takes the scenario's own window (horizon − warm-up). Full sizes it for the seeds:
+    /// long enough for [`Windows::min_requests`] arrivals at the scenario's mean rate and at
+    /// least 30 emulated seconds, at most [`MAX_WINDOW_S`] wall seconds (the 2-hour budget; the
+    /// report gives the tail samples behind each p99), and for bursty arrivals whole on/off
+    /// cycles with at least ⌈10 ÷ seeds⌉ bursts per run (≥ 10 over the seeds).
+    pub fn for_scenario(sc: &Scenario, mode: &Mode, seeds: usize, probe: bool) -> Self {
         let s = mode.speedup.max(0.01);
-        let tail = if mode.quick { 2.0 } else { 5.0 };
-        let window = sc.workload.horizon.saturating_sub(sc.warmup).as_secs_f64();
+        let tail = Duration::from_secs_f64(if mode.quick { 2.0 } else { 5.0 } / s);
+        if mode.quick {
+            return Windows {
+                warmup: sc.warmup,
+                window: sc.workload.horizon.saturating_sub(sc.warmup),
+                tail,
+            };
+        }
         let needed = if sc.rate_rps > 0.0 {
-            min_requests as f64 / sc.rate_rps
+            Self::min_requests(mode, seeds, probe) as f64 / sc.rate_rps
         } else {
             0.0
         };
+        let mut window = needed.max(30.0 / s).min(MAX_WINDOW_S);
+        if let crate::arrivals::Arrival::Bursty { on_s, off_s, .. } = sc.workload.arrival {
+            let period = on_s + off_s;
+            if period > 0.0 {
+                let min_cycles = if probe {
+                    1.0
+                } else {
+                    (10.0 / seeds.max(1) as f64).ceil()
+                };
+                window = (window / period).ceil().max(min_cycles) * period;
+            }
+        }
         Windows {
             warmup: sc.warmup,
-            window: Duration::from_secs_f64(window.max(needed)),
-            tail: Duration::from_secs_f64(tail / s),
+            window: Duration::from_secs_f64(window),
+            tail,
         }
     }
 
-    /// Window requests the protocol asks for: full mode wants each pooled p99 to rest on ≥ 20
-    /// tail samples (2,000 requests over the seeds); a sweep probe (one seed, judged on p95)
-    /// wants 20 behind its p95 (400); quick takes the scenario's horizon as it is.
+    /// Window arrivals full mode asks for: each pooled p99 resting on ≥ 20 tail samples
+    /// (2,000 requests over the seeds); a sweep probe (one seed, judged on p95) 20 behind its
+    /// p95 (400). Quick: none (the scenario's window as it is).
     pub fn min_requests(mode: &Mode, seeds: usize, probe: bool) -> usize {
         match (mode.quick, probe) {
             (true, _) => 0,
@@ -683,7 +709,7 @@ async fn sweep(
             let Some(sc) = scenario_at(name, mode, rate * k) else {
                 break;
             };
-            let w = Windows::for_scenario(&sc, &mode, Windows::min_requests(&mode, 1, true));
+            let w = Windows::for_scenario(&sc, &mode, 1, true);
             match run_windowed(&sc, *r, w).await {
                 Ok(o) => {
                     let passed = probe_passes(&o, slo);
@@ -784,11 +810,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     let proto = scs
         .first()
         .map(|sc| {
-            Windows::for_scenario(
-                sc,
-                &cfg.mode,
-                Windows::min_requests(&cfg.mode, seeds.len(), false),
-            )
+            Windows::for_scenario(sc, &cfg.mode, seeds.len(), false)
         })
         .map(|w| {
             format!(
@@ -879,8 +901,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             let Some(sc) = scenario_at(name, mode, entry.offered_rps * k) else {
                 continue;
             };
-            let w =
-                Windows::for_scenario(&sc, &mode, Windows::min_requests(&mode, seeds.len(), false));
+            let w = Windows::for_scenario(&sc, &mode, seeds.len(), false);
             windows = Some(w);
             let mut wl = sc.workload.clone();
             wl.horizon = w.warmup + w.window + w.tail;
@@ -995,13 +1016,9 @@ const RUN_OVERHEAD_S: f64 = 6.0;
 pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: usize) -> String {
     let (mut runs, mut probes, mut secs) = (0usize, 0usize, 0.0);
     for sc in scs {
-        let w = Windows::for_scenario(
-            sc,
-            &cfg.mode,
-            Windows::min_requests(&cfg.mode, seeds, false),
-        );
+        let w = Windows::for_scenario(sc, &cfg.mode, seeds, false);
         let per = (w.warmup + w.window + w.tail).as_secs_f64() + RUN_OVERHEAD_S;
-        let wp = Windows::for_scenario(sc, &cfg.mode, Windows::min_requests(&cfg.mode, 1, true));
+        let wp = Windows::for_scenario(sc, &cfg.mode, 1, true);
         let per_probe = (wp.warmup + wp.window + wp.tail).as_secs_f64() + RUN_OVERHEAD_S;
         let n = routers
             .iter()
@@ -1311,21 +1328,40 @@ mod tests {
         sc.warmup = Duration::from_secs(10);
         sc.workload.horizon = Duration::from_secs(50);
         sc.rate_rps = 7.2;
-        let w = Windows::for_scenario(&sc, &m(false, 2.0), 0);
-        assert_eq!(w.warmup, Duration::from_secs(10));
-        assert_eq!(w.window, Duration::from_secs(40));
-        // The tail is 5 emulated seconds: 2.5 s at speed-up 2.
-        assert_eq!(w.tail, Duration::from_millis(2500));
+        // Quick: the scenario's window; tail 2 emulated s = 1 s at speed-up 2.
+        let q = Windows::for_scenario(&sc, &m(true, 2.0), 1, false);
         assert_eq!(
-            Windows::for_scenario(&sc, &m(true, 2.0), 0).tail,
-            Duration::from_secs(1)
+            (q.warmup, q.window, q.tail),
+            (
+                Duration::from_secs(10),
+                Duration::from_secs(40),
+                Duration::from_secs(1)
+            )
         );
-        // Lengthened until the window holds enough arrivals: 400 at 7.2 req/s = 55.6 s.
-        let w = Windows::for_scenario(&sc, &m(false, 2.0), 400);
+        // Full, 5 seeds: 400 arrivals at 7.2 req/s = 55.6 s; tail 5 emulated s = 2.5 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
         assert!((w.window.as_secs_f64() - 400.0 / 7.2).abs() < 1e-6);
+        assert_eq!(w.tail, Duration::from_millis(2500));
+        // 2 seeds would need 139 s: capped at the budget's 60 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 2, false);
+        assert_eq!(w.window.as_secs_f64(), MAX_WINDOW_S);
+        // At least 30 emulated seconds (15 s wall at speed-up 2) even at high rates.
+        sc.rate_rps = 1000.0;
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
+        assert_eq!(w.window, Duration::from_secs(15));
+        // Bursty: whole cycles, ≥ 2 bursts per run with 5 seeds (10 in all), 1 for a probe.
+        sc.workload.arrival = crate::arrivals::Arrival::Bursty {
+            on_rate: 2000.0,
+            off_rate: 10.0,
+            on_s: 5.0,
+            off_s: 10.0,
+        };
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
+        assert_eq!(w.window, Duration::from_secs(30));
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 1, true);
+        assert_eq!(w.window, Duration::from_secs(15));
         assert_eq!(Windows::min_requests(&m(false, 1.0), 5, false), 400);
         assert_eq!(Windows::min_requests(&m(false, 1.0), 1, true), 400);
         assert_eq!(Windows::min_requests(&m(true, 1.0), 5, false), 0);
-        assert_eq!(Windows::whole(&sc).warmup, Duration::ZERO);
     }
 }
