@@ -1325,10 +1325,10 @@ mod tests {
             seed: 1,
         };
         let mut sc = scenario("uniform", m(false, 2.0)).unwrap();
-        // A scenario with a 10 s warm-up and a 40 s window at 7.2 req/s (wall clock).
+        // A scenario with a 10 s warm-up and a 40 s window at 10 req/s (wall clock).
         sc.warmup = Duration::from_secs(10);
         sc.workload.horizon = Duration::from_secs(50);
-        sc.rate_rps = 7.2;
+        sc.rate_rps = 10.0;
         // Quick: the scenario's window; tail 2 emulated s = 1 s at speed-up 2.
         let q = Windows::for_scenario(&sc, &m(true, 2.0), 1, false);
         assert_eq!(
@@ -1339,11 +1339,11 @@ mod tests {
                 Duration::from_secs(1)
             )
         );
-        // Full, 5 seeds: 400 arrivals at 7.2 req/s = 55.6 s; tail 5 emulated s = 2.5 s.
-        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
-        assert!((w.window.as_secs_f64() - 400.0 / 7.2).abs() < 1e-6);
+        // Full, 8 seeds: 250 arrivals at 10 req/s = 25 s; tail 5 emulated s = 2.5 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 8, false);
+        assert!((w.window.as_secs_f64() - 25.0).abs() < 1e-6);
         assert_eq!(w.tail, Duration::from_millis(2500));
-        // 2 seeds would need 139 s: capped at the budget's 45 s.
+        // 2 seeds would need 100 s: capped at the budget's 45 s.
         let w = Windows::for_scenario(&sc, &m(false, 2.0), 2, false);
         assert_eq!(w.window.as_secs_f64(), MAX_WINDOW_S);
         // At least 30 emulated seconds (15 s wall at speed-up 2) even at high rates.
