@@ -232,6 +232,30 @@ pub fn condition_met(
                 .collect();
             (!peaks.is_empty()).then(|| peaks.iter().any(|q| *q >= f64::from(*min_peak)))
         }
+        Condition::MeanKvRatioUnder {
+            router,
+            slow,
+            fast,
+            min_ratio,
+        } => {
+            let d = diags.get(*router)?;
+            let mean_kv = |profile: &str| -> Option<f64> {
+                let suffix = format!("({profile})");
+                let v: Vec<f64> = d
+                    .pods
+                    .iter()
+                    .filter(|(label, _)| label.ends_with(&suffix))
+                    .filter_map(|(_, p)| p.window.kv_mean)
+                    .collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            };
+            let (s, f) = (mean_kv(slow)?, mean_kv(fast)?);
+            if f > 0.0 {
+                Some(s / f >= *min_ratio)
+            } else {
+                Some(s > 0.0)
+            }
+        }
         Condition::AdapterLoadsUnder {
             router,
             min_cpu,
@@ -308,6 +332,40 @@ mod tests {
                 .collect(),
             ..Diagnostics::default()
         }
+    }
+
+    #[test]
+    fn kv_ratio_condition() {
+        let pod = |kv: f64| PodDiag {
+            share: 0.25,
+            window: PodWindow {
+                kv_mean: Some(kv),
+                ..PodWindow::default()
+            },
+        };
+        let mut rr = Diagnostics::default();
+        rr.pods.insert("pod0 (h100)".into(), pod(0.1));
+        rr.pods.insert("pod1 (h100)".into(), pod(0.2));
+        rr.pods.insert("pod2 (a10g)".into(), pod(0.5));
+        rr.pods.insert("pod3 (a10g)".into(), pod(0.4));
+        let mut d = BTreeMap::new();
+        d.insert("round_robin".to_string(), rr);
+        let c = |min_ratio| Condition::MeanKvRatioUnder {
+            router: "round_robin",
+            slow: "a10g",
+            fast: "h100",
+            min_ratio,
+        };
+        // 0.45 / 0.15 = 3.
+        assert_eq!(condition_met(&c(2.9), &d, f64::NAN), Some(true));
+        assert_eq!(condition_met(&c(3.1), &d, f64::NAN), Some(false));
+        let other = Condition::MeanKvRatioUnder {
+            router: "round_robin",
+            slow: "a10g",
+            fast: "h100-70b",
+            min_ratio: 1.0,
+        };
+        assert_eq!(condition_met(&other, &d, f64::NAN), None);
     }
 
     #[test]

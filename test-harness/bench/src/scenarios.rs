@@ -64,6 +64,18 @@ pub enum Condition {
         /// Smallest peak queue on one such pod.
         min_peak: u32,
     },
+    /// Under `router`, the mean KV use of the `slow` profile's pods is at least `min_ratio`
+    /// times that of the `fast` profile's.
+    MeanKvRatioUnder {
+        /// Router name.
+        router: &'static str,
+        /// Profile of the slower pods.
+        slow: &'static str,
+        /// Profile of the faster pods.
+        fast: &'static str,
+        /// Smallest ratio of the two profiles' mean KV use.
+        min_ratio: f64,
+    },
     /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times and
     /// read from disk at least `min_disk` times (fleet sums).
     AdapterLoadsUnder {
