@@ -9,7 +9,8 @@
 #   ./build.sh test         setup + fmt check + build + clippy (host and wasm) + all tests
 #                           (nextest if installed) incl. `envoy --mode validate` of envoy/*.yaml
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
-#   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve)
+#   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve,
+#                           --serve --router round_robin|least_request|filter)
 #   ./build.sh fmt          cargo fmt --all
 #   ./build.sh clippy       clippy for the host and the wasm target, warnings as errors
 #   ./build.sh wasm         build only the filter .wasm

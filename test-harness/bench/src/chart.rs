@@ -1,10 +1,11 @@
-//! The PNG chart of the report: TTFT p50/p95/p99 per router, one panel per scenario.
+//! The PNG charts of the report: TTFT p50/p95/p99 per router, one panel per scenario; and per
+//! swept scenario the goodput curve (TTFT p95 vs offered rate, one line per router).
 //!
 //! Drawn with plotters' bitmap backend. Text uses DejaVu Sans loaded at run time (Debian
 //! `fonts-dejavu-core`) through plotters' `ab_glyph` feature, so the build needs no fontconfig;
 //! without the font the chart is drawn without text (bars and grid only) and says so.
 
-use crate::report::{Report, ROUTERS, SCENARIOS};
+use crate::report::{GoodputSweep, Report, ROUTERS, SCENARIOS};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
@@ -46,12 +47,17 @@ fn fonts() -> bool {
     })
 }
 
-const COLORS: [RGBColor; 4] = [
-    RGBColor(214, 96, 77),  // round_robin
-    RGBColor(244, 165, 60), // least_request
-    RGBColor(33, 102, 172), // filter
-    RGBColor(90, 174, 97),  // filter_gaie_weights
+const COLORS: [RGBColor; 6] = [
+    RGBColor(214, 96, 77),   // round_robin
+    RGBColor(244, 165, 60),  // least_request
+    RGBColor(140, 86, 75),   // least_request_full
+    RGBColor(150, 150, 150), // weighted_rr
+    RGBColor(33, 102, 172),  // filter
+    RGBColor(90, 174, 97),   // filter_gaie_weights
 ];
+
+/// Short labels under the bars, in [`ROUTERS`] order.
+const SHORT: [&str; 6] = ["RR", "LR", "LR full", "WRR", "filter", "GAIE w"];
 
 fn shade(c: RGBColor, k: usize) -> RGBColor {
     // p50 lightest, p99 full colour.
@@ -94,7 +100,7 @@ pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
                 .map_err(err(path))?;
             head.draw(&Text::new(*r, (x + 24, 50), ("sans-serif", 16).into_font()))
                 .map_err(err(path))?;
-            x += 60 + 9 * r.len() as i32;
+            x += 40 + 9 * r.len() as i32;
         }
         head.draw(&Text::new(
             "bars per router: p50 (light), p95, p99 (dark)",
@@ -210,7 +216,7 @@ fn draw_panel<DB: DrawingBackend>(
                 (gx, top + plot_h + 8),
                 ("sans-serif", 13).into_font(),
             ))?;
-            let short = ["RR", "LR", "filter", "GAIE w"][*i];
+            let short = SHORT[*i];
             panel.draw(&Text::new(
                 short,
                 (gx, top + plot_h + 26),
@@ -221,33 +227,127 @@ fn draw_panel<DB: DrawingBackend>(
     Ok(())
 }
 
+/// Draw the goodput curve of one scenario: TTFT p95 (log scale) vs offered rate, one line per
+/// router, the SLO as a dashed line; probes that failed outright (∞) sit on the top edge.
+/// Returns whether text could be drawn.
+pub fn goodput_chart(scenario: &str, g: &GoodputSweep, path: &Path) -> Result<bool, ChartError> {
+    let text = fonts();
+    let root = BitMapBackend::new(path, (1000, 650)).into_drawing_area();
+    root.fill(&WHITE).map_err(err(path))?;
+    let pts: Vec<(f64, f64)> = g
+        .probes
+        .values()
+        .flatten()
+        .map(|p| (p.rate_rps, p.ttft_p95_ms))
+        .filter(|(r, _)| r.is_finite() && *r > 0.0)
+        .collect();
+    let finite: Vec<f64> = pts
+        .iter()
+        .map(|(_, y)| *y)
+        .chain(std::iter::once(g.slo_ttft_ms))
+        .filter(|y| y.is_finite() && *y > 0.0)
+        .collect();
+    let x_hi = pts.iter().map(|(x, _)| *x).fold(1.0, f64::max) * 1.1;
+    let y_lo = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(1e9)
+        * 0.5;
+    let y_hi = finite.iter().copied().fold(0.0, f64::max).max(y_lo * 10.0) * 3.0;
+    let mut b = ChartBuilder::on(&root);
+    b.margin(20);
+    if text {
+        b.caption(
+            format!(
+                "{scenario}: TTFT p95 vs offered rate (SLO {:.0} ms, dashed)",
+                g.slo_ttft_ms
+            ),
+            ("sans-serif", 22).into_font(),
+        )
+        .x_label_area_size(45)
+        .y_label_area_size(70);
+    }
+    let mut chart = b
+        .build_cartesian_2d(0.0..x_hi, (y_lo.max(1e-3)..y_hi).log_scale())
+        .map_err(err(path))?;
+    if text {
+        chart
+            .configure_mesh()
+            .x_desc("offered rate, req/s")
+            .y_desc("TTFT p95, ms")
+            .label_style(("sans-serif", 14).into_font())
+            .draw()
+            .map_err(err(path))?;
+    }
+    let slo = g.slo_ttft_ms;
+    if slo.is_finite() {
+        let mut x = 0.0;
+        let step = x_hi / 60.0;
+        while x < x_hi {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    vec![(x, slo), ((x + step / 2.0).min(x_hi), slo)],
+                    BLACK.stroke_width(1),
+                )))
+                .map_err(err(path))?;
+            x += step;
+        }
+    }
+    for (i, r) in ROUTERS.iter().enumerate() {
+        let Some(ps) = g.probes.get(*r) else {
+            continue;
+        };
+        let mut line: Vec<(f64, f64)> = ps
+            .iter()
+            .filter(|p| p.rate_rps.is_finite() && !p.ttft_p95_ms.is_nan())
+            .map(|p| (p.rate_rps, p.ttft_p95_ms.min(y_hi)))
+            .collect();
+        line.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let c = COLORS[i];
+        chart
+            .draw_series(std::iter::once(PathElement::new(
+                line.clone(),
+                c.stroke_width(2),
+            )))
+            .map_err(err(path))?;
+        let legend = chart
+            .draw_series(
+                line.iter()
+                    .map(|(x, y)| Circle::new((*x, *y), 4, c.filled())),
+            )
+            .map_err(err(path))?;
+        if text {
+            legend.label(*r).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+            });
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14).into_font())
+            .draw()
+            .map_err(err(path))?;
+    }
+    root.present().map_err(err(path))?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::stats::Summary;
-    use std::collections::BTreeMap;
 
     fn summary(p: f64) -> Summary {
         Summary {
             ttft_p50_ms: p,
             ttft_p95_ms: p * 3.0,
             ttft_p99_ms: p * 5.0,
-            e2e_p95_ms: 1.0,
-            throughput_rps: 1.0,
-            output_tokens_per_s: 1.0,
             requests: 1,
-            errors: 0,
-            ttft_mean_ms: p,
-            e2e_p50_ms: 1.0,
-            e2e_p99_ms: 1.0,
-            itl_p50_ms: 1.0,
-            itl_p95_ms: 1.0,
-            itl_p99_ms: 1.0,
-            errors_by_status: BTreeMap::new(),
-            pod_share: BTreeMap::new(),
-            duration_s: 1.0,
-            max_send_lag_ms: 0.0,
-            extra: BTreeMap::new(),
+            ..Summary::default()
         }
     }
 
@@ -255,7 +355,7 @@ mod tests {
     fn writes_a_png() {
         let mut rep = Report::default();
         for s in ["mixed_gpu", "bursty", "uniform", "lora"] {
-            let mut m = BTreeMap::new();
+            let mut m = crate::report::ScenarioResult::default();
             for (i, r) in ROUTERS.iter().enumerate() {
                 m.insert(r.to_string(), summary(10.0 * (i as f64 + 1.0)));
             }
@@ -270,6 +370,31 @@ mod tests {
         ttft_chart(&rep, &path).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
+        // The goodput curve, with an unbounded (∞) probe.
+        let probe = |rate: f64, p95: f64| crate::report::Probe {
+            rate_rps: rate,
+            ttft_p95_ms: p95,
+            error_rate: 0.0,
+            passed: p95 <= 1000.0,
+            invalid: None,
+        };
+        let mut g = GoodputSweep {
+            slo_ttft_ms: 1000.0,
+            ..GoodputSweep::default()
+        };
+        g.probes.insert(
+            "round_robin".into(),
+            vec![
+                probe(4.0, 300.0),
+                probe(8.0, f64::INFINITY),
+                probe(5.6, 900.0),
+            ],
+        );
+        g.probes
+            .insert("filter".into(), vec![probe(4.0, 200.0), probe(8.0, 400.0)]);
+        let gpath = dir.join("goodput.png");
+        goodput_chart("mixed_gpu", &g, &gpath).unwrap();
+        assert_eq!(&std::fs::read(&gpath).unwrap()[1..4], b"PNG");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,17 +1,19 @@
 //! `bench demo`: the mixed-GPU scenario under round robin, then under the filter, side by side;
-//! `bench demo --serve`: the same stack with the filter, left running for the user's own client.
+//! `bench demo --serve [--router NAME]`: the same stack with the named router (default the
+//! filter), left running so any client (inference-perf, guidellm, vllm bench) can compare
+//! routers without this repository's load generator.
 
 use crate::report::{check_targets, Machine, Report};
-use crate::runner::{envoy_version, run_one, write_outputs, RunError};
+use crate::runner::{
+    envoy_version, run_windowed, scenario_ratios, write_outputs, RunError, Windows,
+};
 use crate::scenarios::{scenario, Mode};
 use crate::stack::{
-    plugin_config, start_pods, start_sidecar, wait_snapshot, RouterKind, Stack, CLUSTER, MODEL,
-    POOL,
+    envoy_spec, start_pods, start_sidecar, wait_snapshot, RouterKind, Stack, MODEL,
 };
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
-use testkit::{EnvoySpec, Router};
 
 /// Errors of the demo.
 #[derive(Debug, thiserror::Error)]
@@ -92,26 +94,34 @@ pub async fn run_demo(out: &Path, seed: u64) -> Result<Report, DemoError> {
             "demo: mixed_gpu, 30 s of arrivals per router".into(),
         ),
         mode: "demo".into(),
+        protocol: "Demo: one seed, no warm-up (cold pods), the whole 30 s of arrivals is the window; intervals are within-run only (paired request bootstrap) and understate run-to-run variance.".into(),
+        seeds: vec![seed],
         ..Report::default()
     };
+    let mut runs = std::collections::BTreeMap::new();
     for r in [RouterKind::RoundRobin, RouterKind::Filter] {
         eprintln!(
             "demo: mixed GPU fleet (2 H100 + 2 A10G) under {} for ~30 s ...",
             r.name()
         );
-        let (sum, _) = run_one(&sc, r).await.map_err(DemoError::Start)?;
+        let o = run_windowed(&sc, r, Windows::whole(&sc))
+            .await
+            .map_err(DemoError::Start)?;
         rep.scenarios
             .entry("mixed_gpu".into())
             .or_default()
-            .insert(r.name().into(), sum);
+            .insert(r.name().into(), o.summary.clone());
+        runs.insert(r.name(), vec![o]);
     }
-    rep.targets = check_targets(&rep.scenarios);
+    // One seed: the intervals are within-run only (the report's protocol line says so).
+    rep.ratios = scenario_ratios("mixed_gpu", &runs, 500);
+    rep.targets = check_targets(&rep.scenarios, &rep.ratios);
     write_outputs(&rep, out, "demo")?;
     Ok(rep)
 }
 
-/// Start the demo stack with the filter and keep it until Ctrl-C or SIGTERM.
-pub async fn serve(port: u16) -> Result<(), DemoError> {
+/// Start the demo stack with `router` and keep it until Ctrl-C or SIGTERM.
+pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
     let mode = Mode {
         quick: false,
         speedup: 1.0,
@@ -126,30 +136,45 @@ pub async fn serve(port: u16) -> Result<(), DemoError> {
     } else {
         0
     };
-    let mut spec = EnvoySpec::new(Router::Filter)
-        .pool(POOL, CLUSTER, pods.addrs.clone())
-        .plugin_config(plugin_config(&[], false))
-        .concurrency(2);
-    spec.name = "demo-envoy".into();
+    let mut spec = envoy_spec(router, &sc.fleet, &pods.addrs, &sc.adapters);
+    spec.name = format!("demo-envoy-{}", router.name());
     spec.listen_port = listen;
     let envoy = spec
         .start()
         .await
         .map_err(|e| DemoError::Start(e.to_string()))?;
-    let sidecar = start_sidecar(envoy.push_addr(), &pods.addrs)
-        .await
-        .map_err(|e| DemoError::Start(e.to_string()))?;
+    let sidecar = if router.uses_filter() {
+        Some(
+            start_sidecar(envoy.push_addr(), &pods.addrs)
+                .await
+                .map_err(|e| DemoError::Start(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let stack = Stack {
-        router: RouterKind::Filter,
+        router,
         pods,
         envoy,
-        sidecar: Some(sidecar),
+        sidecar,
     };
-    if let Err(e) = wait_snapshot(&stack, Duration::from_secs(15)).await {
-        eprintln!("demo: warning: {e} (the filter falls back until the first snapshot arrives)");
+    if router.uses_filter() {
+        if let Err(e) = wait_snapshot(&stack, Duration::from_secs(15)).await {
+            eprintln!(
+                "demo: warning: {e} (the filter falls back until the first snapshot arrives)"
+            );
+        }
     }
     let l = stack.envoy.listen_addr;
-    println!("wasm-llm-router demo is running (Envoy + filter + sidecar + 4 emulated pods).");
+    println!(
+        "wasm-llm-router demo is running: Envoy with router `{}`{} + 4 emulated pods.",
+        router.name(),
+        if router.uses_filter() {
+            " (the filter, fed by the sidecar)"
+        } else {
+            " (plain Envoy)"
+        }
+    );
     println!("  OpenAI base URL: http://{l}/v1");
     println!("  model:           {MODEL}");
     println!(
@@ -163,10 +188,12 @@ pub async fn serve(port: u16) -> Result<(), DemoError> {
             .join(", ")
     );
     println!("  Envoy admin:     http://{}/", stack.envoy.admin_addr);
-    println!(
-        "  router state:    curl http://{}/__llm_router/state   (internal listener, loopback)",
-        stack.envoy.push_addr()
-    );
+    if router.uses_filter() {
+        println!(
+            "  router state:    curl http://{}/__llm_router/state   (internal listener, loopback)",
+            stack.envoy.push_addr()
+        );
+    }
     println!("  try: curl http://{l}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":16}}'");
     println!("Ctrl-C or SIGTERM stops everything.");
     let term = async {

@@ -22,6 +22,9 @@ pub struct RunOptions {
     pub drain: Duration,
     /// Upper bound on any single request.
     pub request_timeout: Duration,
+    /// When arrival offset 0 is (so a caller can schedule work at fixed offsets, e.g. the
+    /// measurement window's start); `None` = 50 ms from now.
+    pub start: Option<Instant>,
 }
 
 /// One request's measurement plus what was asked.
@@ -73,7 +76,9 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
         })?;
     let client = http_client();
     let headers = Arc::new(opts.headers.clone());
-    let start = Instant::now() + Duration::from_millis(50);
+    let start = opts
+        .start
+        .unwrap_or_else(|| Instant::now() + Duration::from_millis(50));
     let last_at = reqs.iter().map(|r| r.at).max().unwrap_or_default();
     let cut = start + last_at + opts.drain;
     let mut set = JoinSet::new();

@@ -26,15 +26,32 @@ enum Cmd {
         /// Only these scenarios (repeatable): mixed_gpu bursty shared_prefix lora uniform long_prompt.
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
-        /// Only these routers (repeatable): round_robin least_request filter filter_gaie_weights.
+        /// Only these routers (repeatable): round_robin least_request least_request_full
+        /// weighted_rr filter (default set) and filter_gaie_weights (extra).
         #[arg(long = "router")]
         routers: Vec<String>,
-        /// Emulator speed-up (rates scale with it).
-        #[arg(long, default_value_t = 1.0)]
-        speedup: f64,
-        /// Workload seed.
+        /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
+        /// QUICK_SPEEDUP / FULL_SPEEDUP.
+        #[arg(long)]
+        speedup: Option<f64>,
+        /// First workload seed (seeds are SEED, SEED+1, ...).
         #[arg(long, default_value_t = 42)]
         seed: u64,
+        /// Seeds per (scenario, router). Default: 1 quick, 5 full.
+        #[arg(long)]
+        seeds: Option<usize>,
+        /// Goodput sweep for these scenarios (repeatable). Default: none quick; mixed_gpu full.
+        #[arg(long = "sweep")]
+        sweep: Vec<String>,
+        /// No goodput sweep at all.
+        #[arg(long, conflicts_with = "sweep")]
+        no_sweep: bool,
+        /// Bootstrap replicates per ratio. Default: 500 quick, 1000 full.
+        #[arg(long)]
+        reps: Option<usize>,
+        /// Print the run plan and its estimated duration, run nothing.
+        #[arg(long)]
+        plan: bool,
         /// Skip the overhead bench.
         #[arg(long)]
         no_overhead: bool,
@@ -83,6 +100,10 @@ enum Cmd {
         /// Listener port for --serve (a free one if taken).
         #[arg(long, default_value_t = 10000)]
         port: u16,
+        /// Router for --serve: round_robin, least_request, least_request_full, weighted_rr,
+        /// filter (default) or filter_gaie_weights.
+        #[arg(long, default_value = "filter")]
+        router: String,
     },
 }
 
@@ -108,20 +129,52 @@ fn main() -> ExitCode {
                 routers,
                 speedup,
                 seed,
+                seeds,
+                sweep,
+                no_sweep,
+                reps,
+                plan,
                 no_overhead,
             } => {
                 let partial = !scenarios.is_empty() || !routers.is_empty();
-                let cfg = BenchConfig {
-                    mode: Mode {
-                        quick,
-                        speedup,
-                        seed,
-                    },
-                    scenarios,
-                    routers,
-                    overhead: !no_overhead && !partial,
-                    out_dir: out_dir.clone(),
+                let mode = Mode {
+                    quick,
+                    speedup: speedup.unwrap_or(if quick {
+                        bench::scenarios::QUICK_SPEEDUP
+                    } else {
+                        bench::scenarios::FULL_SPEEDUP
+                    }),
+                    seed,
                 };
+                let mut cfg = BenchConfig::defaults(mode, out_dir.clone());
+                cfg.seeds = seeds.unwrap_or(cfg.seeds);
+                cfg.bootstrap_reps = reps.unwrap_or(cfg.bootstrap_reps);
+                if no_sweep {
+                    cfg.sweep.clear();
+                } else if !sweep.is_empty() {
+                    cfg.sweep = sweep;
+                }
+                if !scenarios.is_empty() {
+                    cfg.sweep.retain(|s| scenarios.contains(s));
+                }
+                cfg.scenarios = scenarios;
+                cfg.routers = routers;
+                cfg.overhead = !no_overhead && !partial;
+                if plan {
+                    return match bench::runner::select(&cfg) {
+                        Ok((scs, routers)) => {
+                            println!(
+                                "{}",
+                                bench::runner::plan(&cfg, &scs, &routers, cfg.seeds.max(1))
+                            );
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("bench: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
+                }
                 let stem = match (quick, partial) {
                     (true, false) => "quick",
                     (false, false) => "latest",
@@ -216,9 +269,20 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            Cmd::Demo { serve, port } => {
+            Cmd::Demo {
+                serve,
+                port,
+                router,
+            } => {
                 if serve {
-                    match bench::demo::serve(port).await {
+                    let Some(router) = bench::stack::RouterKind::from_name(&router) else {
+                        eprintln!(
+                            "demo: unknown router {router:?} (known: {})",
+                            bench::stack::RouterKind::names().join(", ")
+                        );
+                        return ExitCode::FAILURE;
+                    };
+                    match bench::demo::serve(port, router).await {
                         Ok(()) => ExitCode::SUCCESS,
                         Err(e) => {
                             eprintln!("demo: {e}");

@@ -6,6 +6,7 @@
 //! through an LRU of `max_loras` slots (marked `adapter_loads_estimated`).
 
 use crate::loadgen::Sample;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -52,6 +53,106 @@ pub async fn scrape(pods: &[SocketAddr]) -> BTreeMap<String, f64> {
         }
     }
     total
+}
+
+/// Scrape every pod once; one map per pod, in the order given (empty when a pod did not answer).
+pub async fn scrape_each(pods: &[SocketAddr]) -> Vec<BTreeMap<String, f64>> {
+    let mut out = Vec::with_capacity(pods.len());
+    for p in pods {
+        out.push(match testkit::get(*p, "/metrics", &[]).await {
+            Ok(r) if r.status == 200 => sum_metrics(&r.text()),
+            _ => BTreeMap::new(),
+        });
+    }
+    out
+}
+
+/// `POST /admin/stats/reset` on every pod (resets the emulator's `*_max` gauges at the window
+/// start); true when every pod accepted it.
+pub async fn reset_stats(pods: &[SocketAddr]) -> bool {
+    let mut all = true;
+    for p in pods {
+        let ok = matches!(
+            testkit::post_bytes(*p, "/admin/stats/reset", &[], Vec::<u8>::new()).await,
+            Ok(r) if (200..300).contains(&r.status)
+        );
+        all &= ok;
+    }
+    all
+}
+
+/// One pod over the measurement window, from its metrics at the window start (`m0`, just after
+/// the `*_max` gauges were reset) and end (`m1`); counters are differenced. `None` = the pod
+/// does not export that metric.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PodWindow {
+    /// Peak KV-cache use in the window, 0..=1 (`model_sim:kv_usage_perc_max`).
+    pub kv_peak: Option<f64>,
+    /// Mean KV-cache use over the window, 0..=1 (Δ`model_sim:kv_usage_perc_seconds_sum` ÷ Δwall).
+    pub kv_mean: Option<f64>,
+    /// Peak waiting queue (`model_sim:num_requests_waiting_max`).
+    pub queue_peak: Option<f64>,
+    /// Preemptions in the window (Δ`vllm:num_preemptions_total`).
+    pub preemptions: Option<f64>,
+    /// Adapter loads into a GPU slot, any source (Δ`model_sim:lora_loads_total`).
+    pub adapter_loads_gpu: Option<f64>,
+    /// The part of those loads that came from disk (Δ`model_sim:lora_disk_loads_total`); the
+    /// rest were swapped in from the CPU cache.
+    pub adapter_loads_disk: Option<f64>,
+    /// Prefix-cache hits ÷ queries in the window (tokens).
+    pub prefix_hit_rate: Option<f64>,
+    /// Mean step lateness in the window, ms (Δlateness sum ÷ Δsteps).
+    pub step_lateness_mean_ms: Option<f64>,
+    /// Worst step lateness since the reset, ms (`model_sim:step_lateness_seconds_max`).
+    pub step_lateness_max_ms: Option<f64>,
+}
+
+fn counter(m: &BTreeMap<String, f64>, name: &str) -> Option<f64> {
+    m.get(name)
+        .or_else(|| m.get(name.trim_end_matches("_total")))
+        .copied()
+}
+
+/// The window figures of one pod (see [`PodWindow`]).
+pub fn pod_window(
+    m0: &BTreeMap<String, f64>,
+    m1: &BTreeMap<String, f64>,
+    wall_s: f64,
+) -> PodWindow {
+    let delta = |name: &str| -> Option<f64> {
+        let b = counter(m1, name)?;
+        Some((b - counter(m0, name).unwrap_or(0.0)).max(0.0))
+    };
+    let hit_rate = match (
+        delta("vllm:prefix_cache_hits_total"),
+        delta("vllm:prefix_cache_queries_total"),
+    ) {
+        (Some(h), Some(q)) if q > 0.0 => Some(h / q),
+        _ => None,
+    };
+    let lateness = match (
+        delta("model_sim:step_lateness_seconds_sum"),
+        delta("model_sim:steps_total"),
+    ) {
+        (Some(l), Some(n)) if n > 0.0 => Some(1000.0 * l / n),
+        (Some(_), Some(_)) => Some(0.0),
+        _ => None,
+    };
+    PodWindow {
+        kv_peak: m1.get("model_sim:kv_usage_perc_max").copied(),
+        kv_mean: delta("model_sim:kv_usage_perc_seconds_sum")
+            .filter(|_| wall_s > 0.0)
+            .map(|v| v / wall_s),
+        queue_peak: m1.get("model_sim:num_requests_waiting_max").copied(),
+        preemptions: delta("vllm:num_preemptions_total"),
+        adapter_loads_gpu: delta("model_sim:lora_loads_total"),
+        adapter_loads_disk: delta("model_sim:lora_disk_loads_total"),
+        prefix_hit_rate: hit_rate,
+        step_lateness_mean_ms: lateness,
+        step_lateness_max_ms: m1
+            .get("model_sim:step_lateness_seconds_max")
+            .map(|v| v * 1000.0),
+    }
 }
 
 /// LRU replay of the adapters each pod served, in send order: misses = estimated loads.
@@ -159,6 +260,30 @@ mod tests {
                 ..Outcome::default()
             },
         }
+    }
+
+    #[test]
+    fn window_figures_difference_counters() {
+        let m0 = sum_metrics(
+            "vllm:num_preemptions_total 3\nvllm:prefix_cache_hits_total 10\nvllm:prefix_cache_queries_total 20\nmodel_sim:steps_total 100\nmodel_sim:step_lateness_seconds_sum 0.5\nmodel_sim:kv_usage_perc_seconds_sum 4\nmodel_sim:lora_loads_total 2\n",
+        );
+        let m1 = sum_metrics(
+            "vllm:num_preemptions_total 5\nvllm:prefix_cache_hits_total 40\nvllm:prefix_cache_queries_total 80\nmodel_sim:steps_total 300\nmodel_sim:step_lateness_seconds_sum 0.9\nmodel_sim:kv_usage_perc_seconds_sum 9\nmodel_sim:kv_usage_perc_max 0.8\nmodel_sim:num_requests_waiting_max 7\nmodel_sim:step_lateness_seconds_max 0.012\nmodel_sim:lora_loads_total 6\nmodel_sim:lora_disk_loads_total 1\n",
+        );
+        let w = pod_window(&m0, &m1, 10.0);
+        assert_eq!(w.preemptions, Some(2.0));
+        assert_eq!(w.prefix_hit_rate, Some(0.5));
+        assert!((w.step_lateness_mean_ms.unwrap() - 2.0).abs() < 1e-9);
+        assert!((w.step_lateness_max_ms.unwrap() - 12.0).abs() < 1e-9);
+        assert_eq!(w.kv_mean, Some(0.5));
+        assert_eq!(w.kv_peak, Some(0.8));
+        assert_eq!(w.queue_peak, Some(7.0));
+        assert_eq!(w.adapter_loads_gpu, Some(4.0));
+        // A counter that appears during the window counts from zero.
+        assert_eq!(w.adapter_loads_disk, Some(1.0));
+        // A pod without the emulator's extras: unknown, not zero.
+        let bare = pod_window(&BTreeMap::new(), &BTreeMap::new(), 10.0);
+        assert_eq!(bare, PodWindow::default());
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! The benchmark report: the JSON contract, the Markdown tables and the targets check.
 //!
 //! Figures come only from [`Summary`]s computed from measured samples. Ratios are
-//! router / baseline for the same scenario in the same run; the targets are the anchors' results
-//! from the issue, checked as they are, never adjusted to the filter.
+//! router / baseline for the same scenario and the same seeds, each with a bootstrap 95 %
+//! interval (see `confidence.rs`); a target counts as met only when the interval's worse end
+//! meets it. The targets are the anchors' results from the issue, checked as they are, never
+//! adjusted to the filter.
 
 use crate::stats::Summary;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::{Deref, DerefMut};
 
 /// Scenario names, in the order of the tables.
 pub const SCENARIOS: [&str; 6] = [
@@ -19,14 +22,131 @@ pub const SCENARIOS: [&str; 6] = [
     "long_prompt",
 ];
 /// Router names, in the order of the tables.
-pub const ROUTERS: [&str; 4] = [
+pub const ROUTERS: [&str; 6] = [
     "round_robin",
     "least_request",
+    "least_request_full",
+    "weighted_rr",
     "filter",
     "filter_gaie_weights",
 ];
 /// The routers whose results are checked against the targets.
 pub const CHECKED_ROUTERS: [&str; 2] = ["filter", "filter_gaie_weights"];
+/// The baselines (Envoy's own balancers).
+pub const BASELINES: [&str; 4] = [
+    "round_robin",
+    "least_request",
+    "least_request_full",
+    "weighted_rr",
+];
+/// The error-rate gate: above it a router's figures do not meet any target.
+pub const MAX_ERROR_RATE: f64 = 0.01;
+
+/// One probe of a goodput sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Probe {
+    /// Offered rate, req/s of emulated time.
+    pub rate_rps: f64,
+    /// TTFT p95 in the window, ms (failures +∞, written as null).
+    pub ttft_p95_ms: f64,
+    /// Failed ÷ sent.
+    pub error_rate: f64,
+    /// TTFT p95 ≤ SLO and errors ≤ 1 % (and the run valid).
+    pub passed: bool,
+    /// Why the run was invalid, if it was (an invalid probe counts as not passed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<String>,
+}
+
+/// A scenario's goodput sweep.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GoodputSweep {
+    /// The TTFT p95 SLO, ms.
+    pub slo_ttft_ms: f64,
+    /// The seed the sweep used.
+    pub seed: u64,
+    /// Every probe per router, in probe order.
+    pub probes: BTreeMap<String, Vec<Probe>>,
+    /// filter ÷ round robin goodput.
+    pub filter_vs_round_robin: Option<f64>,
+    /// filter ÷ the best baseline's goodput.
+    pub filter_vs_best_baseline: Option<f64>,
+    /// The baseline with the highest goodput.
+    pub best_baseline: Option<String>,
+}
+
+/// One scenario: router → figures (flattened, the original contract), plus the scenario's own
+/// keys.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ScenarioResult {
+    /// router → figures.
+    #[serde(flatten)]
+    pub routers: BTreeMap<String, Summary>,
+    /// What a perfect router could reach (TTFT p95, ms; null = not stated).
+    pub floor_ms: f64,
+    /// TTFT p95 SLO for goodput, ms.
+    pub slo_ttft_ms: f64,
+    /// The anchor condition checked.
+    pub condition: String,
+    /// Whether it occurred (null = could not be checked). When false the scenario is invalid:
+    /// its targets are not judged.
+    pub condition_met: Option<bool>,
+    /// Share of the window's requests that are cold first reads of a long prefix.
+    pub cold_read_fraction: Option<f64>,
+    /// Offered rate of the fixed-load runs, req/s of emulated time.
+    pub offered_rps: f64,
+    /// Where that rate comes from.
+    pub load_basis: String,
+    /// The scenario's card (Markdown: fleet, rates, anchor, check, floor).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub card: String,
+    /// The goodput sweep, if the scenario had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<GoodputSweep>,
+}
+
+impl Deref for ScenarioResult {
+    type Target = BTreeMap<String, Summary>;
+    fn deref(&self) -> &Self::Target {
+        &self.routers
+    }
+}
+
+impl DerefMut for ScenarioResult {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.routers
+    }
+}
+
+/// How wide the intervals of one metric came out.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CiWidth {
+    /// Ratios with a finite interval.
+    pub ratios: usize,
+    /// Median relative width.
+    pub median: f64,
+    /// Widest relative width.
+    pub widest: f64,
+}
+
+/// A ratio router ÷ baseline of one metric in one scenario, with its bootstrap interval.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RatioRow {
+    /// Scenario.
+    pub scenario: String,
+    /// Router.
+    pub router: String,
+    /// Baseline router.
+    pub baseline: String,
+    /// Metric (JSON name).
+    pub metric: String,
+    /// Point estimate (pooled over the seeds).
+    pub ratio: Option<f64>,
+    /// Bootstrap 95 % interval.
+    pub ci95: Option<[f64; 2]>,
+    /// Seeds both routers had valid runs for.
+    pub seeds: usize,
+}
 
 /// The machine the figures were measured on.
 #[derive(Debug, Clone, Serialize, Default)]
@@ -131,8 +251,16 @@ pub struct Report {
     pub machine: Machine,
     /// `quick` or `full`.
     pub mode: String,
-    /// scenario → router → figures.
-    pub scenarios: BTreeMap<String, BTreeMap<String, Summary>>,
+    /// How runs were measured (warm-up, windows, speed-up, seeds, bootstrap).
+    pub protocol: String,
+    /// Workload seeds of the fixed-load runs.
+    pub seeds: Vec<u64>,
+    /// scenario → router → figures (and the scenario's own keys).
+    pub scenarios: BTreeMap<String, ScenarioResult>,
+    /// Every ratio with its interval.
+    pub ratios: Vec<RatioRow>,
+    /// Interval widths obtained, per metric: (hi − lo) ÷ ratio over every ratio of the run.
+    pub ci_widths: BTreeMap<String, CiWidth>,
     /// Every target checked, met or not.
     pub targets: Vec<TargetResult>,
     /// The filter's own cost in front of an instant backend.
@@ -163,6 +291,14 @@ impl Bound {
             Bound::AtMost(b) => r <= b,
             Bound::AtLeast(b) => r >= b,
             Bound::Within(b) => (r - 1.0).abs() <= b,
+        }
+    }
+    /// Whether the whole interval meets the bound (its worse end does).
+    pub fn holds_ci(&self, ci: [f64; 2]) -> bool {
+        match *self {
+            Bound::AtMost(_) => self.holds(ci[1]),
+            Bound::AtLeast(_) => self.holds(ci[0]),
+            Bound::Within(_) => self.holds(ci[0]) && self.holds(ci[1]),
         }
     }
     fn text(&self) -> String {
@@ -264,9 +400,12 @@ pub struct TargetResult {
     pub baseline: String,
     /// router / baseline (None when either side is missing, zero or NaN).
     pub ratio: Option<f64>,
+    /// Bootstrap 95 % interval of the ratio.
+    pub ci95: Option<[f64; 2]>,
     /// The bound as text.
     pub target: String,
-    /// Met, missed, or not measured (None).
+    /// Met (the interval's worse end meets the bound), missed, or not judged (None: not
+    /// measured, no interval, or the scenario's condition did not occur).
     pub met: Option<bool>,
     /// A remark, e.g. a latency better than round robin beyond a "±" band (a literal miss of
     /// the band, not a loss).
@@ -284,14 +423,16 @@ pub fn metric(s: &Summary, name: &str) -> Option<f64> {
         "throughput_rps" => s.throughput_rps,
         "output_tokens_per_s" => s.output_tokens_per_s,
         "itl_p50_ms" => s.itl_p50_ms,
+        "error_rate" => s.error_rate,
         other => *s.extra.get(other)?,
     };
-    v.is_finite().then_some(v)
+    // +∞ (failures in a percentile) is a value; NaN (nothing measured) is not.
+    (!v.is_nan()).then_some(v)
 }
 
 /// router / baseline of a metric, when both are measured and the baseline is not zero.
 pub fn ratio(
-    scenarios: &BTreeMap<String, BTreeMap<String, Summary>>,
+    scenarios: &BTreeMap<String, ScenarioResult>,
     scenario: &str,
     router: &str,
     baseline: &str,
@@ -300,31 +441,78 @@ pub fn ratio(
     let rs = scenarios.get(scenario)?;
     let a = metric(rs.get(router)?, name)?;
     let b = metric(rs.get(baseline)?, name)?;
-    if b == 0.0 {
-        // Both zero (e.g. no adapter loads at all) is "as good as"; otherwise undefined.
-        return (a == 0.0).then_some(1.0);
-    }
-    Some(a / b)
+    // Both zero (e.g. no adapter loads at all) is "as good as"; b zero otherwise undefined.
+    crate::confidence::safe_ratio(a, b)
 }
 
-/// Check every target for every checked router present in the results.
-pub fn check_targets(scenarios: &BTreeMap<String, BTreeMap<String, Summary>>) -> Vec<TargetResult> {
+/// The ratio row of (scenario, router, baseline, metric), if computed.
+pub fn find_ratio<'a>(
+    ratios: &'a [RatioRow],
+    scenario: &str,
+    router: &str,
+    baseline: &str,
+    metric: &str,
+) -> Option<&'a RatioRow> {
+    ratios.iter().find(|x| {
+        x.scenario == scenario && x.router == router && x.baseline == baseline && x.metric == metric
+    })
+}
+
+/// Check every target for every checked router present in the results. The ratio and its
+/// interval come from `ratios` (else the pooled summaries' ratio, with no interval); a target is
+/// met only when the interval's worse end meets it; not judged when there is no interval or the
+/// scenario's condition did not occur; missed when the router's error rate is above 1 %.
+pub fn check_targets(
+    scenarios: &BTreeMap<String, ScenarioResult>,
+    ratios: &[RatioRow],
+) -> Vec<TargetResult> {
     let mut out = Vec::new();
     for t in targets() {
         let Some(rs) = scenarios.get(t.scenario) else {
             continue;
         };
         for router in CHECKED_ROUTERS {
-            if !rs.contains_key(router) {
+            let Some(sum) = rs.get(router) else {
                 continue;
-            }
-            let r = ratio(scenarios, t.scenario, router, t.baseline, t.metric);
-            let note = match (t.bound, r) {
-                (Bound::Within(b), Some(x)) if x < 1.0 - b => {
+            };
+            let row = find_ratio(ratios, t.scenario, router, t.baseline, t.metric);
+            let (r, ci) = match row {
+                Some(x) => (x.ratio, x.ci95),
+                None => (
+                    ratio(scenarios, t.scenario, router, t.baseline, t.metric),
+                    None,
+                ),
+            };
+            let mut met = match (r, ci) {
+                (None, _) => None,
+                (Some(_), Some(ci)) => Some(t.bound.holds_ci(ci)),
+                (Some(_), None) => None,
+            };
+            let mut note = match (t.bound, r, met) {
+                (Bound::Within(b), Some(x), Some(false)) if x < 1.0 - b => {
                     Some(format!("better than {} beyond the band", t.baseline))
                 }
+                (_, Some(x), None) if t.bound.holds(x) => {
+                    Some("point estimate meets it; no interval".to_string())
+                }
+                (_, Some(_), None) => Some("no interval".to_string()),
                 _ => None,
             };
+            if sum.error_rate > MAX_ERROR_RATE {
+                met = Some(false);
+                note = Some(format!(
+                    "error rate {:.1} % > {:.0} %",
+                    sum.error_rate * 100.0,
+                    MAX_ERROR_RATE * 100.0
+                ));
+            }
+            if rs.condition_met == Some(false) {
+                met = None;
+                note = Some(format!(
+                    "scenario invalid: condition not met ({})",
+                    rs.condition
+                ));
+            }
             out.push(TargetResult {
                 note,
                 scenario: t.scenario.into(),
@@ -332,8 +520,9 @@ pub fn check_targets(scenarios: &BTreeMap<String, BTreeMap<String, Summary>>) ->
                 metric: t.metric.into(),
                 baseline: t.baseline.into(),
                 ratio: r,
+                ci95: ci,
                 target: t.bound.text(),
-                met: r.map(|r| t.bound.holds(r)),
+                met,
             });
         }
     }
@@ -341,7 +530,9 @@ pub fn check_targets(scenarios: &BTreeMap<String, BTreeMap<String, Summary>>) ->
 }
 
 fn fmt_num(v: f64) -> String {
-    if !v.is_finite() {
+    if v == f64::INFINITY {
+        "∞".into()
+    } else if !v.is_finite() {
         "–".into()
     } else if v.abs() >= 100.0 {
         format!("{v:.0}")
@@ -353,7 +544,22 @@ fn fmt_num(v: f64) -> String {
 }
 
 fn fmt_ratio(r: Option<f64>) -> String {
-    r.map_or_else(|| "–".into(), |r| format!("{r:.2}×"))
+    match r {
+        None => "–".into(),
+        Some(r) if r.is_infinite() => "∞".into(),
+        Some(r) => format!("{r:.2}×"),
+    }
+}
+
+fn fmt_ci(ci: Option<[f64; 2]>) -> String {
+    let f = |x: f64| {
+        if x.is_infinite() {
+            "∞".to_string()
+        } else {
+            format!("{x:.2}")
+        }
+    };
+    ci.map_or_else(String::new, |[lo, hi]| format!(" [{}, {}]", f(lo), f(hi)))
 }
 
 fn mark(
@@ -377,7 +583,7 @@ fn mark(
 }
 
 fn ordered(
-    scenarios: &BTreeMap<String, BTreeMap<String, Summary>>,
+    scenarios: &BTreeMap<String, ScenarioResult>,
 ) -> Vec<(&'static str, &'static str, &Summary)> {
     let mut rows = Vec::new();
     for s in SCENARIOS {
@@ -409,20 +615,237 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str) {
     let _ = writeln!(out, " errors |");
     let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(metrics.len()));
     for (s, r, sum) in ordered(&rep.scenarios) {
-        if r == baseline {
+        if r == baseline
+            || !rep
+                .scenarios
+                .get(s)
+                .is_some_and(|x| x.contains_key(baseline))
+        {
             continue;
         }
         let _ = write!(out, "| {s} | {r} |");
         for (_, m) in metrics {
-            let x = ratio(&rep.scenarios, s, r, baseline, m);
+            let (x, ci) = match find_ratio(&rep.ratios, s, r, baseline, m) {
+                Some(row) => (row.ratio, row.ci95),
+                None => (ratio(&rep.scenarios, s, r, baseline, m), None),
+            };
             let _ = write!(
                 out,
-                " {}{} |",
+                " {}{}{} |",
                 fmt_ratio(x),
+                fmt_ci(ci),
                 mark(&rep.targets, s, r, m, baseline)
             );
         }
         let _ = writeln!(out, " {} |", sum.errors);
+    }
+}
+
+fn opt(v: Option<f64>, k: f64, digits: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or_else(|| "–".into(), |x| format!("{:.*}", digits, x * k))
+}
+
+fn scenario_table(out: &mut String, rep: &Report) {
+    if rep.scenarios.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "### Scenarios\n");
+    let _ = writeln!(
+        out,
+        "| scenario | offered req/s | load basis | TTFT SLO ms | floor ms | condition | condition met | cold reads |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    for s in SCENARIOS {
+        let Some(x) = rep.scenarios.get(s) else {
+            continue;
+        };
+        let met = match x.condition_met {
+            Some(true) => "yes",
+            Some(false) => "**no: scenario invalid**",
+            None => "not checked",
+        };
+        let _ = writeln!(
+            out,
+            "| {s} | {} | {} | {} | {} | {} | {met} | {} |",
+            fmt_num(x.offered_rps),
+            x.load_basis,
+            fmt_num(x.slo_ttft_ms),
+            fmt_num(x.floor_ms),
+            x.condition,
+            opt(x.cold_read_fraction, 100.0, 1) + "%"
+        );
+    }
+    let _ = writeln!(out);
+    for s in SCENARIOS {
+        if let Some(x) = rep.scenarios.get(s).filter(|x| !x.card.trim().is_empty()) {
+            let _ = writeln!(out, "**{s}**\n\n{}\n", x.card.trim());
+        }
+    }
+}
+
+fn goodput_table(out: &mut String, rep: &Report) {
+    let swept: Vec<(&str, &GoodputSweep)> = SCENARIOS
+        .iter()
+        .filter_map(|s| Some((*s, rep.scenarios.get(*s)?.goodput.as_ref()?)))
+        .collect();
+    if swept.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "### Goodput (highest offered req/s with TTFT p95 ≤ SLO and errors ≤ 1 %; bisection, one seed)\n"
+    );
+    let _ = write!(out, "| scenario | SLO ms |");
+    for r in ROUTERS {
+        let _ = write!(out, " {r} |");
+    }
+    let _ = writeln!(out, " filter ÷ RR | filter ÷ best baseline |");
+    let _ = writeln!(out, "|---|---|{}---|---|", "---|".repeat(ROUTERS.len()));
+    for (s, g) in swept {
+        let _ = write!(out, "| {s} | {} |", fmt_num(g.slo_ttft_ms));
+        for r in ROUTERS {
+            let v = rep
+                .scenarios
+                .get(s)
+                .and_then(|x| x.get(r))
+                .and_then(|x| x.goodput_rps);
+            let _ = write!(out, " {} |", opt(v, 1.0, 2));
+        }
+        let _ = writeln!(
+            out,
+            " {} | {} ({}) |",
+            fmt_ratio(g.filter_vs_round_robin),
+            fmt_ratio(g.filter_vs_best_baseline),
+            g.best_baseline.as_deref().unwrap_or("–")
+        );
+    }
+    let _ = writeln!(out);
+}
+
+/// Relative widths (hi − lo) ÷ ratio of the intervals obtained, by metric.
+pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, CiWidth> {
+    let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in &rep.ratios {
+        if let (Some(x), Some([lo, hi])) = (r.ratio, r.ci95) {
+            let w = (hi - lo) / x;
+            if w.is_finite() && x > 0.0 {
+                by.entry(r.metric.clone()).or_default().push(w);
+            }
+        }
+    }
+    by.into_iter()
+        .map(|(k, mut v)| {
+            v.sort_by(f64::total_cmp);
+            let median = v[(v.len() - 1) / 2];
+            let widest = v[v.len() - 1];
+            (
+                k,
+                CiWidth {
+                    ratios: v.len(),
+                    median,
+                    widest,
+                },
+            )
+        })
+        .collect()
+}
+
+fn ci_widths(out: &mut String, rep: &Report) {
+    let w = ci_width_summary(rep);
+    if w.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n### Interval widths obtained ((hi − lo) ÷ ratio, over every ratio of the run)\n"
+    );
+    let _ = writeln!(out, "| metric | ratios | median width | widest |");
+    let _ = writeln!(out, "|---|---|---|---|");
+    for (k, c) in w {
+        let _ = writeln!(
+            out,
+            "| {k} | {} | {:.0} % | {:.0} % |",
+            c.ratios,
+            c.median * 100.0,
+            c.widest * 100.0
+        );
+    }
+}
+
+fn diagnostics_table(out: &mut String, rep: &Report) {
+    let rows: Vec<_> = ordered(&rep.scenarios)
+        .into_iter()
+        .filter_map(|(s, r, x)| Some((s, r, x.diagnostics.as_ref()?)))
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n### Diagnostics (measurement window; per pod: share / KV peak / KV mean / queue peak / preemptions / adapter loads GPU (disk) / prefix hit / lateness ms)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| scenario | router | seeds | window requests (p99 tail) | invalid runs | errors by cause | preemptions | adapter loads GPU (disk) | prefix hit | step lateness mean / max ms | pods |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for (s, r, d) in rows {
+        let seeds: Vec<String> = d.seeds.iter().map(u64::to_string).collect();
+        let invalid: Vec<String> = d
+            .invalid_runs
+            .iter()
+            .map(|i| format!("seed {}: {}", i.seed, i.reason))
+            .collect();
+        let errs: Vec<String> = d
+            .errors_by_cause
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect();
+        let pods: Vec<String> = d
+            .pods
+            .iter()
+            .map(|(k, p)| {
+                let w = &p.window;
+                format!(
+                    "{k}: {:.0}% / {} / {} / {} / {} / {} ({}) / {} / {}",
+                    p.share * 100.0,
+                    opt(w.kv_peak, 1.0, 2),
+                    opt(w.kv_mean, 1.0, 2),
+                    opt(w.queue_peak, 1.0, 0),
+                    opt(w.preemptions, 1.0, 0),
+                    opt(w.adapter_loads_gpu, 1.0, 0),
+                    opt(w.adapter_loads_disk, 1.0, 0),
+                    opt(w.prefix_hit_rate, 1.0, 2),
+                    opt(w.step_lateness_mean_ms, 1.0, 1),
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {s} | {r} | {} | {} ({}) | {} | {} ({:.2} %) | {} | {} ({}) | {} | {} / {} | {} |",
+            seeds.join(" "),
+            d.window_requests,
+            d.p99_tail_samples,
+            if invalid.is_empty() {
+                "–".to_string()
+            } else {
+                invalid.join("; ")
+            },
+            if errs.is_empty() {
+                "0".to_string()
+            } else {
+                errs.join(" ")
+            },
+            d.error_rate * 100.0,
+            opt(d.preemptions, 1.0, 1),
+            opt(d.adapter_loads_gpu, 1.0, 1),
+            opt(d.adapter_loads_disk, 1.0, 1),
+            opt(d.prefix_hit_rate, 1.0, 2),
+            opt(d.step_lateness_ms, 1.0, 2),
+            opt(d.step_lateness_max_ms, 1.0, 1),
+            pods.join("<br>")
+        );
     }
 }
 
@@ -437,9 +860,14 @@ pub fn markdown(rep: &Report) -> String {
         "Machine: {} ({} CPUs), kernel {}, Envoy {}, run {}.  \n{}\n",
         m.cpu, m.cpus, m.kernel, m.envoy, m.date_utc, m.setup
     );
+    if !rep.protocol.is_empty() {
+        let _ = writeln!(out, "{}\n", rep.protocol);
+    }
+    scenario_table(&mut out, rep);
+    goodput_table(&mut out, rep);
     let _ = writeln!(
         out,
-        "### Ratios vs round robin (router / round_robin; latency < 1 is better, throughput > 1 is better)\n"
+        "### Ratios vs round robin (router / round_robin [bootstrap 95 % interval]; latency < 1 is better, throughput > 1 is better)\n"
     );
     ratio_table(&mut out, rep, "round_robin");
     let _ = writeln!(
@@ -447,7 +875,11 @@ pub fn markdown(rep: &Report) -> String {
         "\n### Ratios vs least request (router / least_request)\n"
     );
     ratio_table(&mut out, rep, "least_request");
-    let _ = writeln!(out, "\n### Absolute figures\n");
+    ci_widths(&mut out, rep);
+    let _ = writeln!(
+        out,
+        "\n### Absolute figures (failed requests count as ∞ in percentiles)\n"
+    );
     let _ = writeln!(
         out,
         "| scenario | router | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | e2e p95 ms | ITL p50 ms | req/s | out tok/s | requests | errors | extras | pod share |"
@@ -497,24 +929,31 @@ pub fn markdown(rep: &Report) -> String {
         );
         let _ = writeln!(
             out,
-            "| scenario | router | metric | vs | ratio | target | result |"
+            "A target is met only when the interval's worse end meets it.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| scenario | router | metric | vs | ratio [95 % CI] | target | result |"
         );
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
         for t in &rep.targets {
             let res = match (t.met, &t.note) {
                 (Some(true), _) => "met".to_string(),
-                (Some(false), Some(n)) => format!("outside band: {n}"),
+                (Some(false), Some(n)) if n.starts_with("better") => format!("outside band: {n}"),
+                (Some(false), Some(n)) => format!("**MISSED** ({n})"),
                 (Some(false), None) => "**MISSED**".to_string(),
-                (None, _) => "not measured".to_string(),
+                (None, Some(n)) => format!("not judged: {n}"),
+                (None, None) => "not measured".to_string(),
             };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {res} |",
+                "| {} | {} | {} | {} | {}{} | {} | {res} |",
                 t.scenario,
                 t.router,
                 t.metric,
                 t.baseline,
                 fmt_ratio(t.ratio),
+                fmt_ci(t.ci95),
                 t.target
             );
         }
@@ -554,6 +993,7 @@ pub fn markdown(rep: &Report) -> String {
             );
         }
     }
+    diagnostics_table(&mut out, rep);
     if let Some(s) = &rep.sidecar {
         let _ = writeln!(out, "\n### Sidecar cost\n\n```json\n{s:#}\n```");
     }
@@ -602,24 +1042,47 @@ mod tests {
 
     fn report() -> Report {
         let mut scenarios = BTreeMap::new();
-        let mut mixed = BTreeMap::new();
+        let mut mixed = ScenarioResult::default();
         mixed.insert("round_robin".to_string(), run(10.0, 100, 10.0));
         mixed.insert("least_request".to_string(), run(2.0, 100, 10.0));
         mixed.insert("filter".to_string(), run(0.4, 100, 10.0)); // 0.04× RR, 0.2× LR
         mixed.insert("filter_gaie_weights".to_string(), run(1.5, 90, 10.0)); // p95 129 ms = 0.14× RR: miss
         scenarios.insert("mixed_gpu".to_string(), mixed);
-        let mut uni = BTreeMap::new();
+        let mut uni = ScenarioResult::default();
         uni.insert("round_robin".to_string(), run(10.0, 100, 10.0));
         uni.insert("filter".to_string(), run(10.3, 100, 11.1)); // TTFT within 5%, throughput 0.90×: miss
         scenarios.insert("uniform".to_string(), uni);
-        let targets = check_targets(&scenarios);
+        // Tight intervals around each pooled ratio (as a many-seed run would give).
+        let ratios = tight_ratios(&scenarios);
+        let targets = check_targets(&scenarios, &ratios);
         Report {
             machine: Machine::default(),
             mode: "quick".into(),
             scenarios,
+            ratios,
             targets,
             ..Report::default()
         }
+    }
+
+    fn tight_ratios(scenarios: &BTreeMap<String, ScenarioResult>) -> Vec<RatioRow> {
+        let mut out = Vec::new();
+        for t in targets() {
+            for r in CHECKED_ROUTERS {
+                if let Some(x) = ratio(scenarios, t.scenario, r, t.baseline, t.metric) {
+                    out.push(RatioRow {
+                        scenario: t.scenario.into(),
+                        router: r.into(),
+                        baseline: t.baseline.into(),
+                        metric: t.metric.into(),
+                        ratio: Some(x),
+                        ci95: Some([x * 0.999, x * 1.001]),
+                        seeds: 5,
+                    });
+                }
+            }
+        }
+        out
     }
 
     fn find<'a>(t: &'a [TargetResult], s: &str, r: &str, m: &str, b: &str) -> &'a TargetResult {
@@ -654,6 +1117,7 @@ mod tests {
         let th = find(t, "uniform", "filter", "throughput_rps", "round_robin");
         assert!((th.ratio.unwrap() - 10.0 / 11.1).abs() < 1e-9);
         assert_eq!(th.met, Some(false));
+        assert_eq!(f.ci95.unwrap()[1], 0.04 * 1.001);
         // Scenarios not run produce no target rows.
         assert!(t
             .iter()
@@ -683,7 +1147,14 @@ mod tests {
         let g = &v["scenarios"]["mixed_gpu"]["filter_gaie_weights"];
         assert_eq!(g["errors"], 10);
         assert_eq!(g["throughput_rps"], 9.0);
-        assert_eq!(g["ttft_p95_ms"], 1.5 * 86.0);
+        // 10 failed requests count as +∞: p95 is unbounded, written as null.
+        assert!(g["ttft_p95_ms"].is_null());
+        assert_eq!(g["ttft_p50_ms"], 1.5 * 50.0);
+        assert!(g["goodput_rps"].is_null());
+        assert!(v["scenarios"]["mixed_gpu"]["condition_met"].is_null());
+        assert!(v["scenarios"]["mixed_gpu"].get("floor_ms").is_some());
+        let r = &v["ratios"][0];
+        assert!(r["ci95"].is_array() && r["ci95"][0].is_number(), "{r}");
     }
 
     #[test]
@@ -695,13 +1166,14 @@ mod tests {
             .find(|l| l.starts_with("| mixed_gpu | filter |"))
             .unwrap();
         // p50 0.04×, p95 0.04× with a tick, throughput 1.00×.
-        assert!(row.contains("0.04× ✅"), "{row}");
         assert!(row.contains("1.00×"), "{row}");
+        assert!(row.contains("0.04× [0.04, 0.04] ✅"), "{row}");
         let gaie = rr_table
             .lines()
             .find(|l| l.starts_with("| mixed_gpu | filter_gaie_weights |"))
             .unwrap();
-        assert!(gaie.contains("0.14× ❌ miss"), "{gaie}");
+        // 10 % errors: p95 is ∞ and misses.
+        assert!(gaie.contains("∞ [∞, ∞] ❌ miss"), "{gaie}");
         assert!(!rr_table.contains("| mixed_gpu | round_robin |"));
         let abs = md
             .split("### Absolute figures")
@@ -710,20 +1182,136 @@ mod tests {
             .lines()
             .find(|l| l.starts_with("| mixed_gpu | filter_gaie_weights | "))
             .unwrap();
-        // TTFT p50 of the 90 served = 1.5 × 45; p95 = 1.5 × 86; errors by kind.
-        assert!(abs.contains("| 67.5 | 129 |"), "{abs}");
+        // TTFT p50 over 100 requests (10 failed = ∞) = 1.5 × 50; p95 = ∞; errors by kind.
+        assert!(abs.contains("| 75.0 | ∞ |"), "{abs}");
         assert!(abs.contains("| 10 (500:10) |"), "{abs}");
         assert!(md.contains("**MISSED**"));
     }
 
     #[test]
+    fn interval_widths_are_summarised_per_metric() {
+        let mut rep = report();
+        rep.ratios.push(RatioRow {
+            scenario: "uniform".into(),
+            router: "filter".into(),
+            baseline: "round_robin".into(),
+            metric: "ttft_p95_ms".into(),
+            ratio: Some(2.0),
+            ci95: Some([1.0, 3.0]),
+            seeds: 5,
+        });
+        let w = ci_width_summary(&rep);
+        assert_eq!(w["ttft_p95_ms"].ratios, 4);
+        // Three tight rows (width 0.002; the ∞ ratio has no finite width) and one of width 1.0.
+        assert!((w["ttft_p95_ms"].median - 0.002).abs() < 1e-9);
+        assert_eq!(w["ttft_p95_ms"].widest, 1.0);
+        rep.ci_widths = w;
+        let v = serde_json::to_value(&rep).unwrap();
+        assert_eq!(v["ci_widths"]["ttft_p95_ms"]["widest"], 1.0);
+        assert!(markdown(&rep).contains("| ttft_p95_ms | 4 | 0 % | 100 % |"));
+    }
+
+    #[test]
+    fn targets_need_the_worse_end_of_the_interval() {
+        let mut scenarios = BTreeMap::new();
+        let mut mixed = ScenarioResult::default();
+        mixed.insert("round_robin".to_string(), run(10.0, 100, 10.0));
+        mixed.insert("least_request".to_string(), run(1.0, 100, 10.0));
+        mixed.insert("filter".to_string(), run(0.4, 100, 10.0)); // 0.04× RR
+        scenarios.insert("mixed_gpu".to_string(), mixed);
+        let row = |lo: f64, hi: f64| RatioRow {
+            scenario: "mixed_gpu".into(),
+            router: "filter".into(),
+            baseline: "round_robin".into(),
+            metric: "ttft_p95_ms".into(),
+            ratio: Some(0.04),
+            ci95: Some([lo, hi]),
+            seeds: 5,
+        };
+        let p95 = |ratios: &[RatioRow]| {
+            find(
+                &check_targets(&scenarios, ratios),
+                "mixed_gpu",
+                "filter",
+                "ttft_p95_ms",
+                "round_robin",
+            )
+            .clone()
+        };
+        // Point 0.04 meets ≤ 0.05, but the interval reaches 0.06: missed.
+        assert_eq!(p95(&[row(0.03, 0.06)]).met, Some(false));
+        assert_eq!(p95(&[row(0.03, 0.049)]).met, Some(true));
+        // No interval: not judged, whatever the point estimate.
+        let t = p95(&[]);
+        assert_eq!((t.met, t.ratio), (None, Some(0.04)));
+        assert!(t.note.unwrap().contains("no interval"));
+        // Above 1 % errors: missed whatever the latency.
+        let mut bad = scenarios.clone();
+        bad.get_mut("mixed_gpu")
+            .unwrap()
+            .insert("filter".into(), run(0.4, 98, 10.0));
+        let t = find(
+            &check_targets(&bad, &[row(0.03, 0.049)]),
+            "mixed_gpu",
+            "filter",
+            "ttft_p95_ms",
+            "round_robin",
+        )
+        .clone();
+        assert_eq!(t.met, Some(false));
+        assert!(t.note.unwrap().contains("error rate 2.0 %"));
+    }
+
+    #[test]
+    fn a_scenario_whose_condition_failed_is_reported_invalid() {
+        let mut scenarios = BTreeMap::new();
+        let mut b = ScenarioResult {
+            condition: "round_robin preempts".into(),
+            condition_met: Some(false),
+            ..ScenarioResult::default()
+        };
+        b.insert("round_robin".to_string(), run(10.0, 100, 10.0));
+        b.insert("filter".to_string(), run(0.5, 100, 10.0)); // 0.05×: would meet ≤ 0.1×
+        scenarios.insert("bursty".to_string(), b);
+        let row = RatioRow {
+            scenario: "bursty".into(),
+            router: "filter".into(),
+            baseline: "round_robin".into(),
+            metric: "ttft_p99_ms".into(),
+            ratio: Some(0.05),
+            ci95: Some([0.04, 0.06]),
+            seeds: 5,
+        };
+        let t = check_targets(&scenarios, std::slice::from_ref(&row));
+        let p99 = find(&t, "bursty", "filter", "ttft_p99_ms", "round_robin");
+        assert_eq!(p99.met, None);
+        assert!(p99.note.as_deref().unwrap().starts_with("scenario invalid"));
+        let rep = Report {
+            scenarios: scenarios.clone(),
+            targets: t,
+            ..Report::default()
+        };
+        let md = markdown(&rep);
+        assert!(md.contains("**no: scenario invalid**"), "{md}");
+        assert!(md.contains("not judged: scenario invalid"), "{md}");
+        // The same figures with the condition met are judged.
+        scenarios.get_mut("bursty").unwrap().condition_met = Some(true);
+        let t = check_targets(&scenarios, &[row]);
+        assert_eq!(
+            find(&t, "bursty", "filter", "ttft_p99_ms", "round_robin").met,
+            Some(true)
+        );
+    }
+
+    #[test]
     fn better_than_a_band_is_noted_not_called_a_loss() {
         let mut scenarios = BTreeMap::new();
-        let mut uni = BTreeMap::new();
+        let mut uni = ScenarioResult::default();
         uni.insert("round_robin".to_string(), run(10.0, 100, 10.0));
         uni.insert("filter".to_string(), run(8.0, 100, 10.0)); // 0.8×: better than the band
         scenarios.insert("uniform".to_string(), uni);
-        let t = check_targets(&scenarios);
+        let ratios = tight_ratios(&scenarios);
+        let t = check_targets(&scenarios, &ratios);
         let p95 = find(&t, "uniform", "filter", "ttft_p95_ms", "round_robin");
         assert_eq!(p95.met, Some(false));
         assert!(p95.note.as_deref().unwrap().starts_with("better"));

@@ -1,20 +1,27 @@
-//! Runs scenarios × routers and writes the report (JSON, Markdown, PNG) under `target/bench/`.
+//! Runs scenarios × routers × seeds (and the goodput sweeps) and writes the report (JSON,
+//! Markdown, PNGs) under `target/bench/`.
 //!
-//! For every router the same seeded workload is sent to fresh pods through a fresh Envoy; the
-//! CPU time of every process (Envoy, pods, sidecar, this load generator) is recorded so the
-//! report can show that neither Envoy nor the load generator was the bottleneck.
+//! For every router the same seeded workload is sent to fresh pods through a fresh Envoy; each
+//! run has an identical warm-up that is not counted, a measurement window whose arrivals make
+//! the figures, and a tail of arrivals so the window ends under load ([`Windows`]). The CPU time
+//! of every process (Envoy, pods, sidecar, this load generator) is recorded so the report can
+//! show that neither Envoy nor the load generator was the bottleneck.
 
-use crate::loadgen::{run, RunOptions, RunResult};
-use crate::podmetrics;
-use crate::report::{check_targets, markdown, Machine, Report};
-use crate::scenarios::{scenario, Mode, Scenario};
-use crate::stack::{start_stack, RouterKind, MODEL};
+use crate::confidence::{ratio_cis, Bisection, Bootstrap, Obs, RunData, Stat};
+use crate::diagnostics::{condition_met, lateness_check, Diagnostics, InvalidRun, RunView};
+use crate::loadgen::{run, RunOptions, RunResult, Sample};
+use crate::podmetrics::{self, PodWindow};
+use crate::report::{
+    check_targets, markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult,
+};
+use crate::scenarios::{scenario, scenario_at, Mode, Scenario};
+use crate::stack::{heterogeneous, start_stack, RouterKind, MODEL};
 use crate::stats::{summarize, Summary};
 use crate::workload::generate;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Errors of a benchmark run that stop it.
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +74,144 @@ pub fn envoy_version() -> String {
     }
 }
 
-/// One scenario under one router: start the stack, send the workload, summarise, stop.
+/// Longest measurement window of a full-mode run, wall seconds (the budget's cap).
+pub const MAX_WINDOW_S: f64 = 45.0;
+
+/// The measurement protocol of one run, in wall time: a warm-up whose requests are sent but
+/// not counted (identical for every router: same seed, same arrivals), the window whose
+/// arrivals make the figures, and a tail of arrivals after it so window requests finish under
+/// the same load instead of in an emptying system.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Windows {
+    /// Warm-up.
+    pub warmup: Duration,
+    /// Measurement window.
+    pub window: Duration,
+    /// Arrivals after the window (not counted).
+    pub tail: Duration,
+}
+
+impl Windows {
+    /// The benchmark's protocol for a run that is one of `seeds` (or a goodput `probe`): the
+    /// scenario's warm-up (`sc.warmup`, wall clock), then the measurement window, then a tail
+    /// of 2 s (quick) / 5 s (full) of emulated time.
+    ///
+    /// Quick takes the scenario's own window (horizon − warm-up). Full sizes it for the seeds:
+    /// long enough for [`Windows::min_requests`] arrivals at the scenario's mean rate and at
+    /// least 30 emulated seconds, at most [`MAX_WINDOW_S`] wall seconds (the 2-hour budget; the
+    /// report gives the tail samples behind each p99), and for bursty arrivals whole on/off
+    /// cycles with at least ⌈10 ÷ seeds⌉ bursts per run (≥ 10 over the seeds).
+    pub fn for_scenario(sc: &Scenario, mode: &Mode, seeds: usize, probe: bool) -> Self {
+        let s = mode.speedup.max(0.01);
+        let tail = Duration::from_secs_f64(if mode.quick { 2.0 } else { 5.0 } / s);
+        if mode.quick {
+            return Windows {
+                warmup: sc.warmup,
+                window: sc.workload.horizon.saturating_sub(sc.warmup),
+                tail,
+            };
+        }
+        let needed = if sc.rate_rps > 0.0 {
+            Self::min_requests(mode, seeds, probe) as f64 / sc.rate_rps
+        } else {
+            0.0
+        };
+        let mut window = needed.max(30.0 / s).min(MAX_WINDOW_S);
+        if let crate::arrivals::Arrival::Bursty { on_s, off_s, .. } = sc.workload.arrival {
+            let period = on_s + off_s;
+            if period > 0.0 {
+                let min_cycles = if probe {
+                    1.0
+                } else {
+                    (10.0 / seeds.max(1) as f64).ceil()
+                };
+                window = (window / period).ceil().max(min_cycles) * period;
+            }
+        }
+        Windows {
+            warmup: sc.warmup,
+            window: Duration::from_secs_f64(window),
+            tail,
+        }
+    }
+
+    /// Window arrivals full mode asks for: each pooled p99 resting on ≥ 20 tail samples
+    /// (2,000 requests over the seeds); a sweep probe (one seed, judged on p95) 20 behind its
+    /// p95 (400). Quick: none (the scenario's window as it is).
+    pub fn min_requests(mode: &Mode, seeds: usize, probe: bool) -> usize {
+        match (mode.quick, probe) {
+            (true, _) => 0,
+            (false, true) => 400,
+            (false, false) => 2000usize.div_ceil(seeds.max(1)),
+        }
+    }
+
+    /// No warm-up and no tail: the whole horizon is the window (demo, smoke test).
+    pub fn whole(sc: &Scenario) -> Self {
+        Windows {
+            warmup: Duration::ZERO,
+            window: sc.workload.horizon,
+            tail: Duration::ZERO,
+        }
+    }
+}
+
+/// One scenario under one router and one seed, reduced to its measurement window.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// Workload seed.
+    pub seed: u64,
+    /// Figures of the window's requests (pod shares keyed `pod<i> (<profile>)`).
+    pub summary: Summary,
+    /// The window's requests for the bootstrap.
+    pub data: RunData,
+    /// Each pod's window figures, fleet order.
+    pub pods: Vec<(String, PodWindow)>,
+    /// Fleet prefix-cache hits and queries in the window, if exported.
+    pub prefix: Option<(f64, f64)>,
+    /// Whether every pod accepted the stats reset at the window start.
+    pub stats_reset: bool,
+    /// Every sample of the run (warm-up and tail included; wall-clock ms, pod addresses).
+    pub result: RunResult,
+    /// The window's samples (emulated ms, pods labelled `pod<i> (<profile>)`).
+    pub window: Vec<Sample>,
+    /// Why the run is invalid (step lateness), if it is.
+    pub invalid: Option<String>,
+}
+
+impl RunOutcome {
+    /// The view [`Diagnostics::from_runs`] aggregates.
+    pub fn view(&self) -> RunView<'_> {
+        RunView {
+            seed: self.seed,
+            pods: &self.pods,
+            shares: &self.summary.pod_share,
+            requests: self.summary.requests,
+            errors: &self.summary.errors_by_status,
+            prefix: self.prefix,
+            stats_reset: self.stats_reset,
+        }
+    }
+}
+
+/// One scenario under one router: start the stack, send the workload, summarise, stop. The
+/// whole horizon is the window (no warm-up); see [`run_windowed`] for the benchmark protocol.
 pub async fn run_one(sc: &Scenario, router: RouterKind) -> Result<(Summary, RunResult), String> {
+    let o = run_windowed(sc, router, Windows::whole(sc)).await?;
+    Ok((o.summary, o.result))
+}
+
+/// One scenario under one router with the [`Windows`] protocol: the pods' `*_max` gauges are
+/// reset and their counters read at the window start, read again at its end; the figures come
+/// from the requests that arrived inside the window.
+pub async fn run_windowed(
+    sc: &Scenario,
+    router: RouterKind,
+    w: Windows,
+) -> Result<RunOutcome, String> {
+    let mut sc = sc.clone();
+    sc.workload.horizon = w.warmup + w.window + w.tail;
+    sc.workload.max_requests = sc.workload.max_requests.max(1_000_000);
     let reqs = generate(&sc.workload);
     let stack = start_stack(&sc.fleet, router, &sc.adapters)
         .await
@@ -94,71 +237,232 @@ pub async fn run_one(sc: &Scenario, router: RouterKind) -> Result<(Summary, RunR
         .iter()
         .map(|(_, p)| cpu_seconds(p).unwrap_or(0.0))
         .collect();
+    let start = Instant::now() + Duration::from_millis(100);
+    let addrs = stack.pods.addrs.clone();
+    let marks = tokio::spawn(async move {
+        tokio::time::sleep_until((start + w.warmup).into()).await;
+        let reset = podmetrics::reset_stats(&addrs).await;
+        let m0 = podmetrics::scrape_each(&addrs).await;
+        let t0 = Instant::now();
+        tokio::time::sleep_until((start + w.warmup + w.window).into()).await;
+        let m1 = podmetrics::scrape_each(&addrs).await;
+        (reset, m0, m1, t0.elapsed().as_secs_f64())
+    });
     let opts = RunOptions {
         url: stack.chat_url(),
         headers: vec![],
         drain: sc.drain,
         request_timeout: sc.workload.horizon + sc.drain + Duration::from_secs(5),
+        start: Some(start),
     };
-    let result = run(&reqs, &opts).await.map_err(|e| e.to_string());
-    let result = match result {
+    let result = match run(&reqs, &opts).await {
         Ok(r) => r,
         Err(e) => {
+            marks.abort();
             stack.stop();
-            return Err(e);
+            return Err(e.to_string());
         }
     };
+    let (stats_reset, m0, m1, window_wall) = marks
+        .await
+        .unwrap_or_else(|_| (false, vec![], vec![], w.window.as_secs_f64()));
     let mut cpu: BTreeMap<String, f64> = BTreeMap::new();
     for ((k, p), c0) in pids.iter().zip(cpu0) {
         *cpu.entry(k.clone()).or_default() += cpu_seconds(p).unwrap_or(c0) - c0;
     }
-    let metrics = podmetrics::scrape(&stack.pods.addrs).await;
-    let profiles: BTreeMap<String, &str> = stack
+    let labels: BTreeMap<String, String> = stack
         .pods
         .addrs
         .iter()
         .zip(&sc.fleet.pods)
-        .map(|(a, p)| (a.to_string(), p.profile))
+        .enumerate()
+        .map(|(i, (a, p))| (a.to_string(), format!("pod{i} ({})", p.profile)))
+        .collect();
+    let label_list: Vec<String> = stack
+        .pods
+        .addrs
+        .iter()
+        .map(|a| labels.get(&a.to_string()).cloned().unwrap_or_default())
         .collect();
     stack.stop();
-    let mut summary = summarize(&result);
-    // Name each pod's GPU profile next to its address.
-    summary.pod_share = std::mem::take(&mut summary.pod_share)
-        .into_iter()
-        .map(|(k, v)| match profiles.get(&k) {
-            Some(p) => (format!("{k} ({p})"), v),
-            None => (k, v),
+
+    let (from_ms, to_ms) = (
+        w.warmup.as_secs_f64() * 1000.0,
+        (w.warmup + w.window).as_secs_f64() * 1000.0,
+    );
+    // Figures are in emulated time: wall latencies × speed-up, rates ÷ speed-up (so they
+    // compare with the scenario's rates and SLO whatever the speed-up).
+    let k = sc.fleet.speedup.max(0.01);
+    let window_samples: Vec<Sample> = result
+        .samples
+        .iter()
+        .filter(|s| s.at_ms >= from_ms && s.at_ms < to_ms)
+        .cloned()
+        .map(|mut s| {
+            if let Some(p) = s.outcome.pod.take() {
+                s.outcome.pod = Some(labels.get(&p).cloned().unwrap_or(p));
+            }
+            s.outcome.ttft_ms = s.outcome.ttft_ms.map(|t| t * k);
+            s.outcome.e2e_ms *= k;
+            s.outcome.itl_ms.iter_mut().for_each(|t| *t *= k);
+            s
         })
         .collect();
-    let max_loras = sc
-        .fleet
-        .pods
-        .first()
-        .and_then(|p| p.max_loras)
-        .map(|n| n as usize)
-        .filter(|_| !sc.adapters.is_empty());
-    summary.extra = podmetrics::extras(&metrics, &result.samples, MODEL, max_loras);
+    let window_s = w.window.as_secs_f64() * k;
+    let mut summary = summarize(&RunResult {
+        samples: window_samples.clone(),
+        wall_s: window_s,
+    });
+    let pods: Vec<(String, PodWindow)> = label_list
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let empty = BTreeMap::new();
+            let a = m0.get(i).unwrap_or(&empty);
+            let b = m1.get(i).unwrap_or(&empty);
+            (l, podmetrics::pod_window(a, b, window_wall))
+        })
+        .collect();
+    let fleet_delta = |name: &str| -> Option<f64> {
+        let mut any = false;
+        let mut t = 0.0;
+        for (a, b) in m0.iter().zip(&m1) {
+            if let Some(y) = b.get(name) {
+                any = true;
+                t += (y - a.get(name).copied().unwrap_or(0.0)).max(0.0);
+            }
+        }
+        any.then_some(t)
+    };
+    let prefix = fleet_delta("vllm:prefix_cache_hits_total")
+        .zip(fleet_delta("vllm:prefix_cache_queries_total"));
+    if let Some((h, q)) = prefix {
+        if q > 0.0 {
+            summary.extra.insert("prefix_hit_rate".into(), h / q);
+        }
+    }
+    if let Some(p) = fleet_delta("vllm:num_preemptions_total") {
+        summary.extra.insert("preemptions".into(), p);
+    }
+    if !sc.adapters.is_empty() {
+        match fleet_delta("model_sim:lora_loads_total") {
+            Some(v) => {
+                summary.extra.insert("adapter_loads".into(), v);
+            }
+            None => {
+                let max = sc.fleet.pods.first().and_then(|p| p.max_loras).unwrap_or(1) as usize;
+                summary.extra.insert(
+                    "adapter_loads".into(),
+                    podmetrics::estimate_adapter_loads(&window_samples, MODEL, max) as f64,
+                );
+                summary.extra.insert("adapter_loads_estimated".into(), 1.0);
+            }
+        }
+        if let Some(v) = fleet_delta("model_sim:lora_disk_loads_total") {
+            summary.extra.insert("adapter_loads_disk".into(), v);
+        }
+    }
     for (k, v) in cpu {
         summary
             .extra
             .insert(format!("cpu_cores_{k}"), v / result.wall_s.max(1e-9));
     }
-    Ok((summary, result))
+    // Lateness is wall time: compare it with the wall-clock TTFT p50.
+    let invalid = match lateness_check(
+        &pods.iter().map(|(_, p)| p.clone()).collect::<Vec<_>>(),
+        summary.ttft_p50_ms / k,
+    ) {
+        Ok(Some(l)) => {
+            summary.extra.insert("step_lateness_ms".into(), l);
+            None
+        }
+        Ok(None) => None,
+        Err(reason) => Some(reason),
+    };
+    let data = RunData {
+        seed: sc.workload.seed,
+        obs: window_samples
+            .iter()
+            .map(|s| {
+                let o = &s.outcome;
+                let obs = if o.ok() {
+                    Obs {
+                        ttft_ms: o.ttft_ms.unwrap_or(f64::INFINITY),
+                        e2e_ms: o.e2e_ms,
+                        ok: true,
+                        tokens: o.output_tokens.unwrap_or(u64::from(o.content_chunks)) as f64,
+                    }
+                } else {
+                    Obs::failed()
+                };
+                (s.id, obs)
+            })
+            .collect(),
+        window_s,
+        scalars: summary
+            .extra
+            .iter()
+            .filter(|(k, _)| !k.starts_with("cpu_cores_"))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect(),
+    };
+    Ok(RunOutcome {
+        seed: sc.workload.seed,
+        summary,
+        data,
+        pods,
+        prefix,
+        stats_reset,
+        result,
+        window: window_samples,
+        invalid,
+    })
 }
 
 /// What `bench run` does.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// Quick or full, speed-up, seed.
+    /// Quick or full, speed-up, first seed.
     pub mode: Mode,
+    /// Seeds per (scenario, router): `mode.seed`, `mode.seed + 1`, ...
+    pub seeds: usize,
     /// Scenario names (empty = all).
     pub scenarios: Vec<String>,
-    /// Routers (empty = all).
+    /// Routers (empty = the default set).
     pub routers: Vec<String>,
+    /// Scenarios that get a goodput sweep.
+    pub sweep: Vec<String>,
+    /// Fixed-load rate as a fraction of round robin's goodput (swept scenarios).
+    pub load_fraction: f64,
+    /// Bootstrap replicates per ratio.
+    pub bootstrap_reps: usize,
     /// Run the overhead bench too.
     pub overhead: bool,
     /// Output folder (`target/bench`).
     pub out_dir: PathBuf,
+}
+
+impl BenchConfig {
+    /// The defaults of a mode: quick = 1 seed, no sweep, 500 replicates; full = 5 seeds, a
+    /// sweep of `mixed_gpu`, 1000 replicates; fixed load at 70 % of round robin's goodput where
+    /// swept.
+    pub fn defaults(mode: Mode, out_dir: PathBuf) -> Self {
+        BenchConfig {
+            mode,
+            seeds: if mode.quick { 1 } else { 5 },
+            scenarios: vec![],
+            routers: vec![],
+            sweep: if mode.quick {
+                vec![]
+            } else {
+                vec!["mixed_gpu".into()]
+            },
+            load_fraction: 0.7,
+            bootstrap_reps: if mode.quick { 500 } else { 1000 },
+            overhead: true,
+            out_dir,
+        }
+    }
 }
 
 fn write(path: &Path, data: &[u8]) -> Result<(), RunError> {
@@ -191,7 +495,7 @@ fn samples_csv(r: &RunResult) -> String {
     s
 }
 
-/// Resolve names to scenarios and routers (all when empty).
+/// Resolve names to scenarios and routers (all scenarios / the default routers when empty).
 pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), RunError> {
     let names: Vec<String> = if cfg.scenarios.is_empty() {
         crate::scenarios::NAMES
@@ -202,28 +506,292 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
         cfg.scenarios.clone()
     };
     let mut scs = Vec::new();
-    for n in names {
-        scs.push(scenario(&n, cfg.mode).ok_or_else(|| RunError::Unknown {
+    for n in names.iter().chain(&cfg.sweep) {
+        let sc = scenario(n, cfg.mode).ok_or_else(|| RunError::Unknown {
             what: "scenario",
             name: n.clone(),
             known: crate::scenarios::NAMES.join(", "),
-        })?);
+        })?;
+        if names.contains(n) && !scs.iter().any(|s: &Scenario| s.name == sc.name) {
+            scs.push(sc);
+        }
     }
     let mut routers = Vec::new();
     if cfg.routers.is_empty() {
-        routers.extend(RouterKind::ALL);
+        // Quick leaves out the full-scan least request to fit its budget (named, it runs).
+        routers.extend(
+            RouterKind::ALL
+                .into_iter()
+                .filter(|r| !cfg.mode.quick || *r != RouterKind::LeastRequestFull),
+        );
     }
     for r in &cfg.routers {
         routers.push(RouterKind::from_name(r).ok_or_else(|| RunError::Unknown {
             what: "router",
             name: r.clone(),
-            known: RouterKind::ALL.map(|r| r.name()).join(", "),
+            known: RouterKind::names().join(", "),
         })?);
     }
     Ok((scs, routers))
 }
 
-/// Run the benchmark and write `<out>/<stem>.json`, `.md` and `-ttft.png`; returns the report.
+/// The metrics whose ratios get an interval.
+pub const RATIO_METRICS: [&str; 7] = [
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "e2e_p95_ms",
+    "throughput_rps",
+    "output_tokens_per_s",
+    "adapter_loads",
+];
+
+/// Ratios router ÷ baseline (round robin and least request) with their intervals, over the
+/// seeds both have valid runs for.
+pub fn scenario_ratios(
+    scenario: &str,
+    runs: &BTreeMap<&'static str, Vec<RunOutcome>>,
+    reps: usize,
+) -> Vec<RatioRow> {
+    let mut out = Vec::new();
+    let valid = |r: &str| -> BTreeMap<u64, &RunData> {
+        runs.get(r)
+            .map(|v| {
+                v.iter()
+                    .filter(|o| o.invalid.is_none())
+                    .map(|o| (o.seed, &o.data))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for baseline in ["round_robin", "least_request"] {
+        let b = valid(baseline);
+        if b.is_empty() {
+            continue;
+        }
+        for router in runs.keys().filter(|r| **r != baseline) {
+            let a = valid(router);
+            let seeds: Vec<u64> = a.keys().filter(|s| b.contains_key(s)).copied().collect();
+            if seeds.is_empty() {
+                continue;
+            }
+            let xa: Vec<RunData> = seeds.iter().map(|s| a[s].clone()).collect();
+            let xb: Vec<RunData> = seeds.iter().map(|s| b[s].clone()).collect();
+            let metrics: Vec<&'static str> = RATIO_METRICS
+                .into_iter()
+                .filter(|m| {
+                    Stat::from_metric(m) != Stat::Scalar(m)
+                        || xa.iter().all(|r| r.scalars.contains_key(*m))
+                })
+                .collect();
+            let stats: Vec<Stat> = metrics.iter().map(|m| Stat::from_metric(m)).collect();
+            let cis = ratio_cis(
+                &xa,
+                &xb,
+                &stats,
+                Bootstrap {
+                    reps,
+                    ..Bootstrap::default()
+                },
+            );
+            for (m, c) in metrics.iter().zip(cis) {
+                out.push(RatioRow {
+                    scenario: scenario.into(),
+                    router: router.to_string(),
+                    baseline: baseline.into(),
+                    metric: m.to_string(),
+                    ratio: c.ratio,
+                    ci95: c.ci95,
+                    seeds: seeds.len(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Pool the valid runs of one router: figures over every valid seed's window, diagnostics.
+pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Summary> {
+    let valid: Vec<&RunOutcome> = runs.iter().filter(|o| o.invalid.is_none()).collect();
+    let invalid: Vec<InvalidRun> = runs
+        .iter()
+        .filter_map(|o| {
+            o.invalid.as_ref().map(|r| InvalidRun {
+                seed: o.seed,
+                reason: r.clone(),
+            })
+        })
+        .collect();
+    let mut diag =
+        Diagnostics::from_runs(&valid.iter().map(|o| o.view()).collect::<Vec<_>>(), invalid);
+    diag.warmup_s = w.warmup.as_secs_f64();
+    diag.window_s = w.window.as_secs_f64();
+    diag.offered_rps = offered_rps;
+    if valid.is_empty() {
+        // Every run invalid: no figures, but the diagnostics say why.
+        return Some(Summary {
+            ttft_p50_ms: f64::NAN,
+            ttft_p95_ms: f64::NAN,
+            ttft_p99_ms: f64::NAN,
+            e2e_p95_ms: f64::NAN,
+            throughput_rps: f64::NAN,
+            output_tokens_per_s: f64::NAN,
+            error_rate: f64::NAN,
+            diagnostics: Some(diag),
+            ..Summary::default()
+        })
+        .filter(|_| !runs.is_empty());
+    }
+    let samples: Vec<Sample> = valid.iter().flat_map(|o| o.window.clone()).collect();
+    let mut sum = summarize(&RunResult {
+        samples,
+        wall_s: valid.iter().map(|o| o.data.window_s).sum(),
+    });
+    // Pod shares by label, averaged over the seeds (addresses differ per seed).
+    sum.pod_share = diag
+        .pods
+        .iter()
+        .map(|(k, p)| (k.clone(), p.share))
+        .collect();
+    let mut extra: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for o in &valid {
+        for (k, v) in &o.summary.extra {
+            extra.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    sum.extra = extra
+        .into_iter()
+        .map(|(k, v)| (k, v.iter().sum::<f64>() / v.len() as f64))
+        .collect();
+    if let Some(p) = diag.prefix_hit_rate {
+        sum.extra.insert("prefix_hit_rate".into(), p);
+    }
+    sum.max_send_lag_ms = valid
+        .iter()
+        .map(|o| o.summary.max_send_lag_ms)
+        .fold(0.0, f64::max);
+    sum.diagnostics = Some(diag);
+    Some(sum)
+}
+
+/// Whether a probe passes: valid, TTFT p95 ≤ SLO, errors ≤ 1 %.
+pub fn probe_passes(o: &RunOutcome, slo_ms: f64) -> bool {
+    o.invalid.is_none()
+        && o.summary.ttft_p95_ms <= slo_ms
+        && o.summary.error_rate <= crate::report::MAX_ERROR_RATE
+}
+
+/// The goodput sweep of one scenario: a bisection per router over the offered rate.
+async fn sweep(
+    name: &str,
+    mode: Mode,
+    routers: &[RouterKind],
+    runs_dir: &Path,
+) -> Result<GoodputSweep, RunError> {
+    let base = scenario(name, mode).ok_or_else(|| RunError::Unknown {
+        what: "scenario",
+        name: name.into(),
+        known: crate::scenarios::NAMES.join(", "),
+    })?;
+    // The bisection runs in emulated req/s (what the report shows); scenario_at takes wall.
+    let k = mode.speedup.max(0.01);
+    let nominal = base.rate_rps / k;
+    let slo = base.slo_ttft_ms * k;
+    let mut g = GoodputSweep {
+        slo_ttft_ms: slo,
+        seed: mode.seed,
+        ..GoodputSweep::default()
+    };
+    for r in routers {
+        let mut b = Bisection::new(nominal, 0.1, 8);
+        let mut probes = Vec::new();
+        while let Some(rate) = b.next_rate() {
+            let Some(sc) = scenario_at(name, mode, rate * k) else {
+                break;
+            };
+            let w = Windows::for_scenario(&sc, &mode, 1, true);
+            match run_windowed(&sc, *r, w).await {
+                Ok(o) => {
+                    let passed = probe_passes(&o, slo);
+                    eprintln!(
+                        "bench:   sweep {name} {:<18} {rate:>7.2} req/s: TTFT p95 {:>9.1} ms, errors {:.1} % -> {}",
+                        r.name(),
+                        o.summary.ttft_p95_ms,
+                        o.summary.error_rate * 100.0,
+                        if passed { "pass" } else { "fail" }
+                    );
+                    write(
+                        &runs_dir.join(format!("{name}-{}-sweep-{rate:.2}.csv", r.name())),
+                        samples_csv(&o.result).as_bytes(),
+                    )?;
+                    probes.push(Probe {
+                        rate_rps: rate,
+                        ttft_p95_ms: o.summary.ttft_p95_ms,
+                        error_rate: o.summary.error_rate,
+                        passed,
+                        invalid: o.invalid.clone(),
+                    });
+                    b.record(rate, passed);
+                }
+                Err(e) => {
+                    eprintln!("bench:   sweep {name} {} at {rate:.2}: {e}", r.name());
+                    // Not a measurement: stop this router's sweep (its goodput is unknown).
+                    probes.push(Probe {
+                        rate_rps: rate,
+                        ttft_p95_ms: f64::NAN,
+                        error_rate: f64::NAN,
+                        passed: false,
+                        invalid: Some(format!("not measured: {e}")),
+                    });
+                    break;
+                }
+            }
+        }
+        g.probes.insert(r.name().to_string(), probes);
+    }
+    Ok(g)
+}
+
+/// Goodput per router from a sweep (the bisection's answer replayed from its probes); routers
+/// whose sweep stopped on a run that could not be measured are left out (unknown).
+pub fn goodputs(g: &GoodputSweep) -> BTreeMap<String, f64> {
+    g.probes
+        .iter()
+        .filter(|(_, ps)| ps.iter().all(|p| !p.ttft_p95_ms.is_nan()))
+        .map(|(r, ps)| {
+            let fail = ps
+                .iter()
+                .filter(|p| !p.passed)
+                .map(|p| p.rate_rps)
+                .fold(f64::INFINITY, f64::min);
+            let pass = ps
+                .iter()
+                .filter(|p| p.passed && p.rate_rps < fail)
+                .map(|p| p.rate_rps)
+                .fold(0.0, f64::max);
+            (r.clone(), pass)
+        })
+        .collect()
+}
+
+/// Fill the sweep's filter ÷ round robin and filter ÷ best baseline.
+pub fn goodput_ratios(g: &mut GoodputSweep) {
+    let gp = goodputs(g);
+    let filter = gp.get("filter").copied();
+    let ratio = |b: Option<f64>| match (filter, b) {
+        (Some(f), Some(b)) => crate::confidence::safe_ratio(f, b),
+        _ => None,
+    };
+    g.filter_vs_round_robin = ratio(gp.get("round_robin").copied());
+    let best = crate::report::BASELINES
+        .iter()
+        .filter_map(|b| gp.get(*b).map(|v| (*b, *v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    g.best_baseline = best.map(|(b, _)| b.to_string());
+    g.filter_vs_best_baseline = ratio(best.map(|(_, v)| v));
+}
+
+/// Run the benchmark and write `<out>/<stem>.json`, `.md` and the charts; returns the report.
 pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError> {
     let (scs, routers) = select(cfg)?;
     let runs_dir = cfg.out_dir.join("runs").join(stem);
@@ -232,56 +800,185 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         source,
     })?;
     let mode_name = if cfg.mode.quick { "quick" } else { "full" };
+    let seeds: Vec<u64> = (0..cfg.seeds.max(1) as u64)
+        .map(|i| cfg.mode.seed + i)
+        .collect();
     let setup = format!(
-        "One machine runs everything: Envoy ({} workers), {} model-sim pods per scenario (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`); seed {}.",
-        2,
-        4,
-        cfg.mode.speedup,
-        cfg.mode.seed
+        "One machine runs everything: Envoy (2 workers), the model-sim pods (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`).",
+        cfg.mode.speedup
     );
+    let proto = scs
+        .first()
+        .map(|sc| {
+            Windows::for_scenario(sc, &cfg.mode, seeds.len(), false)
+        })
+        .map(|w| {
+            format!(
+                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run the scenario's warm-up ({:.1} s wall for `{}`; identical traffic for every router, excluded), its measurement window ({:.1} s wall; in full mode at least 2,000 arrivals over the seeds), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
+                w.warmup.as_secs_f64(),
+                sc_name(&scs),
+                w.window.as_secs_f64(),
+                w.tail.as_secs_f64(),
+                seeds,
+                cfg.bootstrap_reps,
+                if seeds.len() < 2 {
+                    " — with one seed only the within-run stage is left, so intervals understate run-to-run variance"
+                } else {
+                    ""
+                },
+                cfg.mode.seed,
+                if cfg.sweep.is_empty() {
+                    "none".to_string()
+                } else {
+                    cfg.sweep.join(", ")
+                },
+                cfg.load_fraction * 100.0
+            )
+        })
+        .unwrap_or_default();
+    eprintln!("bench: {}", plan(cfg, &scs, &routers, seeds.len()));
     let mut rep = Report {
         machine: Machine::detect(envoy_version(), setup),
         mode: mode_name.into(),
+        protocol: proto,
+        seeds: seeds.clone(),
         ..Report::default()
     };
-    for sc in &scs {
-        eprintln!(
-            "bench: scenario {} — {} ({} requests)",
-            sc.name,
-            sc.about,
-            generate(&sc.workload).len()
-        );
-        for r in &routers {
-            eprintln!("bench:   router {} ...", r.name());
-            match run_one(sc, *r).await {
-                Ok((sum, result)) => {
-                    eprintln!(
-                        "bench:   {:<20} TTFT p50 {:>8.1} p95 {:>8.1} p99 {:>8.1} ms, {:.2} req/s, {} errors",
-                        r.name(),
-                        sum.ttft_p50_ms,
-                        sum.ttft_p95_ms,
-                        sum.ttft_p99_ms,
-                        sum.throughput_rps,
-                        sum.errors
+    for base in &scs {
+        let name = base.name;
+        let routers_here: Vec<RouterKind> = routers
+            .iter()
+            .copied()
+            .filter(|r| *r != RouterKind::WeightedRr || heterogeneous(&base.fleet))
+            .collect();
+        if routers_here.len() < routers.len() {
+            rep.notes.push(format!(
+                "{name}: weighted_rr not run (uniform fleet: equal weights = round_robin)"
+            ));
+        }
+        // Scenario figures are wall clock; the report is in emulated time (× / ÷ speed-up).
+        let k = cfg.mode.speedup.max(0.01);
+        let nominal = base.rate_rps / k;
+        let mut entry = ScenarioResult {
+            floor_ms: base.floor_ms * k,
+            slo_ttft_ms: base.slo_ttft_ms * k,
+            condition: format!("{:?}", base.condition),
+            offered_rps: nominal,
+            load_basis: "nominal rate of the scenario".into(),
+            card: base.card.to_string(),
+            ..ScenarioResult::default()
+        };
+        if cfg.sweep.iter().any(|s| s == name) {
+            eprintln!(
+                "bench: scenario {name}: goodput sweep (SLO TTFT p95 ≤ {} ms)",
+                base.slo_ttft_ms * k
+            );
+            let mut g = sweep(name, cfg.mode, &routers_here, &runs_dir).await?;
+            goodput_ratios(&mut g);
+            let gp = goodputs(&g);
+            match gp.get("round_robin") {
+                Some(rr) if *rr > 0.0 => {
+                    entry.offered_rps = cfg.load_fraction * rr;
+                    entry.load_basis = format!(
+                        "{:.0} % of round robin's goodput ({rr:.2} req/s)",
+                        cfg.load_fraction * 100.0
                     );
-                    write(
-                        &runs_dir.join(format!("{}-{}.csv", sc.name, r.name())),
-                        samples_csv(&result).as_bytes(),
-                    )?;
-                    rep.scenarios
-                        .entry(sc.name.to_string())
-                        .or_default()
-                        .insert(r.name().to_string(), sum);
                 }
-                Err(e) => {
-                    eprintln!("bench:   {} failed: {e}", r.name());
-                    rep.notes
-                        .push(format!("{} / {}: not measured: {e}", sc.name, r.name()));
+                _ => rep.notes.push(format!(
+                    "{name}: round robin's goodput unknown or 0: fixed load at the nominal rate"
+                )),
+            }
+            entry.goodput = Some(g);
+        }
+        let mut runs: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        let mut windows = None;
+        let mut cold = Vec::new();
+        for seed in &seeds {
+            let mode = Mode {
+                seed: *seed,
+                ..cfg.mode
+            };
+            let Some(sc) = scenario_at(name, mode, entry.offered_rps * k) else {
+                continue;
+            };
+            let w = Windows::for_scenario(&sc, &mode, seeds.len(), false);
+            windows = Some(w);
+            let mut wl = sc.workload.clone();
+            wl.horizon = w.warmup + w.window + w.tail;
+            wl.max_requests = wl.max_requests.max(1_000_000);
+            let reqs = generate(&wl);
+            cold.push(sc.cold_read_fraction());
+            eprintln!(
+                "bench: scenario {name} seed {seed} — {} ({} requests, {:.2} req/s)",
+                sc.about,
+                reqs.len(),
+                entry.offered_rps
+            );
+            for r in &routers_here {
+                match run_windowed(&sc, *r, w).await {
+                    Ok(o) => {
+                        eprintln!(
+                            "bench:   {:<20} TTFT p50 {:>8.1} p95 {:>8.1} p99 {:>8.1} ms, {:.2} req/s, errors {:.2} %{}",
+                            r.name(),
+                            o.summary.ttft_p50_ms,
+                            o.summary.ttft_p95_ms,
+                            o.summary.ttft_p99_ms,
+                            o.summary.throughput_rps,
+                            o.summary.error_rate * 100.0,
+                            o.invalid.as_deref().map(|i| format!(" — INVALID: {i}")).unwrap_or_default()
+                        );
+                        write(
+                            &runs_dir.join(format!("{name}-{}-seed{seed}.csv", r.name())),
+                            samples_csv(&o.result).as_bytes(),
+                        )?;
+                        runs.entry(r.name()).or_default().push(o);
+                    }
+                    Err(e) => {
+                        eprintln!("bench:   {} failed: {e}", r.name());
+                        rep.notes.push(format!(
+                            "{name} / {} / seed {seed}: not measured: {e}",
+                            r.name()
+                        ));
+                    }
                 }
             }
         }
+        let Some(w) = windows else {
+            continue;
+        };
+        let cold: Vec<f64> = cold.into_iter().filter(|c| !c.is_nan()).collect();
+        entry.cold_read_fraction =
+            (!cold.is_empty()).then(|| cold.iter().sum::<f64>() / cold.len() as f64);
+        let gp = entry.goodput.as_ref().map(goodputs).unwrap_or_default();
+        for (r, outcomes) in &runs {
+            if let Some(mut sum) = aggregate(outcomes, w, entry.offered_rps) {
+                sum.goodput_rps = gp.get(*r).copied();
+                entry.insert(r.to_string(), sum);
+            }
+        }
+        let diags: BTreeMap<String, Diagnostics> = entry
+            .iter()
+            .filter_map(|(r, s)| Some((r.clone(), s.diagnostics.clone()?)))
+            .collect();
+        entry.condition_met = condition_met(
+            &base.condition,
+            &diags,
+            entry.cold_read_fraction.unwrap_or(f64::NAN),
+        );
+        rep.ratios
+            .extend(scenario_ratios(name, &runs, cfg.bootstrap_reps));
+        rep.scenarios.insert(name.to_string(), entry);
     }
-    rep.targets = check_targets(&rep.scenarios);
+    rep.targets = check_targets(&rep.scenarios, &rep.ratios);
+    rep.ci_widths = crate::report::ci_width_summary(&rep);
+    for (metric, c) in &rep.ci_widths {
+        eprintln!(
+            "bench: interval widths {metric}: {} ratios, median {:.0} %, widest {:.0} %",
+            c.ratios,
+            c.median * 100.0,
+            c.widest * 100.0
+        );
+    }
     if cfg.overhead {
         eprintln!("bench: overhead (same Envoy with and without the filter, instant backend)");
         let opts = crate::overhead::OverheadOptions {
@@ -311,7 +1008,47 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     Ok(rep)
 }
 
-/// Write `<stem>.json`, `<stem>.md` and `<stem>-ttft.png` into `out`.
+/// Seconds of wall time a run costs beyond its arrivals (stack start, snapshot wait, drain of
+/// the last requests, stop): ~2–3 s observed on this 2-core machine (a whole quick run took
+/// 306 s for 25 runs of ~8.4 s of arrivals plus ~40 s of overhead benches), rounded up.
+const RUN_OVERHEAD_S: f64 = 4.0;
+
+/// The run plan and its estimated wall time.
+pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: usize) -> String {
+    let (mut runs, mut probes, mut secs) = (0usize, 0usize, 0.0);
+    for sc in scs {
+        let w = Windows::for_scenario(sc, &cfg.mode, seeds, false);
+        let per = (w.warmup + w.window + w.tail).as_secs_f64() + RUN_OVERHEAD_S;
+        let wp = Windows::for_scenario(sc, &cfg.mode, 1, true);
+        let per_probe = (wp.warmup + wp.window + wp.tail).as_secs_f64() + RUN_OVERHEAD_S;
+        let n = routers
+            .iter()
+            .filter(|r| **r != RouterKind::WeightedRr || heterogeneous(&sc.fleet))
+            .count();
+        runs += n * seeds;
+        secs += (n * seeds) as f64 * per;
+        if cfg.sweep.iter().any(|x| x == sc.name) {
+            // A bisection to 10 % typically takes 5-7 probes (≤ 8).
+            probes += 6 * n;
+            secs += (6 * n) as f64 * per_probe;
+        }
+    }
+    if cfg.overhead {
+        secs += if cfg.mode.quick { 45.0 } else { 90.0 };
+    }
+    format!(
+        "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",
+        cfg.mode.speedup,
+        secs / 60.0
+    )
+}
+
+fn sc_name(scs: &[Scenario]) -> &'static str {
+    scs.first().map_or("", |s| s.name)
+}
+
+/// Write `<stem>.json`, `<stem>.md`, `<stem>-ttft.png` and one `<stem>-goodput-<scenario>.png`
+/// per swept scenario into `out`.
 pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunError> {
     std::fs::create_dir_all(out).map_err(|source| RunError::Io {
         path: out.display().to_string(),
@@ -336,6 +1073,20 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
         }
         Err(e) => {
             let _ = writeln!(md, "\nChart not drawn: {e}");
+        }
+    }
+    for (name, sc) in &rep.scenarios {
+        let Some(g) = &sc.goodput else {
+            continue;
+        };
+        let png = out.join(format!("{stem}-goodput-{name}.png"));
+        match crate::chart::goodput_chart(name, g, &png) {
+            Ok(_) => {
+                let _ = writeln!(md, "Goodput curve `{name}`: `{}`", png.display());
+            }
+            Err(e) => {
+                let _ = writeln!(md, "Goodput chart `{name}` not drawn: {e}");
+            }
         }
     }
     write(&out.join(format!("{stem}.md")), md.as_bytes())?;
@@ -386,20 +1137,32 @@ mod tests {
 
     #[test]
     fn selection_rejects_unknown_names() {
-        let mut cfg = BenchConfig {
-            mode: Mode {
+        let mut cfg = BenchConfig::defaults(
+            Mode {
                 quick: true,
                 speedup: 1.0,
                 seed: 1,
             },
-            scenarios: vec![],
-            routers: vec![],
-            overhead: false,
-            out_dir: PathBuf::from("/nonexistent"),
-        };
+            PathBuf::from("/nonexistent"),
+        );
         let (s, r) = select(&cfg).unwrap();
         assert_eq!(s.len(), 6);
+        // Quick: round_robin, least_request, weighted_rr, filter.
         assert_eq!(r.len(), 4);
+        assert!(!r.contains(&RouterKind::FilterGaieWeights));
+        assert!(!r.contains(&RouterKind::LeastRequestFull));
+        cfg.mode.quick = false;
+        assert_eq!(select(&cfg).unwrap().1.len(), 5);
+        cfg.mode.quick = true;
+        cfg.sweep = vec!["nope".into()];
+        assert!(matches!(
+            select(&cfg),
+            Err(RunError::Unknown {
+                what: "scenario",
+                ..
+            })
+        ));
+        cfg.sweep = vec![];
         cfg.scenarios = vec!["lora".into()];
         cfg.routers = vec!["filter".into()];
         let (s, r) = select(&cfg).unwrap();
@@ -409,5 +1172,197 @@ mod tests {
             select(&cfg),
             Err(RunError::Unknown { what: "router", .. })
         ));
+    }
+
+    fn outcome(seed: u64, ttfts: &[f64], invalid: Option<&str>) -> RunOutcome {
+        let samples: Vec<Sample> = ttfts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Sample {
+                id: i as u64,
+                model: "m".into(),
+                at_ms: 1000.0 + i as f64,
+                lag_ms: 0.0,
+                outcome: Outcome {
+                    status: 200,
+                    ttft_ms: Some(*t),
+                    e2e_ms: 2.0 * t,
+                    output_tokens: Some(1),
+                    pod: Some("pod0 (a10g)".into()),
+                    ..Outcome::default()
+                },
+            })
+            .collect();
+        let result = RunResult {
+            samples,
+            wall_s: 10.0,
+        };
+        let summary = summarize(&result);
+        RunOutcome {
+            seed,
+            data: RunData {
+                seed,
+                obs: ttfts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        (
+                            i as u64,
+                            Obs {
+                                ttft_ms: *t,
+                                e2e_ms: 2.0 * t,
+                                ok: true,
+                                tokens: 1.0,
+                            },
+                        )
+                    })
+                    .collect(),
+                window_s: 10.0,
+                scalars: BTreeMap::new(),
+            },
+            summary,
+            pods: vec![("pod0 (a10g)".into(), PodWindow::default())],
+            prefix: None,
+            stats_reset: true,
+            window: result.samples.clone(),
+            result,
+            invalid: invalid.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn invalid_runs_are_left_out_of_figures_and_ratios() {
+        let w = Windows {
+            warmup: Duration::from_secs(1),
+            window: Duration::from_secs(10),
+            tail: Duration::ZERO,
+        };
+        let runs = vec![
+            outcome(1, &[100.0; 20], None),
+            outcome(2, &[5000.0; 20], Some("step lateness 9 ms > 5 %")),
+        ];
+        let s = aggregate(&runs, w, 3.0).unwrap();
+        assert_eq!(s.ttft_p99_ms, 100.0);
+        assert_eq!(s.requests, 20);
+        let d = s.diagnostics.unwrap();
+        assert_eq!(d.seeds, [1]);
+        assert_eq!(d.invalid_runs[0].seed, 2);
+        assert_eq!(d.offered_rps, 3.0);
+        // Every run invalid: no figures, the diagnostics say why.
+        let none = aggregate(&runs[1..], w, 3.0).unwrap();
+        assert!(none.ttft_p50_ms.is_nan());
+        assert_eq!(none.diagnostics.unwrap().invalid_runs.len(), 1);
+        // Ratios use only seeds valid for both routers.
+        let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        by.insert(
+            "round_robin",
+            vec![
+                outcome(1, &[200.0; 20], None),
+                outcome(2, &[200.0; 20], None),
+            ],
+        );
+        by.insert("filter", runs);
+        let rows = scenario_ratios("uniform", &by, 100);
+        let p95 = rows
+            .iter()
+            .find(|r| r.router == "filter" && r.metric == "ttft_p95_ms")
+            .unwrap();
+        assert_eq!((p95.seeds, p95.ratio), (1, Some(0.5)));
+        assert_eq!(p95.ci95, Some([0.5, 0.5]));
+    }
+
+    #[test]
+    fn goodput_from_probes_and_its_ratios() {
+        let p = |rate: f64, passed: bool| Probe {
+            rate_rps: rate,
+            ttft_p95_ms: 1.0,
+            error_rate: 0.0,
+            passed,
+            invalid: None,
+        };
+        let mut g = GoodputSweep::default();
+        g.probes.insert(
+            "round_robin".into(),
+            vec![p(4.0, true), p(8.0, false), p(5.6, true)],
+        );
+        g.probes.insert(
+            "least_request".into(),
+            vec![p(4.0, true), p(8.0, true), p(16.0, false)],
+        );
+        // A pass above a fail (noise) does not count.
+        g.probes.insert(
+            "filter".into(),
+            vec![
+                p(4.0, true),
+                p(8.0, true),
+                p(16.0, false),
+                p(11.3, false),
+                p(20.0, true),
+            ],
+        );
+        g.probes.insert(
+            "weighted_rr".into(),
+            vec![Probe {
+                ttft_p95_ms: f64::NAN,
+                ..p(4.0, false)
+            }],
+        );
+        let gp = goodputs(&g);
+        assert!(!gp.contains_key("weighted_rr"));
+        assert_eq!(gp["round_robin"], 5.6);
+        assert_eq!(gp["filter"], 8.0);
+        goodput_ratios(&mut g);
+        assert!((g.filter_vs_round_robin.unwrap() - 8.0 / 5.6).abs() < 1e-12);
+        assert_eq!(g.best_baseline.as_deref(), Some("least_request"));
+        assert_eq!(g.filter_vs_best_baseline, Some(1.0));
+    }
+
+    #[test]
+    fn windows_come_from_the_scenario() {
+        let m = |quick, speedup| Mode {
+            quick,
+            speedup,
+            seed: 1,
+        };
+        let mut sc = scenario("uniform", m(false, 2.0)).unwrap();
+        // A scenario with a 10 s warm-up and a 40 s window at 10 req/s (wall clock).
+        sc.warmup = Duration::from_secs(10);
+        sc.workload.horizon = Duration::from_secs(50);
+        sc.rate_rps = 10.0;
+        // Quick: the scenario's window; tail 2 emulated s = 1 s at speed-up 2.
+        let q = Windows::for_scenario(&sc, &m(true, 2.0), 1, false);
+        assert_eq!(
+            (q.warmup, q.window, q.tail),
+            (
+                Duration::from_secs(10),
+                Duration::from_secs(40),
+                Duration::from_secs(1)
+            )
+        );
+        // Full, 8 seeds: 250 arrivals at 10 req/s = 25 s; tail 5 emulated s = 2.5 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 8, false);
+        assert!((w.window.as_secs_f64() - 25.0).abs() < 1e-6);
+        assert_eq!(w.tail, Duration::from_millis(2500));
+        // 2 seeds would need 100 s: capped at the budget's 45 s.
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 2, false);
+        assert_eq!(w.window.as_secs_f64(), MAX_WINDOW_S);
+        // At least 30 emulated seconds (15 s wall at speed-up 2) even at high rates.
+        sc.rate_rps = 1000.0;
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
+        assert_eq!(w.window, Duration::from_secs(15));
+        // Bursty: whole cycles, ≥ 2 bursts per run with 5 seeds (10 in all), 1 for a probe.
+        sc.workload.arrival = crate::arrivals::Arrival::Bursty {
+            on_rate: 2000.0,
+            off_rate: 10.0,
+            on_s: 5.0,
+            off_s: 10.0,
+        };
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
+        assert_eq!(w.window, Duration::from_secs(30));
+        let w = Windows::for_scenario(&sc, &m(false, 2.0), 1, true);
+        assert_eq!(w.window, Duration::from_secs(15));
+        assert_eq!(Windows::min_requests(&m(false, 1.0), 5, false), 400);
+        assert_eq!(Windows::min_requests(&m(false, 1.0), 1, true), 400);
+        assert_eq!(Windows::min_requests(&m(true, 1.0), 5, false), 0);
     }
 }

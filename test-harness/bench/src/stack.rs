@@ -23,44 +23,128 @@ pub const SECRET: &str = "bench-secret";
 /// Who picks the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RouterKind {
-    /// Envoy round robin.
+    /// Envoy `ROUND_ROBIN`.
     RoundRobin,
-    /// Envoy least request.
+    /// Envoy `LEAST_REQUEST` as shipped: two random choices (P2C).
     LeastRequest,
+    /// Envoy least request comparing every endpoint (`selection_method: FULL_SCAN`; a
+    /// `choice_count` equal to the pool size would still draw with replacement and miss the
+    /// least loaded pod in (1 − 1/n)^n of picks).
+    LeastRequestFull,
+    /// Envoy `ROUND_ROBIN` with static endpoint weights following each profile's measured
+    /// capacity ([`capacity_weight`]); the same as round robin on a uniform fleet.
+    WeightedRr,
     /// The filter with its default configuration.
     Filter,
-    /// The filter with GAIE's default weights (queue 2, kv_cache 2, prefix 3, others 0).
+    /// The filter with GAIE's default weights (queue 2, kv_cache 2, prefix 3, others 0); an
+    /// optional extra, not in the default set.
     FilterGaieWeights,
 }
 
 impl RouterKind {
-    /// All routers, in report order.
-    pub const ALL: [RouterKind; 4] = [
+    /// The default routers, in report order.
+    pub const ALL: [RouterKind; 5] = [
         RouterKind::RoundRobin,
         RouterKind::LeastRequest,
+        RouterKind::LeastRequestFull,
+        RouterKind::WeightedRr,
         RouterKind::Filter,
-        RouterKind::FilterGaieWeights,
     ];
+
+    /// Routers run only when named.
+    pub const EXTRA: [RouterKind; 1] = [RouterKind::FilterGaieWeights];
 
     /// The name used in the JSON and the tables.
     pub fn name(self) -> &'static str {
         match self {
             RouterKind::RoundRobin => "round_robin",
             RouterKind::LeastRequest => "least_request",
+            RouterKind::LeastRequestFull => "least_request_full",
+            RouterKind::WeightedRr => "weighted_rr",
             RouterKind::Filter => "filter",
             RouterKind::FilterGaieWeights => "filter_gaie_weights",
         }
     }
 
-    /// Parse a router name.
+    /// Parse a router name (default set and extras).
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain(Self::EXTRA)
+            .find(|r| r.name() == s)
+    }
+
+    /// Every accepted name.
+    pub fn names() -> Vec<&'static str> {
+        Self::ALL
+            .into_iter()
+            .chain(Self::EXTRA)
+            .map(Self::name)
+            .collect()
     }
 
     /// Whether the filter (and therefore the sidecar) is in the path.
     pub fn uses_filter(self) -> bool {
         matches!(self, RouterKind::Filter | RouterKind::FilterGaieWeights)
     }
+}
+
+/// Static weight of a GPU profile for the weighted round robin: its saturation throughput
+/// measured with `bench calibrate` (closed loop, one pod), relative to an A10G-like pod —
+/// H100-like ≈ 18 req/s vs A10G-like ≈ 1.8 req/s with the mixed-GPU prompts. Profiles never
+/// mixed with others get 1 (weights only matter between different profiles).
+pub fn capacity_weight(profile: &str) -> u32 {
+    match profile {
+        "h100" => 10,
+        _ => 1,
+    }
+}
+
+/// Whether the fleet mixes profiles (a weighted round robin differs from round robin).
+pub fn heterogeneous(fleet: &FleetSpec) -> bool {
+    fleet
+        .pods
+        .windows(2)
+        .any(|w| capacity_weight(w[0].profile) != capacity_weight(w[1].profile))
+}
+
+/// Envoy with `router` in front of `pods` (not started): the cluster policy, weights and, for
+/// the filter, its plugin configuration.
+pub fn envoy_spec(
+    router: RouterKind,
+    fleet: &FleetSpec,
+    pods: &[SocketAddr],
+    adapters: &[String],
+) -> EnvoySpec {
+    let envoy_router = match router {
+        RouterKind::RoundRobin | RouterKind::WeightedRr => EnvoyRouter::RoundRobin,
+        RouterKind::LeastRequest | RouterKind::LeastRequestFull => EnvoyRouter::LeastRequest,
+        RouterKind::Filter | RouterKind::FilterGaieWeights => EnvoyRouter::Filter,
+    };
+    let mut spec = EnvoySpec::new(envoy_router)
+        .pool(POOL, CLUSTER, pods.to_vec())
+        .concurrency(2);
+    spec.name = format!("bench-envoy-{}", router.name());
+    match router {
+        RouterKind::LeastRequestFull => {
+            spec.cluster_lb_policy = Some(testkit::least_request_full_scan_policy());
+        }
+        RouterKind::WeightedRr => {
+            spec.endpoint_weights = pods
+                .iter()
+                .zip(&fleet.pods)
+                .map(|(a, p)| (*a, capacity_weight(p.profile)))
+                .collect();
+        }
+        RouterKind::Filter | RouterKind::FilterGaieWeights => {
+            spec = spec.plugin_config(plugin_config(
+                adapters,
+                router == RouterKind::FilterGaieWeights,
+            ));
+        }
+        RouterKind::RoundRobin | RouterKind::LeastRequest => {}
+    }
+    spec
 }
 
 /// One emulated pod.
@@ -273,21 +357,7 @@ pub async fn start_stack(
     adapters: &[String],
 ) -> Result<Stack, StackError> {
     let pods = start_pods(fleet).await?;
-    let envoy_router = match router {
-        RouterKind::RoundRobin => EnvoyRouter::RoundRobin,
-        RouterKind::LeastRequest => EnvoyRouter::LeastRequest,
-        RouterKind::Filter | RouterKind::FilterGaieWeights => EnvoyRouter::Filter,
-    };
-    let mut spec = EnvoySpec::new(envoy_router)
-        .pool(POOL, CLUSTER, pods.addrs.clone())
-        .concurrency(2);
-    spec.name = format!("bench-envoy-{}", router.name());
-    if router.uses_filter() {
-        spec = spec.plugin_config(plugin_config(
-            adapters,
-            router == RouterKind::FilterGaieWeights,
-        ));
-    }
+    let spec = envoy_spec(router, fleet, &pods.addrs, adapters);
     let envoy = spec.start().await.map_err(tk("start Envoy"))?;
     let sidecar = if router.uses_filter() {
         Some(start_sidecar(envoy.push_addr(), &pods.addrs).await?)
@@ -480,9 +550,60 @@ mod tests {
         assert_eq!(set.len(), 50);
     }
 
+    fn fleet(profiles: &[&'static str]) -> FleetSpec {
+        FleetSpec {
+            pods: profiles
+                .iter()
+                .map(|p| PodSpec {
+                    profile: p,
+                    ..PodSpec::default()
+                })
+                .collect(),
+            speedup: 1.0,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn baselines_render_their_envoy_policies() {
+        let f = fleet(&["h100", "a10g"]);
+        assert!(heterogeneous(&f) && !heterogeneous(&fleet(&["a10g", "a10g"])));
+        let pods = [
+            SocketAddr::from(([127, 0, 0, 1], 9001)),
+            SocketAddr::from(([127, 0, 0, 1], 9002)),
+        ];
+        let cluster = |r: RouterKind| {
+            let doc = envoy_spec(r, &f, &pods, &[])
+                .bootstrap(std::path::Path::new("/x"), std::path::Path::new("/y"))
+                .unwrap();
+            doc["static_resources"]["clusters"][0].clone()
+        };
+        assert_eq!(cluster(RouterKind::RoundRobin)["lb_policy"], "ROUND_ROBIN");
+        assert_eq!(
+            cluster(RouterKind::LeastRequest)["lb_policy"],
+            "LEAST_REQUEST"
+        );
+        let full = cluster(RouterKind::LeastRequestFull);
+        assert_eq!(
+            full["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"]
+                ["selection_method"],
+            "FULL_SCAN"
+        );
+        let w = cluster(RouterKind::WeightedRr);
+        assert_eq!(w["lb_policy"], "ROUND_ROBIN");
+        let eps = &w["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert_eq!(eps[0]["load_balancing_weight"], 10);
+        assert_eq!(eps[1]["load_balancing_weight"], 1);
+        assert!(
+            cluster(RouterKind::RoundRobin)["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+                .get("load_balancing_weight")
+                .is_none()
+        );
+    }
+
     #[test]
     fn router_names_round_trip() {
-        for r in RouterKind::ALL {
+        for r in RouterKind::ALL.into_iter().chain(RouterKind::EXTRA) {
             assert_eq!(RouterKind::from_name(r.name()), Some(r));
         }
         assert_eq!(RouterKind::from_name("random"), None);

@@ -1,7 +1,9 @@
 //! From a run's samples to the figures we publish (percentiles, rates, error counts, pod shares).
 //!
 //! Every number of the report is computed here from the measured samples and nothing else, so a
-//! test can feed known samples and check each figure.
+//! test can feed known samples and check each figure. Failed and timed-out requests count as +∞
+//! in the TTFT and end-to-end percentiles (a router cannot win by dropping requests); the JSON
+//! writes +∞ as `null`.
 
 use crate::loadgen::RunResult;
 use serde::Serialize;
@@ -25,17 +27,17 @@ fn percentile_sorted(v: &[f64], p: f64) -> f64 {
 }
 
 /// The figures of one router in one scenario. The first eight fields are the JSON contract.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Summary {
-    /// TTFT median, ms (successful requests).
+    /// TTFT median, ms (failed requests count as +∞).
     pub ttft_p50_ms: f64,
     /// TTFT 95th percentile, ms.
     pub ttft_p95_ms: f64,
     /// TTFT 99th percentile, ms.
     pub ttft_p99_ms: f64,
-    /// End-to-end 95th percentile, ms.
+    /// End-to-end 95th percentile, ms (failed requests count as +∞).
     pub e2e_p95_ms: f64,
-    /// Successful requests per second of wall time.
+    /// Successful requests per second of the measurement window.
     pub throughput_rps: f64,
     /// Output tokens (usage) of successful requests per second of wall time.
     pub output_tokens_per_s: f64,
@@ -43,7 +45,7 @@ pub struct Summary {
     pub requests: u64,
     /// Requests that failed (non-2xx, transport, stream error, timeout).
     pub errors: u64,
-    /// TTFT mean, ms.
+    /// TTFT mean, ms (successful requests only).
     pub ttft_mean_ms: f64,
     /// End-to-end median, ms.
     pub e2e_p50_ms: f64,
@@ -63,6 +65,14 @@ pub struct Summary {
     pub duration_s: f64,
     /// Worst lateness of the load generator's sends, ms (should stay small).
     pub max_send_lag_ms: f64,
+    /// Failed ÷ sent (0..=1); gated at 1 %.
+    pub error_rate: f64,
+    /// Highest offered rate (req/s, emulated time) with TTFT p95 ≤ the scenario's SLO and
+    /// errors ≤ 1 % (`None` when the scenario had no rate sweep).
+    pub goodput_rps: Option<f64>,
+    /// Per-pod and fleet diagnostics of the measurement window (multi-seed runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
     /// Scenario-specific figures (e.g. `adapter_loads`, `prefix_hit_rate`, `preemptions`).
     #[serde(flatten)]
     pub extra: BTreeMap<String, f64>,
@@ -95,9 +105,8 @@ pub fn summarize(run: &RunResult) -> Summary {
         let o = &s.outcome;
         if o.ok() {
             ok += 1;
-            if let Some(t) = o.ttft_ms {
-                ttft.push(t);
-            }
+            // A success without a content chunk has no first token: it counts as unbounded.
+            ttft.push(o.ttft_ms.unwrap_or(f64::INFINITY));
             e2e.push(o.e2e_ms);
             itl.extend_from_slice(&o.itl_ms);
             tokens += o.output_tokens.unwrap_or(u64::from(o.content_chunks));
@@ -105,6 +114,8 @@ pub fn summarize(run: &RunResult) -> Summary {
                 *pods.entry(p.clone()).or_default() += 1;
             }
         } else {
+            ttft.push(f64::INFINITY);
+            e2e.push(f64::INFINITY);
             let kind = error_kind(o.status, o.error.as_deref().unwrap_or(""));
             *errors_by_status.entry(kind).or_default() += 1;
         }
@@ -120,22 +131,24 @@ pub fn summarize(run: &RunResult) -> Summary {
         .into_iter()
         .map(|(k, v)| (k, v as f64 / served as f64))
         .collect();
+    let pct = |v: &[f64], p: f64| crate::confidence::percentile_inf(&mut v.to_vec(), p);
+    let served_ttft: Vec<f64> = ttft.iter().copied().filter(|t| t.is_finite()).collect();
     Summary {
-        ttft_p50_ms: percentile(&ttft, 50.0),
-        ttft_p95_ms: percentile(&ttft, 95.0),
-        ttft_p99_ms: percentile(&ttft, 99.0),
-        e2e_p95_ms: percentile(&e2e, 95.0),
+        ttft_p50_ms: pct(&ttft, 50.0),
+        ttft_p95_ms: pct(&ttft, 95.0),
+        ttft_p99_ms: pct(&ttft, 99.0),
+        e2e_p95_ms: pct(&e2e, 95.0),
         throughput_rps: ok as f64 / wall,
         output_tokens_per_s: tokens as f64 / wall,
         requests,
         errors: requests - ok,
-        ttft_mean_ms: if ttft.is_empty() {
+        ttft_mean_ms: if served_ttft.is_empty() {
             f64::NAN
         } else {
-            ttft.iter().sum::<f64>() / ttft.len() as f64
+            served_ttft.iter().sum::<f64>() / served_ttft.len() as f64
         },
-        e2e_p50_ms: percentile(&e2e, 50.0),
-        e2e_p99_ms: percentile(&e2e, 99.0),
+        e2e_p50_ms: pct(&e2e, 50.0),
+        e2e_p99_ms: pct(&e2e, 99.0),
         itl_p50_ms: percentile(&itl, 50.0),
         itl_p95_ms: percentile(&itl, 95.0),
         itl_p99_ms: percentile(&itl, 99.0),
@@ -143,6 +156,13 @@ pub fn summarize(run: &RunResult) -> Summary {
         pod_share,
         duration_s: run.wall_s,
         max_send_lag_ms: max_lag,
+        error_rate: if requests == 0 {
+            f64::NAN
+        } else {
+            (requests - ok) as f64 / requests as f64
+        },
+        goodput_rps: None,
+        diagnostics: None,
         extra: BTreeMap::new(),
     }
 }
@@ -217,11 +237,14 @@ mod tests {
         let s = summarize(&run);
         assert_eq!(s.requests, 24);
         assert_eq!(s.errors, 4);
-        assert_eq!(s.ttft_p50_ms, 100.0);
-        assert_eq!(s.ttft_p95_ms, 190.0);
-        assert_eq!(s.ttft_p99_ms, 200.0);
+        // 24 requests, 4 failed (+∞): p50 = rank 12 = 120 ms; p95 (rank 23) and p99 are +∞.
+        assert_eq!(s.ttft_p50_ms, 120.0);
+        assert_eq!(s.ttft_p95_ms, f64::INFINITY);
+        assert_eq!(s.ttft_p99_ms, f64::INFINITY);
         assert!((s.ttft_mean_ms - 105.0).abs() < 1e-9);
-        assert_eq!(s.e2e_p95_ms, 1018.0);
+        assert_eq!(s.e2e_p95_ms, f64::INFINITY);
+        assert_eq!(s.e2e_p50_ms, 1011.0);
+        assert!((s.error_rate - 4.0 / 24.0).abs() < 1e-12);
         assert!((s.throughput_rps - 2.0).abs() < 1e-9);
         assert!((s.output_tokens_per_s - 10.0).abs() < 1e-9);
         assert_eq!(s.errors_by_status["429"], 1);

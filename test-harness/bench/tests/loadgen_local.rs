@@ -139,6 +139,7 @@ async fn open_loop_sends_every_request_and_records_errors() {
         headers: vec![],
         drain: Duration::from_secs(20),
         request_timeout: Duration::from_secs(20),
+        start: None,
     };
     let res = run(&reqs, &opts).await.unwrap();
     assert_eq!(res.samples.len(), reqs.len());

@@ -45,7 +45,7 @@ async fn tiny_mixed_gpu_run_through_envoy_and_the_filter() {
             .or_default()
             .insert(r.name().into(), sum);
     }
-    rep.targets = check_targets(&rep.scenarios);
+    rep.targets = check_targets(&rep.scenarios, &[]);
     let dir = testkit::testlog_dir("bench-smoke").unwrap();
     write_outputs(&rep, &dir, "smoke").unwrap();
     let v: serde_json::Value =

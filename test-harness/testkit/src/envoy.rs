@@ -123,6 +123,13 @@ pub struct EnvoySpec {
     pub ready_timeout: Duration,
     /// More command-line arguments for Envoy.
     pub extra_args: Vec<String>,
+    /// A cluster `load_balancing_policy` replacing the router's own `lb_policy` (plain-Envoy
+    /// routers only; e.g. least request with `selection_method: FULL_SCAN`). `None` (default):
+    /// the router's policy.
+    pub cluster_lb_policy: Option<Value>,
+    /// Endpoint `load_balancing_weight`s (e.g. a weighted round robin); endpoints not listed
+    /// get none (Envoy's default weight 1).
+    pub endpoint_weights: BTreeMap<SocketAddr, u32>,
 }
 
 impl Default for EnvoySpec {
@@ -144,6 +151,8 @@ impl Default for EnvoySpec {
             connect_timeout: Duration::from_secs(1),
             ready_timeout: Duration::from_secs(30),
             extra_args: Vec::new(),
+            cluster_lb_policy: None,
+            endpoint_weights: BTreeMap::new(),
         }
     }
 }
@@ -325,9 +334,14 @@ impl EnvoySpec {
         let endpoints: Vec<Value> = pool
             .endpoints
             .iter()
-            .map(
-                |a| json!({"endpoint": {"address": socket_address(&a.ip().to_string(), a.port())}}),
-            )
+            .map(|a| {
+                let mut e =
+                    json!({"endpoint": {"address": socket_address(&a.ip().to_string(), a.port())}});
+                if let Some(w) = self.endpoint_weights.get(a) {
+                    e["load_balancing_weight"] = json!(w);
+                }
+                e
+            })
             .collect();
         let mut cluster = json!({
             "name": pool.cluster,
@@ -346,6 +360,14 @@ impl EnvoySpec {
             }
             Router::RoundRobin => cluster["lb_policy"] = json!("ROUND_ROBIN"),
             Router::LeastRequest => cluster["lb_policy"] = json!("LEAST_REQUEST"),
+        }
+        if let (Some(policy), Router::RoundRobin | Router::LeastRequest) =
+            (&self.cluster_lb_policy, self.router)
+        {
+            if let Some(c) = cluster.as_object_mut() {
+                c.remove("lb_policy");
+            }
+            cluster["load_balancing_policy"] = policy.clone();
         }
         cluster
     }
@@ -454,6 +476,19 @@ fn log_level(explicit: Option<&str>) -> String {
 
 fn socket_address(address: &str, port: u16) -> Value {
     json!({"socket_address": {"address": address, "port_value": port}})
+}
+
+/// Envoy's least-request policy with `selection_method: FULL_SCAN`: every pick compares all
+/// endpoints (ties broken at random), unlike the default two random choices. For
+/// [`EnvoySpec::cluster_lb_policy`].
+pub fn least_request_full_scan_policy() -> Value {
+    json!({"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.least_request",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest",
+            "selection_method": "FULL_SCAN",
+        },
+    }}]})
 }
 
 /// The `override_host` load-balancing policy reading `header`, falling back to round robin.
@@ -841,6 +876,34 @@ mod tests {
         assert_eq!(entry.flags, "");
         assert_eq!(entry.dropped_reason, "");
         assert!(AccessLogEntry::parse("not json").is_none());
+    }
+
+    #[test]
+    fn lb_policy_override_and_endpoint_weights() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.0.0.1:9001".parse().unwrap(),
+            "127.0.0.1:9002".parse().unwrap(),
+        );
+        let mut spec = EnvoySpec::new(Router::LeastRequest).pool("a", "pool_a", vec![a, b]);
+        spec.cluster_lb_policy = Some(least_request_full_scan_policy());
+        spec.endpoint_weights.insert(b, 10);
+        let doc = spec.bootstrap(Path::new("/x"), Path::new("/y")).unwrap();
+        let c = &doc["static_resources"]["clusters"][0];
+        assert!(c.get("lb_policy").is_none(), "{c}");
+        let p = &c["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+        assert_eq!(p["typed_config"]["selection_method"], json!("FULL_SCAN"));
+        let eps = &c["load_assignment"]["endpoints"][0]["lb_endpoints"];
+        assert!(eps[0].get("load_balancing_weight").is_none());
+        assert_eq!(eps[1]["load_balancing_weight"], json!(10));
+        // The filter keeps its override_host policy whatever is set.
+        let mut f = EnvoySpec::new(Router::Filter).pool("a", "pool_a", vec![a]);
+        f.cluster_lb_policy = Some(least_request_full_scan_policy());
+        let doc = f.bootstrap(Path::new("/x"), Path::new("/y")).unwrap();
+        let p = &doc["static_resources"]["clusters"][0]["load_balancing_policy"]["policies"][0];
+        assert_eq!(
+            p["typed_extension_config"]["name"],
+            json!("envoy.load_balancing_policies.override_host")
+        );
     }
 
     #[test]
