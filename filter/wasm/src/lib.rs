@@ -58,6 +58,9 @@ struct Worker {
     cache: Cache,
     counters: Counters,
     requests: u64,
+    /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
+    /// per-request debug lines are not even formatted otherwise.
+    debug: bool,
 }
 
 #[derive(Default)]
@@ -91,6 +94,7 @@ impl RootContext for Root {
                     cache: Cache::default(),
                     counters: Counters::define(),
                     requests: 0,
+                    debug: host::log_enabled(LogLevel::Debug),
                 })));
                 true
             }
@@ -177,22 +181,28 @@ impl Http {
         host::log(level, &format!("llm-router[{}]: {msg}", self.id));
     }
 
+    /// Whether debug lines are wanted (see [`Worker::debug`]).
+    fn debug(&self) -> bool {
+        self.worker.borrow().debug
+    }
+
     fn reject(&mut self, r: &Rejection) -> Action {
-        let reason_header = {
-            let w = self.worker.borrow();
-            w.counters.rejected.inc();
-            w.router.config.reason_header.clone()
-        };
+        if self.debug() {
+            self.log(
+                LogLevel::Debug,
+                &format!("rejected {}: {}", r.status, r.message),
+            );
+        }
+        let worker = Rc::clone(&self.worker);
+        let w = worker.borrow();
+        w.counters.rejected.inc();
         let retry = r.retry_after_s.map(|s| s.to_string());
-        let mut headers = vec![(reason_header.as_str(), r.reason)];
+        let mut headers = vec![(w.router.config.reason_header.as_str(), r.reason)];
         if let Some(s) = &retry {
             headers.push(("retry-after", s.as_str()));
         }
-        self.log(
-            LogLevel::Debug,
-            &format!("rejected {}: {}", r.status, r.message),
-        );
         host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
+        drop(w);
         self.kind = Kind::Done;
         Action::Pause
     }
@@ -288,19 +298,24 @@ impl Http {
         let mut w = self.worker.borrow_mut();
         w.requests = w.requests.wrapping_add(1);
         let cfg = &w.router.config;
+        // The objective header is read only when objectives are configured.
         let priority = host::request_header(&cfg.priority_header)
             .and_then(|p| p.trim().parse::<i32>().ok())
             .or_else(|| {
+                if cfg.objectives.is_empty() {
+                    return None;
+                }
                 host::request_header(&cfg.objective_header)
                     .and_then(|o| cfg.objectives.get(&o).copied())
             })
             .unwrap_or(0);
+        // One clock read per decision: the decision time, the tie-break entropy and the send
+        // time the first byte is measured from.
+        let now_ns = host::now_nanos();
         let ctx = RouteContext {
             priority,
-            now_ms: host::now_ms(),
-            tie: host::now_nanos()
-                ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ u64::from(self.id),
+            now_ms: now_ns / 1_000_000,
+            tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(self.id),
         };
         let fleet = {
             let Worker { cache, router, .. } = &mut *w;
@@ -348,24 +363,27 @@ impl Http {
                 "llm-router: clear_route_cache is not available in this host",
             );
         }
+        let debug = w.debug;
         drop(w);
-        self.log(
-            LogLevel::Debug,
-            &format!(
-                "model {} → pool {} [{}] {:?}",
-                parsed.model,
-                routed.pool,
-                routed.mode.name(),
-                routed.scores
-            ),
-        );
+        if debug {
+            self.log(
+                LogLevel::Debug,
+                &format!(
+                    "model {} → pool {} [{}] {:?}",
+                    parsed.model,
+                    routed.pool,
+                    routed.mode.name(),
+                    routed.scores
+                ),
+            );
+        }
         if let Some(pod) = routed.inflight_pod {
             self.routed = Some(Routed {
                 pool: routed.pool,
                 pod,
                 pending: routed.pending_tokens,
                 work: routed.work_tokens,
-                sent_ns: host::now_nanos(),
+                sent_ns: now_ns,
                 observe: parsed.stream || kind == ApiKind::Embeddings,
             });
         }
@@ -404,28 +422,24 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (push_path, state_path, cluster_header, endpoint_header, max_body) = {
-            let w = self.worker.borrow();
-            let c = &w.router.config;
-            (
-                c.snapshot.push_path.clone(),
-                c.snapshot.state_path.clone(),
-                c.cluster_header.clone(),
-                c.endpoint_header.clone(),
-                c.max_body_bytes,
-            )
-        };
+        // Borrowed, not cloned: no configuration string is copied per request.
+        let worker = Rc::clone(&self.worker);
+        let w = worker.borrow();
+        let c = &w.router.config;
         // Routing headers come from this filter only, never from clients.
-        host::remove_request_header(&endpoint_header);
-        host::remove_request_header(&cluster_header);
+        host::remove_request_header(&c.endpoint_header);
+        host::remove_request_header(&c.cluster_header);
         let path = host::request_header(":path").unwrap_or_default();
         let path = path.split('?').next().unwrap_or_default();
+        let (is_push, is_state) = (path == c.snapshot.push_path, path == c.snapshot.state_path);
+        let max_body = c.max_body_bytes;
+        drop(w);
         let method = host::request_header(":method").unwrap_or_default();
-        if path == push_path || path == state_path {
+        if is_push || is_state {
             if let Err((status, why)) = self.authorized() {
                 return self.refuse_push(status, why, "forbidden");
             }
-            if path == state_path {
+            if is_state {
                 let json = fleet::state_json(&HostStore, host::now_ms());
                 return self.answer(200, &json);
             }
