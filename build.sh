@@ -125,7 +125,8 @@ optimise_wasm() {
   local before after
   before=$(wc -c <"$wasm")
   step "wasm-opt -O3 $wasm"
-  wasm-opt -O3 --strip-debug --strip-producers "$wasm" -o "$wasm.tmp"
+  # -g keeps the name section: traps keep symbolicated backtraces (in Envoy's log and tests).
+  wasm-opt -O3 -g --strip-dwarf --strip-producers "$wasm" -o "$wasm.tmp"
   mv "$wasm.tmp" "$wasm"
   touch "$stamp"
   after=$(wc -c <"$wasm")

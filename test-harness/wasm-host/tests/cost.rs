@@ -20,11 +20,12 @@ fn four_pods(host: &proxy_wasm_host::Host, vm: &Vm) {
     );
 }
 
-/// One full routed request of a ~2 KB streamed chat prompt: headers, body, decision, response
-/// headers and a first body chunk, end of stream; returns the per-kind counts of that request.
-fn routed_request(vm: &Vm, model: &str, tag: &str) -> BTreeMap<String, CallCount> {
+/// One full routed request of a ~2 KB chat prompt: headers, body, decision, response headers,
+/// the response body (streamed: two chunks; else one), end of stream; returns the per-kind
+/// counts of that request.
+fn routed_request(vm: &Vm, stream: bool, tag: &str) -> BTreeMap<String, CallCount> {
     let prompt = format!("{tag} {}", "the quick brown fox jumps over ".repeat(64));
-    let body = serde_json::json!({"model": model, "stream": true,
+    let body = serde_json::json!({"model": LLAMA, "stream": stream,
         "messages": [{"role": "system", "content": "You are brief."},
                      {"role": "user", "content": prompt}]})
     .to_string();
@@ -35,13 +36,17 @@ fn routed_request(vm: &Vm, model: &str, tag: &str) -> BTreeMap<String, CallCount
     r.send().unwrap_or_else(|e| panic!("{e}"));
     let served = endpoints(&r).first().cloned().expect("routed");
     r.property("upstream.address", served.as_str());
-    r.respond_with(
+    let response = if stream {
         Response::new(200)
             .header("content-type", "text/event-stream")
             .chunk("data: {\"choices\":[]}\n\n")
-            .chunk("data: [DONE]\n\n"),
-    )
-    .unwrap();
+            .chunk("data: [DONE]\n\n")
+    } else {
+        Response::new(200)
+            .header("content-type", "application/json")
+            .chunk("{\"choices\":[]}")
+    };
+    r.respond_with(response).unwrap();
     r.finish().unwrap();
     let counts = vm.call_counts();
     if std::env::var_os("COST_TRACE").is_some() {
@@ -70,9 +75,9 @@ fn table(counts: &BTreeMap<String, CallCount>) -> String {
     out
 }
 
-/// Budgets per kind for one routed request (4 pods, a new 2 KB prompt = 2 prefix-index pages,
-/// no adapter), set to what the filter needs today. Every call is accounted for in
-/// filter/README.md, "Cost".
+/// Budgets per kind for one routed streamed request (4 pods, a new 2 KB prompt = 2
+/// prefix-index pages, no adapter), set to what the filter needs today. Every call is
+/// accounted for in filter/README.md, "Cost".
 const BUDGET: &[(&str, u64)] = &[
     // The snapshot meta key (generation); the pool's load table at the decision, at the first
     // byte and at the end (each a read-modify-CAS-write); the 2 prefix-index pages.
@@ -100,6 +105,53 @@ const BUDGET: &[(&str, u64)] = &[
     ("proxy_log", 0),
 ];
 
+/// An unstreamed response teaches no prefill rate: no clock read at its first byte.
+const UNSTREAMED_FEWER: &[(&str, u64)] = &[("proxy_get_current_time_nanoseconds", 1)];
+
+/// Fails unless every kind has a budget and stays within it (less `fewer`).
+fn check_budget(counts: &BTreeMap<String, CallCount>, fewer: &[(&str, u64)]) {
+    for kind in counts.keys() {
+        assert!(
+            BUDGET.iter().any(|(k, _)| k == kind),
+            "a routed request makes {kind} calls, which have no budget here and no line in \
+             filter/README.md's Cost section\n{}",
+            table(counts)
+        );
+    }
+    for &(kind, max) in BUDGET {
+        let less = fewer
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n);
+        let max = max - less;
+        assert!(
+            calls(counts, kind) <= max,
+            "{kind}: {} calls per routed request, budget {max}\n{}",
+            calls(counts, kind),
+            table(counts)
+        );
+    }
+}
+
+#[test]
+fn an_unstreamed_request_stays_within_its_host_call_budget() {
+    let host = host();
+    let vm = vm(&host);
+    four_pods(&host, &vm);
+    routed_request(&vm, false, "warm-up");
+    let counts = routed_request(&vm, false, "steady");
+    println!(
+        "steady state, one unstreamed routed request (4 pods, 2 KB):\n{}",
+        table(&counts)
+    );
+    check_budget(&counts, UNSTREAMED_FEWER);
+    // And it was released: nothing in flight, nothing pending.
+    for i in 1..=4 {
+        let l = pod_load(&host, "llama", &format!("10.0.0.{i}:8000"));
+        assert_eq!((l.in_flight, l.pending_tokens), (0, 0), "pod {i}");
+    }
+}
+
 #[test]
 fn a_routed_request_stays_within_its_host_call_budget() {
     let host = host();
@@ -107,29 +159,14 @@ fn a_routed_request_stays_within_its_host_call_budget() {
     four_pods(&host, &vm);
     // The first request after a push decodes the snapshot (once per generation); the steady
     // state is the second and later requests.
-    let first = routed_request(&vm, LLAMA, "warm-up");
-    let counts = routed_request(&vm, LLAMA, "steady");
+    let first = routed_request(&vm, true, "warm-up");
+    let counts = routed_request(&vm, true, "steady");
     println!("first request after a push:\n{}", table(&first));
     println!(
-        "steady state, one routed request (4 pods, 2 KB):\n{}",
+        "steady state, one streamed routed request (4 pods, 2 KB):\n{}",
         table(&counts)
     );
-    for kind in counts.keys() {
-        assert!(
-            BUDGET.iter().any(|(k, _)| k == kind),
-            "a routed request makes {kind} calls, which have no budget here and no line in \
-             filter/README.md's Cost section\n{}",
-            table(&counts)
-        );
-    }
-    for &(kind, max) in BUDGET {
-        assert!(
-            calls(&counts, kind) <= max,
-            "{kind}: {} calls per routed request, budget {max}\n{}",
-            calls(&counts, kind),
-            table(&counts)
-        );
-    }
+    check_budget(&counts, &[]);
     let body_in: u64 = counts.values().map(|c| c.bytes_out).sum();
     let total_calls: u64 = counts.values().map(|c| c.calls).sum();
     println!("total: {total_calls} calls, {body_in} bytes into the module");
@@ -150,8 +187,8 @@ fn the_snapshot_is_read_once_per_generation_not_per_request() {
     let host = host();
     let vm = vm(&host);
     four_pods(&host, &vm);
-    let first = routed_request(&vm, LLAMA, "warm-up");
-    let second = routed_request(&vm, LLAMA, "steady");
+    let first = routed_request(&vm, true, "warm-up");
+    let second = routed_request(&vm, true, "steady");
     let gets = |c: &BTreeMap<String, CallCount>| {
         c.get("proxy_get_shared_data")
             .map_or((0, 0), |c| (c.calls, c.bytes_out))
