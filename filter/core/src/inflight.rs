@@ -162,6 +162,15 @@ pub fn read(store: &impl SharedStore, pool: &str) -> Table {
         .unwrap_or_default()
 }
 
+/// Reads a pool's live table with its compare-and-swap token, for a later
+/// [`routed_after_read`] that writes without reading the key again.
+pub fn read_for_update(store: &impl SharedStore, pool: &str) -> (Table, Option<u32>) {
+    match store.get(&key(pool)) {
+        Some((v, cas)) => (Table::decode(&v), Some(cas)),
+        None => (Table::default(), None),
+    }
+}
+
 /// Reads a pool's baseline table.
 pub fn read_baseline(store: &impl SharedStore, pool: &str) -> Table {
     store
@@ -173,12 +182,26 @@ pub fn read_baseline(store: &impl SharedStore, pool: &str) -> Table {
 /// Applies `change` to the pool's table with compare-and-swap; gives up after a bounded number
 /// of conflicts (the table is an estimate; losing one update under extreme contention is
 /// preferable to spinning inside a request). Returns whether the update landed.
-pub fn update(store: &impl SharedStore, pool: &str, mut change: impl FnMut(&mut Table)) -> bool {
+pub fn update(store: &impl SharedStore, pool: &str, change: impl FnMut(&mut Table)) -> bool {
+    update_from(store, pool, None, change)
+}
+
+/// [`update`], starting from a table already read (with its CAS token) in this request: when
+/// no other worker wrote since, the update costs one write and no read.
+fn update_from(
+    store: &impl SharedStore,
+    pool: &str,
+    mut first: Option<(Table, Option<u32>)>,
+    mut change: impl FnMut(&mut Table),
+) -> bool {
     let k = key(pool);
     for _ in 0..32 {
-        let (mut table, cas) = match store.get(&k) {
-            Some((v, cas)) => (Table::decode(&v), Some(cas)),
-            None => (Table::default(), None),
+        let (mut table, cas) = match first.take() {
+            Some(read) => read,
+            None => match store.get(&k) {
+                Some((v, cas)) => (Table::decode(&v), Some(cas)),
+                None => (Table::default(), None),
+            },
         };
         change(&mut table);
         table.tidy();
@@ -193,7 +216,20 @@ pub fn update(store: &impl SharedStore, pool: &str, mut change: impl FnMut(&mut 
 
 /// A request that brings `tokens` estimated tokens of prefill work was sent to `addr`.
 pub fn routed(store: &impl SharedStore, pool: &str, addr: &str, tokens: u32) -> bool {
-    update(store, pool, |t| {
+    routed_after_read(store, pool, None, addr, tokens)
+}
+
+/// [`routed`], given the table (and CAS token) this request already read to rank the pods:
+/// the common case writes once without reading again; a concurrent write by another worker
+/// makes the CAS fail and the update retries from a fresh read.
+pub fn routed_after_read(
+    store: &impl SharedStore,
+    pool: &str,
+    read: Option<(Table, Option<u32>)>,
+    addr: &str,
+    tokens: u32,
+) -> bool {
+    update_from(store, pool, read, |t| {
         t.with(addr, |l| {
             l.in_flight = l.in_flight.saturating_add(1);
             l.pending_tokens = l.pending_tokens.saturating_add(tokens);

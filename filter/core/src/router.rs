@@ -258,7 +258,8 @@ impl Router {
             Mode::Full
         };
 
-        let live = inflight::read(store, &pool.name);
+        // Read once: ranks the pods and, with its CAS token, is the base of the write below.
+        let (live, live_cas) = inflight::read_for_update(store, &pool.name);
         let empty = Table::default();
         let baseline = fleet.baselines.get(pool_index).unwrap_or(&empty);
         let derived = fleet.pools.get(pool_index);
@@ -405,7 +406,15 @@ impl Router {
             pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
             work_tokens = c.queued_tokens(&features, mode) + uncached;
             index.record(&hashes.blocks, ids.get(i).copied().unwrap_or(0), &found);
-            inflight::routed(store, &pool.name, c.address, pending_tokens);
+            inflight::routed_after_read(
+                store,
+                &pool.name,
+                // Without a CAS token (no table yet) a blind write could overwrite another
+                // worker's first entry: read again instead.
+                live_cas.map(|cas| (live, Some(cas))),
+                c.address,
+                pending_tokens,
+            );
             if let Some(a) = adapter_name {
                 lora::note(store, &pool.name, c.address, a);
             }

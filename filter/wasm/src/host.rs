@@ -92,6 +92,12 @@ pub fn clear_route_cache() -> bool {
     hostcalls::call_foreign_function("clear_route_cache", None).is_ok()
 }
 
+/// Whether the host logs at `level` for this VM (false when it cannot tell: lines are skipped
+/// rather than formatted for nothing).
+pub fn log_enabled(level: LogLevel) -> bool {
+    hostcalls::get_log_level().is_ok_and(|l| l as u32 <= level as u32)
+}
+
 pub fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }

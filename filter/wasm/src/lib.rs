@@ -59,6 +59,9 @@ struct Worker {
     cache: Cache,
     counters: Counters,
     requests: u64,
+    /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
+    /// per-request debug lines are not even formatted otherwise.
+    debug: bool,
 }
 
 #[derive(Default)]
@@ -87,6 +90,7 @@ impl RootContext for Root {
                     cache: Cache::default(),
                     counters: Counters::define(),
                     requests: 0,
+                    debug: host::log_enabled(LogLevel::Debug),
                 })));
                 true
             }
@@ -167,22 +171,28 @@ impl Http {
         host::log(level, &format!("llm-router[{}]: {msg}", self.id));
     }
 
+    /// Whether debug lines are wanted (see [`Worker::debug`]).
+    fn debug(&self) -> bool {
+        self.worker.borrow().debug
+    }
+
     fn reject(&mut self, r: &Rejection) -> Action {
-        let reason_header = {
-            let w = self.worker.borrow();
-            w.counters.rejected.inc();
-            w.router.config.reason_header.clone()
-        };
+        if self.debug() {
+            self.log(
+                LogLevel::Debug,
+                &format!("rejected {}: {}", r.status, r.message),
+            );
+        }
+        let worker = Rc::clone(&self.worker);
+        let w = worker.borrow();
+        w.counters.rejected.inc();
         let retry = r.retry_after_s.map(|s| s.to_string());
-        let mut headers = vec![(reason_header.as_str(), r.reason)];
+        let mut headers = vec![(w.router.config.reason_header.as_str(), r.reason)];
         if let Some(s) = &retry {
             headers.push(("retry-after", s.as_str()));
         }
-        self.log(
-            LogLevel::Debug,
-            &format!("rejected {}: {}", r.status, r.message),
-        );
         host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
+        drop(w);
         self.kind = Kind::Done;
         Action::Pause
     }
@@ -296,12 +306,13 @@ impl Http {
         } else {
             0
         };
+        // One clock read per decision: the decision time, the tie-break entropy and the send
+        // time the first byte is measured from.
+        let now_ns = host::now_nanos();
         let ctx = RouteContext {
             priority,
-            now_ms: host::now_ms(),
-            tie: host::now_nanos()
-                ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ u64::from(self.id),
+            now_ms: now_ns / 1_000_000,
+            tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(self.id),
         };
         let fleet = {
             let Worker { cache, router, .. } = &mut *w;
@@ -349,24 +360,27 @@ impl Http {
                 "llm-router: clear_route_cache is not available in this host",
             );
         }
+        let debug = w.debug;
         drop(w);
-        self.log(
-            LogLevel::Debug,
-            &format!(
-                "model {} → pool {} [{}] {:?}",
-                parsed.model,
-                routed.pool,
-                routed.mode.name(),
-                routed.scores
-            ),
-        );
+        if debug {
+            self.log(
+                LogLevel::Debug,
+                &format!(
+                    "model {} → pool {} [{}] {:?}",
+                    parsed.model,
+                    routed.pool,
+                    routed.mode.name(),
+                    routed.scores
+                ),
+            );
+        }
         if let Some(pod) = routed.inflight_pod {
             self.routed = Some(Routed {
                 pool: routed.pool,
                 pod,
                 pending: routed.pending_tokens,
                 work: routed.work_tokens,
-                sent_ns: host::now_nanos(),
+                sent_ns: now_ns,
                 observe: parsed.stream || kind == ApiKind::Embeddings,
             });
         }
@@ -381,8 +395,11 @@ impl Http {
         if r.pending == 0 && !r.observe {
             return;
         }
-        let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
-        let observed = r.observe.then_some((r.work, ttft_ms));
+        // The clock is read only when the timing teaches something.
+        let observed = r.observe.then(|| {
+            let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
+            (r.work, ttft_ms)
+        });
         self.worker
             .borrow()
             .router
@@ -405,30 +422,25 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let (push_path, state_path, endpoints, cluster_header, endpoint_header, max_body) = {
-            let w = self.worker.borrow();
-            let c = &w.router.config;
-            (
-                c.snapshot.push_path.clone(),
-                c.snapshot.state_path.clone(),
-                c.snapshot.endpoints,
-                c.cluster_header.clone(),
-                c.endpoint_header.clone(),
-                c.max_body_bytes,
-            )
-        };
+        // Borrowed, not cloned: no configuration string is copied per request.
+        let worker = Rc::clone(&self.worker);
+        let w = worker.borrow();
+        let c = &w.router.config;
         // Routing headers come from this filter only, never from clients.
-        host::remove_request_header(&endpoint_header);
-        host::remove_request_header(&cluster_header);
+        host::remove_request_header(&c.endpoint_header);
+        host::remove_request_header(&c.cluster_header);
         let path = host::request_header(":path").unwrap_or_default();
         let path = path.split('?').next().unwrap_or_default();
+        let (is_push, is_state) = (path == c.snapshot.push_path, path == c.snapshot.state_path);
+        let (endpoints, max_body) = (c.snapshot.endpoints, c.max_body_bytes);
+        drop(w);
         let method = host::request_header(":method").unwrap_or_default();
-        if path == push_path || path == state_path {
+        if is_push || is_state {
             if !endpoints {
                 // Not this listener's business: the endpoints live on the internal listener.
                 return self.answer(404, NOT_FOUND);
             }
-            if path == state_path {
+            if is_state {
                 let json = fleet::state_json(&HostStore, host::now_ms());
                 return self.answer(200, &json);
             }

@@ -3,8 +3,8 @@
 //! in the same run: the same decision in native Rust (`llm-router-core` on an in-memory store),
 //! and a pass-through request through the same VM (the host's own per-request floor).
 //!
-//! Run: `cargo bench -p proxy-wasm-host --bench decision` (add `-- --quick` for fewer
-//! iterations). Prints a table of p50/p99 in µs. A request is timed from its headers to the
+//! Run: `cargo bench --profile release --workspace --bench decision` (add `-- --quick` for
+//! fewer iterations, `-- --only 64/20KB` for one case). Prints a table of p50/p99 in µs. A request is timed from its headers to the
 //! end of its last body callback (the decision), delivered in 16 KB chunks like Envoy reads.
 
 use std::hint::black_box;
@@ -109,8 +109,14 @@ fn push(vm: &Vm, bytes: &[u8]) {
     r.finish().unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// µs per request through the Wasm filter; also host calls per request.
-fn wasm_run(module: &Module, pods: usize, size: usize, iters: usize) -> (Vec<f64>, Vec<f64>, f64) {
+/// µs per request through the Wasm filter; also host calls per request and the VM's linear
+/// memory (bytes) at the end.
+fn wasm_run(
+    module: &Module,
+    pods: usize,
+    size: usize,
+    iters: usize,
+) -> (Vec<f64>, Vec<f64>, f64, usize) {
     let host = Host::new(module);
     let vm = host
         .builder()
@@ -163,7 +169,7 @@ fn wasm_run(module: &Module, pods: usize, size: usize, iters: usize) -> (Vec<f64
         }
     }
     let per_req = (vm.host_calls() - calls0) as f64 / (iters + iters / 10) as f64;
-    (decide, floor, per_req)
+    (decide, floor, per_req, vm.memory_bytes())
 }
 
 /// µs per request for the same decision in native Rust (parse + route + release).
@@ -199,14 +205,20 @@ fn native_run(pods: usize, size: usize, iters: usize) -> Vec<f64> {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let module = Module::filter().unwrap_or_else(|e| panic!("{e}"));
     println!(
         "decision time per request, release filter .wasm under wasmtime (µs; body in {} KB chunks)",
         CHUNK / 1024
     );
     println!(
-        "{:>5} {:>7} | {:>9} {:>9} | {:>10} {:>10} | {:>9} {:>9} | {:>10} {:>9}",
+        "{:>5} {:>7} | {:>9} {:>9} | {:>10} {:>10} | {:>9} {:>9} | {:>10} {:>9} {:>8}",
         "pods",
         "body",
         "wasm p50",
@@ -216,10 +228,17 @@ fn main() {
         "pass p50",
         "pass p99",
         "wasm/nat",
-        "calls/req"
+        "calls/req",
+        "VM KiB"
     );
     for pods in [4, 16, 64, 256] {
         for (label, size) in [("1KB", 1024), ("20KB", 20 * 1024), ("200KB", 200 * 1024)] {
+            if only
+                .as_ref()
+                .is_some_and(|o| *o != format!("{pods}/{label}"))
+            {
+                continue;
+            }
             let iters = match (size, quick) {
                 (s, true) if s > 100_000 => 30,
                 (_, true) => 100,
@@ -227,14 +246,15 @@ fn main() {
                 (s, false) if s > 10_000 => 600,
                 _ => 1500,
             };
-            let (wasm, floor, calls) = wasm_run(&module, pods, size, iters);
+            let (wasm, floor, calls, memory) = wasm_run(&module, pods, size, iters);
             let native = native_run(pods, size, iters);
             let (w50, w99) = stats(wasm);
             let (n50, n99) = stats(native);
             let (f50, f99) = stats(floor);
             println!(
-                "{pods:>5} {label:>7} | {w50:>9.1} {w99:>9.1} | {n50:>10.1} {n99:>10.1} | {f50:>9.1} {f99:>9.1} | {:>9.1}x {calls:>9.1}",
-                w50 / n50.max(0.001)
+                "{pods:>5} {label:>7} | {w50:>9.1} {w99:>9.1} | {n50:>10.1} {n99:>10.1} | {f50:>9.1} {f99:>9.1} | {:>9.1}x {calls:>9.1} {:>8}",
+                w50 / n50.max(0.001),
+                memory / 1024
             );
         }
     }

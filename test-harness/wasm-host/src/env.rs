@@ -32,6 +32,8 @@ pub(crate) fn read(c: &C<'_>, ptr: u32, len: u32) -> wasmtime::Result<Vec<u8>> {
     if len == 0 {
         return Ok(Vec::new());
     }
+    let counted = &c.data().pending_in;
+    counted.set(counted.get().saturating_add(u64::from(len)));
     let mem = memory(c)?;
     let (p, l) = (ptr as usize, len as usize);
     mem.data(c)
@@ -88,6 +90,7 @@ fn give(c: &mut C<'_>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> wasmtime::R
             )));
         }
         write(c, ptr, bytes)?;
+        c.data_mut().count_out(bytes.len());
     }
     write_u32(c, ptr_ptr, ptr)?;
     write_u32(c, size_ptr, u32::try_from(bytes.len()).unwrap_or(u32::MAX))
@@ -95,8 +98,14 @@ fn give(c: &mut C<'_>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> wasmtime::R
 
 fn trace(c: &mut C<'_>, line: impl FnOnce() -> String) {
     let st = c.data_mut();
-    st.host_calls += 1;
-    st.trace.push(|| format!("[vm->host] {}", line()));
+    if st.call_counts.is_some() {
+        let line = line();
+        st.count_call(&line);
+        st.trace.push(|| format!("[vm->host] {line}"));
+    } else {
+        st.count_call("");
+        st.trace.push(|| format!("[vm->host] {}", line()));
+    }
 }
 
 fn status_name(s: u32) -> &'static str {
@@ -917,7 +926,7 @@ fn log(mut c: C<'_>, level: u32, ptr: u32, len: u32) -> R {
     let ctx = st.effective_ctx;
     st.trace
         .push(|| format!("[vm->host] proxy_log({level:?}, {message:?})"));
-    st.host_calls += 1;
+    st.count_call("proxy_log");
     st.logs.push(LogEntry {
         ctx,
         level,

@@ -30,7 +30,9 @@ mod wasi;
 pub use abi::{decode_pairs, encode_pairs, Action, LogLevel, MetricType, PairsError, Status};
 pub use error::HostError;
 pub use request::{Request, Response};
-pub use state::{ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_START_NS};
+pub use state::{
+    CallCount, ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_START_NS,
+};
 #[cfg(test)]
 mod tests;
 

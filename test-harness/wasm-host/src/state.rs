@@ -244,13 +244,53 @@ pub(crate) struct HostState {
     pub rng: u64,
     /// Count of host calls made by the module (cheap, always on; the bench reports it).
     pub host_calls: u64,
+    /// Per-kind counts of host calls and bytes copied across the boundary, while switched on
+    /// with [`crate::Vm::count_calls`] (costs a formatted trace line per call).
+    pub call_counts: Option<BTreeMap<String, CallCount>>,
+    /// Bytes the host copied out of the module since the last traced call (attributed to the
+    /// call that traces next: every host function reads its arguments before it traces).
+    pub pending_in: std::cell::Cell<u64>,
+    /// The kind of the last traced call (bytes handed to the module after it count there).
+    pub last_kind: Option<String>,
     /// WASI command-line arguments (command modules only).
     pub args: Vec<Vec<u8>>,
     /// Write stdout/stderr through to this process instead of capturing them.
     pub passthrough_output: bool,
 }
 
+/// Host calls of one kind and the bytes they copied across the Wasm boundary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallCount {
+    pub calls: u64,
+    /// Bytes copied from module memory into the host (keys, values, headers, bodies).
+    pub bytes_in: u64,
+    /// Bytes the host handed to the module (values, headers, bodies).
+    pub bytes_out: u64,
+}
+
 impl HostState {
+    /// Counts one host call, with its kind parsed from its trace line when counting is on.
+    pub(crate) fn count_call(&mut self, line: &str) {
+        self.host_calls += 1;
+        let pending = self.pending_in.take();
+        if let Some(counts) = &mut self.call_counts {
+            let kind = line.split('(').next().unwrap_or(line).to_string();
+            let c = counts.entry(kind.clone()).or_default();
+            c.calls += 1;
+            c.bytes_in += pending;
+            self.last_kind = Some(kind);
+        }
+    }
+
+    /// Counts bytes handed to the module by the call traced last.
+    pub(crate) fn count_out(&mut self, n: usize) {
+        if let (Some(counts), Some(kind)) = (&mut self.call_counts, &self.last_kind) {
+            if let Some(c) = counts.get_mut(kind) {
+                c.bytes_out += n as u64;
+            }
+        }
+    }
+
     pub fn now_ns(&self) -> u64 {
         lock(&self.shared).clock_ns
     }

@@ -20,7 +20,9 @@ use wasmtime::{
 use crate::abi::{LogLevel, Status};
 use crate::error::HostError;
 use crate::request::{Flow, Request};
-use crate::state::{lock, ForeignCall, HostState, HttpCall, LogEntry, Metric, Shared, Trace};
+use crate::state::{
+    lock, CallCount, ForeignCall, HostState, HttpCall, LogEntry, Metric, Shared, Trace,
+};
 use crate::wasi::{ProcExit, ENOSYS, WASI_MODULE};
 
 /// Env var that overrides where the filter `.wasm` is looked for (testkit's
@@ -450,6 +452,9 @@ impl VmBuilder<'_> {
             violations: Vec::new(),
             rng: 0x5eed_0000 + vm_index as u64,
             host_calls: 0,
+            call_counts: None,
+            pending_in: std::cell::Cell::new(0),
+            last_kind: None,
             args: Vec::new(),
             passthrough_output: false,
         };
@@ -829,6 +834,40 @@ impl Vm {
     /// How many host functions the module has called so far.
     pub fn host_calls(&self) -> u64 {
         self.0.borrow().store.data().host_calls
+    }
+
+    /// Starts (`true`, from zero) or stops counting host calls per kind with the bytes each
+    /// kind copied across the Wasm boundary. Costs a formatted line per call: for cost tests
+    /// and reports, not for timing.
+    pub fn count_calls(&self, on: bool) {
+        let mut inner = self.0.borrow_mut();
+        let st = inner.store.data_mut();
+        st.call_counts = on.then(BTreeMap::new);
+        st.last_kind = None;
+        st.pending_in.set(0);
+    }
+
+    /// The per-kind counts since [`Vm::count_calls`]`(true)` (empty when not counting), keyed
+    /// by the ABI function name (`proxy_get_shared_data`, …).
+    pub fn call_counts(&self) -> BTreeMap<String, CallCount> {
+        self.0
+            .borrow()
+            .store
+            .data()
+            .call_counts
+            .clone()
+            .unwrap_or_default()
+    }
+
+    /// Size of the module's linear memory in bytes (what this worker VM holds).
+    pub fn memory_bytes(&self) -> usize {
+        let inner = self.0.borrow();
+        inner
+            .store
+            .data()
+            .memory
+            .map(|m| m.data_size(&inner.store))
+            .unwrap_or(0)
     }
 
     /// True after a trap.

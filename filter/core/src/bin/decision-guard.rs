@@ -1,0 +1,120 @@
+//! A fixed routing decision, repeated: the input of the instruction-count regression guard
+//! (`tests/instructions.rs` runs this under `valgrind --tool=callgrind`). Instruction counts
+//! repeat on a noisy machine where wall-clock time does not.
+//!
+//! `decision-guard N` parses, routes and releases N requests (after one warm-up; N at most
+//! [`MAX_RUNS`]) of a 20 KB chat prompt over a 64-pod pool on an in-memory store. The guard
+//! runs it with N = 0 and N > 0 and divides the difference by N: instructions per decision,
+//! start-up and input preparation excluded.
+
+use llm_router_core::request::{self, ApiKind};
+use llm_router_core::{Config, Context, Fleet, MemoryStore, Router};
+use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
+use std::hint::black_box;
+use std::process::ExitCode;
+
+const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
+const PODS: usize = 64;
+const BODY_BYTES: usize = 20 * 1024;
+const NOW_MS: u64 = 1_767_225_600_000;
+/// Largest N; the bodies of all runs are made whatever N is, so only decisions differ.
+const MAX_RUNS: usize = 50;
+
+fn config() -> String {
+    format!(
+        r#"{{"pools": [{{"name": "llama", "cluster": "pool_llama", "models": ["{LLAMA}"], "adapters": ["sql-lora"]}}],
+            "snapshot": {{"secret": "guard", "stale_after_ms": 3600000}}}}"#
+    )
+}
+
+/// 64 pods with varied load, every third running an adapter.
+fn snapshot() -> Snapshot {
+    let pods = (0..PODS)
+        .map(|i| Pod {
+            address: format!("10.0.{}.{}:8000", i / 256, i % 256),
+            engine: Engine::Vllm,
+            health: Health::Ok,
+            failures: 0,
+            scraped_at_ms: NOW_MS,
+            waiting: (i * 7 % 5) as u32,
+            running: (i * 13 % 17) as u32,
+            kv_usage: Some((i * 37 % 80) as f32 / 100.0),
+            block_size: 16,
+            num_blocks: 4096,
+            lora: Some(LoraState {
+                running: if i % 3 == 0 {
+                    vec!["sql-lora".into()]
+                } else {
+                    vec![]
+                },
+                waiting: vec![],
+                max_loras: 2,
+            }),
+        })
+        .collect();
+    Snapshot {
+        generation: 1,
+        created_ms: NOW_MS,
+        pools: vec![Pool {
+            name: "llama".into(),
+            cluster: "pool_llama".into(),
+            models: vec![LLAMA.into()],
+            pods,
+        }],
+    }
+}
+
+/// A chat body of 20 KB: a system prompt and a user turn that differs per request.
+fn body(i: usize) -> Vec<u8> {
+    let mut user = format!("request {i}: ");
+    while user.len() < BODY_BYTES - 200 {
+        user.push_str("the quick brown fox jumps over the lazy dog ");
+    }
+    serde_json::json!({"model": LLAMA, "stream": true, "messages": [
+        {"role": "system", "content": "You are a helpful assistant that answers briefly."},
+        {"role": "user", "content": user}]})
+    .to_string()
+    .into_bytes()
+}
+
+fn main() -> ExitCode {
+    let runs: usize = match std::env::args().nth(1).map(|a| a.parse()) {
+        Some(Ok(n)) if n <= MAX_RUNS => n,
+        _ => {
+            eprintln!("usage: decision-guard N  (0 <= N <= {MAX_RUNS})");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match Config::parse(config().as_bytes()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let store = MemoryStore::new();
+    let router = Router::new(config);
+    let fleet = Fleet::load(&store, snapshot(), NOW_MS, &router.config);
+    // The same bodies whatever N is: runs differ only in the decisions they make.
+    let bodies: Vec<Vec<u8>> = (0..=MAX_RUNS).map(body).collect();
+    for (i, b) in bodies.iter().take(runs + 1).enumerate() {
+        let Ok(parsed) = request::parse(ApiKind::ChatCompletions, b) else {
+            eprintln!("the fixed body does not parse");
+            return ExitCode::FAILURE;
+        };
+        let ctx = Context {
+            priority: 0,
+            now_ms: NOW_MS,
+            tie: i as u64,
+        };
+        let Ok(routed) = router.route(&store, Some(&fleet), &parsed, ctx) else {
+            eprintln!("the fixed request was not routed");
+            return ExitCode::FAILURE;
+        };
+        if let Some(pod) = &routed.inflight_pod {
+            router.finished(&store, &routed.pool, pod, routed.pending_tokens);
+        }
+        black_box(routed);
+    }
+    ExitCode::SUCCESS
+}
