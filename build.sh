@@ -158,11 +158,12 @@ cmd_setup() {
 }
 
 # Optimises the filter .wasm in place with binaryen's wasm-opt (-O3: measured faster per
-# request than -Oz at a few KB more; see filter/README.md, "Cost"). Runs only when cargo wrote
-# a new module (a stamp file remembers the last optimised one).
+# request than -Oz at a few KB more; see filter/README.md, "Cost"). The stamp file holds the
+# sha256 of the optimised module: cargo re-links its own (unoptimised) artifact to this path on
+# every build, with the old mtime, so only the content tells whether this file is optimised.
 optimise_wasm() {
   local wasm="$1" stamp="$1.wasm-opt"
-  if [ -f "$stamp" ] && [ ! "$wasm" -nt "$stamp" ]; then
+  if [ -f "$stamp" ] && [ "$(sha256sum <"$wasm" | cut -d' ' -f1)" = "$(cat "$stamp")" ]; then
     info "wasm-opt: $wasm already optimised"
     return
   fi
@@ -176,8 +177,9 @@ optimise_wasm() {
   step "wasm-opt -O3 $wasm"
   # -g keeps the name section: traps keep symbolicated backtraces (in Envoy's log and tests).
   wasm-opt -O3 -g --strip-dwarf --strip-producers "$wasm" -o "$wasm.tmp"
+  # A new file, not a write through cargo's hard link: cargo's own artifact stays as built.
   mv "$wasm.tmp" "$wasm"
-  touch "$stamp"
+  sha256sum <"$wasm" | cut -d' ' -f1 >"$stamp"
   after=$(wc -c <"$wasm")
   info "wasm-opt: $before -> $after bytes"
 }
