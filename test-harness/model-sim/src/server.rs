@@ -42,6 +42,9 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 pub const POD_HEADER: &str = "x-model-sim-pod";
 /// How long a `hang` fault holds a request before giving up.
 const HANG_LIMIT: Duration = Duration::from_secs(600);
+/// Granularity of tokio's timer wheel; the last stretch of a step's sleep is done precisely.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
 /// Tokens a stream sends before a `close_mid_stream` fault cuts it.
 const CLOSE_AFTER_TOKENS: u32 = 2;
 
@@ -633,9 +636,18 @@ async fn scheduler(pod: Arc<Pod>) {
             }
             Some(end) => {
                 if end > pod.now() {
+                    // Tokio's timer ticks in whole milliseconds: it would wake this step up to
+                    // 1 ms late, a lag that swamps a fast pod's 10 ms time to first token. Sleep
+                    // on the timer to within a tick, then the rest precisely (nanosleep).
+                    let at = pod.instant_at(end);
+                    let coarse = at.checked_sub(TIMER_TICK).unwrap_or(at);
                     tokio::select! {
-                        _ = tokio::time::sleep_until(pod.instant_at(end)) => {}
+                        _ = tokio::time::sleep_until(coarse) => {}
                         _ = die.changed() => return,
+                    }
+                    let rest = at.saturating_duration_since(tokio::time::Instant::now());
+                    if !rest.is_zero() {
+                        std::thread::sleep(rest);
                     }
                 } else {
                     // Catching up: let other tasks run between back-to-back steps.
