@@ -19,6 +19,7 @@
 use crate::predict::Fit;
 use crate::store::{SharedStore, StoreError};
 use crate::wire::Reader;
+use std::collections::BTreeMap;
 
 const TAG: [u8; 2] = [b'L', 2];
 /// Weight of a new request in the pool's mean prefill size.
@@ -124,6 +125,17 @@ impl Table {
             .find(|(a, _)| a == addr)
             .map(|(_, l)| *l)
             .unwrap_or_default()
+    }
+
+    /// The entries of `addrs`, in their order (zero for absent ones): one pass over the table
+    /// instead of a linear search per address (pools have up to thousands of pods).
+    pub fn get_all<'a>(&self, addrs: impl IntoIterator<Item = &'a str>) -> Vec<PodLoad> {
+        let by_addr: BTreeMap<&str, PodLoad> =
+            self.entries.iter().map(|(a, l)| (a.as_str(), *l)).collect();
+        addrs
+            .into_iter()
+            .map(|a| by_addr.get(a).copied().unwrap_or_default())
+            .collect()
     }
 
     /// Requests in flight to `addr`.

@@ -106,13 +106,13 @@ pub fn pool_rate(fitted: impl Iterator<Item = Rate>, prior: Rate) -> Rate {
     }
     rates.sort_by(|a, b| a.cost_ms_per_token.total_cmp(&b.cost_ms_per_token));
     let mid = rates.len() / 2;
-    let mut costs: Vec<f64> = rates.iter().map(|r| r.base_ms).collect();
-    costs.sort_by(f64::total_cmp);
+    let mut bases: Vec<f64> = rates.iter().map(|r| r.base_ms).collect();
+    bases.sort_by(f64::total_cmp);
     Rate {
         cost_ms_per_token: rates
             .get(mid)
             .map_or(prior.cost_ms_per_token, |r| r.cost_ms_per_token),
-        base_ms: costs.get(mid).copied().unwrap_or(prior.base_ms),
+        base_ms: bases.get(mid).copied().unwrap_or(prior.base_ms),
     }
 }
 

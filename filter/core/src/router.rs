@@ -284,8 +284,12 @@ impl Router {
             cost_ms_per_token: predict.prior_ms_per_token,
             base_ms: predict.prior_base_ms,
         };
-        let loads: Vec<_> = sp.pods.iter().map(|p| live.get(&p.address)).collect();
-        let pool_rate = predict::pool_rate(loads.iter().filter_map(|l| l.fit.rate()), prior);
+        let addrs = || sp.pods.iter().map(|p| p.address.as_str());
+        let loads = live.get_all(addrs());
+        let baselines = baseline.get_all(addrs());
+        // Each pod's fit is solved once per decision.
+        let rates: Vec<Option<Rate>> = loads.iter().map(|l| l.fit.rate()).collect();
+        let pool_rate = predict::pool_rate(rates.iter().flatten().copied(), prior);
 
         let adapter_name = adapter.then_some(model);
         let recent = match adapter_name {
@@ -302,7 +306,13 @@ impl Router {
         let full = mode == Mode::Full;
         let mut ids = Vec::with_capacity(sp.pods.len());
         let mut cands: Vec<Candidate<'_>> = Vec::with_capacity(sp.pods.len());
-        for (i, (p, l)) in sp.pods.iter().zip(&loads).enumerate() {
+        for (i, ((p, l), (b, r))) in sp
+            .pods
+            .iter()
+            .zip(&loads)
+            .zip(baselines.iter().zip(&rates))
+            .enumerate()
+        {
             if p.health == Health::Failing {
                 continue;
             }
@@ -340,13 +350,9 @@ impl Router {
                 running: if full { p.running } else { 0 },
                 kv_usage: if full { p.kv_usage } else { None },
                 in_flight: l.in_flight,
-                in_flight_baseline: if full {
-                    baseline.in_flight(&p.address)
-                } else {
-                    0
-                },
+                in_flight_baseline: if full { b.in_flight } else { 0 },
                 pending_tokens: l.pending_tokens,
-                rate: l.fit.rate().unwrap_or(pool_rate),
+                rate: r.unwrap_or(pool_rate),
                 prefix_blocks: found.blocks_for(id),
                 lora: placement,
                 adapter_ms,
