@@ -47,17 +47,18 @@ fn fonts() -> bool {
     })
 }
 
-const COLORS: [RGBColor; 6] = [
+const COLORS: [RGBColor; 7] = [
     RGBColor(214, 96, 77),   // round_robin
     RGBColor(244, 165, 60),  // least_request
     RGBColor(140, 86, 75),   // least_request_full
     RGBColor(150, 150, 150), // weighted_rr
     RGBColor(33, 102, 172),  // filter
     RGBColor(90, 174, 97),   // filter_gaie_weights
+    RGBColor(103, 169, 207), // filter_x2
 ];
 
 /// Short labels under the bars, in [`ROUTERS`] order.
-const SHORT: [&str; 6] = ["RR", "LR", "LR full", "WRR", "filter", "GAIE w"];
+const SHORT: [&str; 7] = ["RR", "LR", "LR full", "WRR", "filter", "GAIE w", "filter ×2"];
 
 fn shade(c: RGBColor, k: usize) -> RGBColor {
     // p50 lightest, p99 full colour.

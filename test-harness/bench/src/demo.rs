@@ -157,6 +157,7 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
         pods,
         envoy,
         sidecar,
+        replicas: vec![],
     };
     if router.uses_filter() {
         if let Err(e) = wait_snapshot(&stack, Duration::from_secs(15)).await {

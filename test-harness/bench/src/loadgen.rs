@@ -16,6 +16,10 @@ use tokio::task::JoinSet;
 pub struct RunOptions {
     /// Full URL of the endpoint, e.g. `http://127.0.0.1:10000/v1/chat/completions`.
     pub url: String,
+    /// The same endpoint on further gateway replicas: request `id` goes to the
+    /// `id % (1 + len)`-th of `url` and these (a front load balancer spreading requests, so the
+    /// turns of one conversation reach different replicas). Empty for one gateway.
+    pub replica_urls: Vec<String>,
     /// Extra request headers.
     pub headers: Vec<(String, String)>,
     /// How long to wait for open requests after the last arrival.
@@ -67,13 +71,16 @@ pub enum LoadError {
 
 /// Run a workload against `opts.url` and collect every sample.
 pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, LoadError> {
-    let uri: hyper::Uri = opts
-        .url
-        .parse()
-        .map_err(|e: hyper::http::uri::InvalidUri| LoadError::Url {
-            url: opts.url.clone(),
-            reason: e.to_string(),
-        })?;
+    let uris = std::iter::once(&opts.url)
+        .chain(&opts.replica_urls)
+        .map(|u| {
+            u.parse::<hyper::Uri>()
+                .map_err(|e| LoadError::Url {
+                    url: u.clone(),
+                    reason: e.to_string(),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let client = http_client();
     let headers = Arc::new(opts.headers.clone());
     let start = opts
@@ -86,7 +93,8 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
         let when = start + r.at;
         tokio::time::sleep_until(when.into()).await;
         let lag = Instant::now().saturating_duration_since(when);
-        let (client, uri, headers) = (client.clone(), uri.clone(), headers.clone());
+        let uri = uris[(r.id % uris.len() as u64) as usize].clone();
+        let (client, headers) = (client.clone(), headers.clone());
         let body = r.body.clone();
         let (id, model, at) = (r.id, r.model.clone(), r.at);
         let deadline = (Instant::now() + opts.request_timeout).min(cut);

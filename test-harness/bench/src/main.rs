@@ -27,7 +27,7 @@ enum Cmd {
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
         /// Only these routers (repeatable): round_robin least_request least_request_full
-        /// weighted_rr filter (default set) and filter_gaie_weights (extra).
+        /// weighted_rr filter (default set), filter_gaie_weights and filter_x2 (extras).
         #[arg(long = "router")]
         routers: Vec<String>,
         /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
@@ -282,6 +282,13 @@ fn main() -> ExitCode {
                         );
                         return ExitCode::FAILURE;
                     };
+                    if router.replicas() > 1 {
+                        eprintln!(
+                            "demo: {} runs several gateways; --serve starts one",
+                            router.name()
+                        );
+                        return ExitCode::FAILURE;
+                    }
                     match bench::demo::serve(port, router).await {
                         Ok(()) => ExitCode::SUCCESS,
                         Err(e) => {

@@ -183,6 +183,43 @@ pub fn estimate_adapter_loads(samples: &[Sample], base_model: &str, max_loras: u
     loads
 }
 
+/// A lower bound on the adapter loads any router can reach for a sequence of adapter requests
+/// (in arrival order) on a fleet with `slots` GPU adapter slots in all: Belady's optimal offline
+/// replacement (evict the adapter needed again furthest in the future) on one cache of all the
+/// fleet's slots, minus the `slots` first loads, which an ideal warm-up would have made. Splitting
+/// the slots over pods and adapters pinned while their requests run can only add loads, so no
+/// router does better than this.
+pub fn adapter_loads_floor(seq: &[&str], slots: usize) -> u64 {
+    let slots = slots.max(1);
+    // next[i]: index of the next request for seq[i]'s adapter after i (usize::MAX: none).
+    let mut next = vec![usize::MAX; seq.len()];
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, a) in seq.iter().enumerate().rev() {
+        if let Some(j) = seen.insert(a, i) {
+            next[i] = j;
+        }
+    }
+    // Resident adapters with the index of their next use.
+    let mut cache: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut misses = 0u64;
+    for (i, a) in seq.iter().enumerate() {
+        if cache.insert(a, next[i]).is_none() {
+            misses += 1;
+            if cache.len() > slots {
+                let victim = cache
+                    .iter()
+                    .filter(|(k, _)| **k != *a)
+                    .max_by_key(|(_, n)| **n)
+                    .map(|(k, _)| *k);
+                if let Some(v) = victim {
+                    cache.remove(v);
+                }
+            }
+        }
+    }
+    misses.saturating_sub(slots as u64)
+}
+
 /// The extras of one run from the fleet's counters (and the samples, for adapter loads).
 pub fn extras(
     metrics: &BTreeMap<String, f64>,
@@ -284,6 +321,38 @@ mod tests {
         // A pod without the emulator's extras: unknown, not zero.
         let bare = pod_window(&BTreeMap::new(), &BTreeMap::new(), 10.0);
         assert_eq!(bare, PodWindow::default());
+    }
+
+    #[test]
+    fn adapter_floor_is_beladys_minimum_after_a_warm_start() {
+        // Everything fits: no load after the warm-up.
+        assert_eq!(adapter_loads_floor(&["a", "b", "a", "b", "a"], 2), 0);
+        // 3 adapters cycling through 2 slots: Belady misses a b c (b evicted: needed last) then
+        // b, then a: 5 misses - 2 warm = 3; LRU would miss all 7.
+        let seq = ["a", "b", "c", "a", "b", "c", "a"];
+        assert_eq!(adapter_loads_floor(&seq, 2), 3);
+        let lru = {
+            let mut loads = 0;
+            let mut l: Vec<&str> = vec![];
+            for a in seq {
+                if let Some(i) = l.iter().position(|x| *x == a) {
+                    l.remove(i);
+                } else {
+                    loads += 1;
+                    if l.len() == 2 {
+                        l.remove(0);
+                    }
+                }
+                l.push(a);
+            }
+            loads
+        };
+        assert_eq!(lru, 7);
+        // Every distinct adapter beyond the slots costs at least one load.
+        let seq: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
+        let seq: Vec<&str> = seq.iter().map(String::as_str).collect();
+        assert_eq!(adapter_loads_floor(&seq, 4), 6);
+        assert_eq!(adapter_loads_floor(&[], 4), 0);
     }
 
     #[test]

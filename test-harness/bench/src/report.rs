@@ -22,16 +22,19 @@ pub const SCENARIOS: [&str; 6] = [
     "long_prompt",
 ];
 /// Router names, in the order of the tables.
-pub const ROUTERS: [&str; 6] = [
+pub const ROUTERS: [&str; 7] = [
     "round_robin",
     "least_request",
     "least_request_full",
     "weighted_rr",
     "filter",
     "filter_gaie_weights",
+    "filter_x2",
 ];
 /// The routers whose results are checked against the targets.
 pub const CHECKED_ROUTERS: [&str; 2] = ["filter", "filter_gaie_weights"];
+/// Routers compared with the one-gateway filter (targets whose baseline is `filter`).
+pub const REPLICA_ROUTERS: [&str; 1] = ["filter_x2"];
 /// The baselines (Envoy's own balancers).
 pub const BASELINES: [&str; 4] = [
     "round_robin",
@@ -361,7 +364,21 @@ pub fn targets() -> Vec<Target> {
             scenario: "lora",
             metric: "adapter_loads",
             baseline: "round_robin",
-            bound: Bound::AtMost(0.2),
+            bound: Bound::AtMost(0.15),
+        },
+        Target {
+            scenario: "lora",
+            metric: "ttft_p95_ms",
+            baseline: "round_robin",
+            bound: Bound::AtMost(0.7),
+        },
+        // Gateway replicas agree on placement: two replicas keep the prefix-cache hit rate of
+        // one (within 5 %).
+        Target {
+            scenario: "shared_prefix",
+            metric: "prefix_hit_rate",
+            baseline: "filter",
+            bound: Bound::AtLeast(0.95),
         },
         Target {
             scenario: "uniform",
@@ -471,7 +488,12 @@ pub fn check_targets(
         let Some(rs) = scenarios.get(t.scenario) else {
             continue;
         };
-        for router in CHECKED_ROUTERS {
+        let routers: &[&str] = if t.baseline == "filter" {
+            &REPLICA_ROUTERS
+        } else {
+            &CHECKED_ROUTERS
+        };
+        for &router in routers {
             let Some(sum) = rs.get(router) else {
                 continue;
             };
@@ -598,7 +620,8 @@ fn ordered(
     rows
 }
 
-fn ratio_table(out: &mut String, rep: &Report, baseline: &str) {
+/// Ratios of every router (or only those in `only`) to `baseline`.
+fn ratio_table(out: &mut String, rep: &Report, baseline: &str, only: Option<&[&str]>) {
     let metrics = [
         ("TTFT p50", "ttft_p50_ms"),
         ("TTFT p95", "ttft_p95_ms"),
@@ -607,6 +630,7 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str) {
         ("req/s", "throughput_rps"),
         ("tok/s", "output_tokens_per_s"),
         ("adapter loads", "adapter_loads"),
+        ("prefix hit rate", "prefix_hit_rate"),
     ];
     let _ = write!(out, "| scenario | router |");
     for (h, _) in metrics {
@@ -616,6 +640,7 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str) {
     let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(metrics.len()));
     for (s, r, sum) in ordered(&rep.scenarios) {
         if r == baseline
+            || only.is_some_and(|o| !o.contains(&r))
             || !rep
                 .scenarios
                 .get(s)
@@ -869,12 +894,23 @@ pub fn markdown(rep: &Report) -> String {
         out,
         "### Ratios vs round robin (router / round_robin [bootstrap 95 % interval]; latency < 1 is better, throughput > 1 is better)\n"
     );
-    ratio_table(&mut out, rep, "round_robin");
+    ratio_table(&mut out, rep, "round_robin", None);
     let _ = writeln!(
         out,
         "\n### Ratios vs least request (router / least_request)\n"
     );
-    ratio_table(&mut out, rep, "least_request");
+    ratio_table(&mut out, rep, "least_request", None);
+    if rep
+        .scenarios
+        .values()
+        .any(|x| REPLICA_ROUTERS.iter().any(|r| x.contains_key(*r)))
+    {
+        let _ = writeln!(
+            out,
+            "\n### Gateway replicas vs one gateway (router / filter)\n"
+        );
+        ratio_table(&mut out, rep, "filter", Some(&REPLICA_ROUTERS));
+    }
     ci_widths(&mut out, rep);
     let _ = writeln!(
         out,
@@ -1089,6 +1125,47 @@ mod tests {
         t.iter()
             .find(|x| x.scenario == s && x.router == r && x.metric == m && x.baseline == b)
             .unwrap()
+    }
+
+    #[test]
+    fn replicas_are_judged_against_one_gateway_on_the_prefix_hit_rate() {
+        let mut scenarios = BTreeMap::new();
+        let mut sp = ScenarioResult::default();
+        let with_hits = |h: f64| {
+            let mut x = run(1.0, 100, 10.0);
+            x.extra.insert("prefix_hit_rate".into(), h);
+            x
+        };
+        sp.insert("round_robin".to_string(), with_hits(0.4));
+        sp.insert("filter".to_string(), with_hits(0.9));
+        scenarios.insert("shared_prefix".to_string(), sp.clone());
+        let row = |r: &str, h: f64| RatioRow {
+            scenario: "shared_prefix".into(),
+            router: r.into(),
+            baseline: "filter".into(),
+            metric: "prefix_hit_rate".into(),
+            ratio: Some(h / 0.9),
+            ci95: Some([h / 0.9 - 0.01, h / 0.9 + 0.01]),
+            seeds: 5,
+        };
+        let judged = |h: f64| {
+            let mut sc = scenarios.clone();
+            if let Some(x) = sc.get_mut("shared_prefix") {
+                x.insert("filter_x2".to_string(), with_hits(h));
+            }
+            let t = check_targets(&sc, &[row("filter_x2", h)]);
+            // The one-gateway filter is never judged against itself.
+            assert!(!t
+                .iter()
+                .any(|x| x.baseline == "filter" && x.router != "filter_x2"));
+            find(&t, "shared_prefix", "filter_x2", "prefix_hit_rate", "filter").met
+        };
+        assert_eq!(judged(0.88), Some(true));
+        assert_eq!(judged(0.80), Some(false));
+        // Without a replica run there is nothing to judge.
+        assert!(!check_targets(&scenarios, &[])
+            .iter()
+            .any(|x| x.baseline == "filter"));
     }
 
     #[test]

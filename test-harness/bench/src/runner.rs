@@ -17,7 +17,7 @@ use crate::report::{
 use crate::scenarios::{scenario, scenario_at, Mode, Scenario};
 use crate::stack::{heterogeneous, start_stack, RouterKind, MODEL};
 use crate::stats::{summarize, Summary};
-use crate::workload::generate;
+use crate::workload::{generate, RequestSpec};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -194,6 +194,29 @@ impl RunOutcome {
     }
 }
 
+/// Model-sim's default GPU adapter slots per pod (`--max-loras`).
+const DEFAULT_MAX_LORAS: u32 = 4;
+
+/// The fewest adapter loads any router could make on the adapter requests that arrive in
+/// `[from_ms, to_ms)` ([`podmetrics::adapter_loads_floor`] over the fleet's GPU slots).
+pub fn adapter_floor(sc: &Scenario, reqs: &[RequestSpec], from_ms: f64, to_ms: f64) -> u64 {
+    let slots: u32 = sc
+        .fleet
+        .pods
+        .iter()
+        .map(|p| p.max_loras.unwrap_or(DEFAULT_MAX_LORAS))
+        .sum();
+    let seq: Vec<&str> = reqs
+        .iter()
+        .filter(|r| {
+            let at = r.at.as_secs_f64() * 1000.0;
+            at >= from_ms && at < to_ms && r.model != MODEL
+        })
+        .map(|r| r.model.as_str())
+        .collect();
+    podmetrics::adapter_loads_floor(&seq, slots as usize)
+}
+
 /// One scenario under one router: start the stack, send the workload, summarise, stop. The
 /// whole horizon is the window (no warm-up); see [`run_windowed`] for the benchmark protocol.
 pub async fn run_one(sc: &Scenario, router: RouterKind) -> Result<(Summary, RunResult), String> {
@@ -216,23 +239,12 @@ pub async fn run_windowed(
     let stack = start_stack(&sc.fleet, router, &sc.adapters)
         .await
         .map_err(|e| e.to_string())?;
-    let pids: Vec<(String, String)> =
-        std::iter::once(("envoy".to_string(), stack.envoy.pid().to_string()))
-            .chain(
-                stack
-                    .pods
-                    .guards
-                    .iter()
-                    .map(|g| ("pods".to_string(), g.pid().to_string())),
-            )
-            .chain(
-                stack
-                    .sidecar
-                    .iter()
-                    .map(|g| ("sidecar".to_string(), g.pid().to_string())),
-            )
-            .chain(std::iter::once(("loadgen".to_string(), "self".to_string())))
-            .collect();
+    let pids: Vec<(String, String)> = stack
+        .pids()
+        .into_iter()
+        .map(|(role, pid)| (role.to_string(), pid.to_string()))
+        .chain(std::iter::once(("loadgen".to_string(), "self".to_string())))
+        .collect();
     let cpu0: Vec<f64> = pids
         .iter()
         .map(|(_, p)| cpu_seconds(p).unwrap_or(0.0))
@@ -250,6 +262,7 @@ pub async fn run_windowed(
     });
     let opts = RunOptions {
         url: stack.chat_url(),
+        replica_urls: stack.chat_urls().split_off(1),
         headers: vec![],
         drain: sc.drain,
         request_timeout: sc.workload.horizon + sc.drain + Duration::from_secs(5),
@@ -361,6 +374,10 @@ pub async fn run_windowed(
         if let Some(v) = fleet_delta("model_sim:lora_disk_loads_total") {
             summary.extra.insert("adapter_loads_disk".into(), v);
         }
+        summary.extra.insert(
+            "adapter_loads_floor".into(),
+            adapter_floor(&sc, &reqs, from_ms, to_ms) as f64,
+        );
     }
     for (k, v) in cpu {
         summary
@@ -536,7 +553,7 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
 }
 
 /// The metrics whose ratios get an interval.
-pub const RATIO_METRICS: [&str; 7] = [
+pub const RATIO_METRICS: [&str; 8] = [
     "ttft_p50_ms",
     "ttft_p95_ms",
     "ttft_p99_ms",
@@ -544,10 +561,11 @@ pub const RATIO_METRICS: [&str; 7] = [
     "throughput_rps",
     "output_tokens_per_s",
     "adapter_loads",
+    "prefix_hit_rate",
 ];
 
-/// Ratios router ÷ baseline (round robin and least request) with their intervals, over the
-/// seeds both have valid runs for.
+/// Ratios router ÷ baseline (round robin and least request; the replica routers also ÷ the
+/// one-gateway filter) with their intervals, over the seeds both have valid runs for.
 pub fn scenario_ratios(
     scenario: &str,
     runs: &BTreeMap<&'static str, Vec<RunOutcome>>,
@@ -564,12 +582,16 @@ pub fn scenario_ratios(
             })
             .unwrap_or_default()
     };
-    for baseline in ["round_robin", "least_request"] {
+    for baseline in ["round_robin", "least_request", "filter"] {
         let b = valid(baseline);
         if b.is_empty() {
             continue;
         }
-        for router in runs.keys().filter(|r| **r != baseline) {
+        // The one-gateway filter is the baseline of the replica routers only.
+        let compared = |r: &str| {
+            r != baseline && (baseline != "filter" || crate::report::REPLICA_ROUTERS.contains(&r))
+        };
+        for router in runs.keys().filter(|r| compared(r)) {
             let a = valid(router);
             let seeds: Vec<u64> = a.keys().filter(|s| b.contains_key(s)).copied().collect();
             if seeds.is_empty() {
@@ -1036,11 +1058,38 @@ pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: 
     if cfg.overhead {
         secs += if cfg.mode.quick { 45.0 } else { 90.0 };
     }
-    format!(
+    let mut text = format!(
         "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",
         cfg.mode.speedup,
         secs / 60.0
-    )
+    );
+    // Workload-only figures, known before any run (the fixed-load rate is the nominal one
+    // unless the scenario is swept).
+    for sc in scs.iter().filter(|s| !s.adapters.is_empty()) {
+        let floors: Vec<String> = (0..seeds.max(1) as u64)
+            .filter_map(|i| {
+                let mode = Mode {
+                    seed: cfg.mode.seed + i,
+                    ..cfg.mode
+                };
+                let sc = scenario(sc.name, mode)?;
+                let w = Windows::for_scenario(&sc, &mode, seeds, false);
+                let mut wl = sc.workload.clone();
+                wl.horizon = w.warmup + w.window + w.tail;
+                wl.max_requests = wl.max_requests.max(1_000_000);
+                let from = w.warmup.as_secs_f64() * 1000.0;
+                let to = (w.warmup + w.window).as_secs_f64() * 1000.0;
+                Some(adapter_floor(&sc, &generate(&wl), from, to).to_string())
+            })
+            .collect();
+        let _ = write!(
+            text,
+            "\n{}: adapter-load floor in the window (Belady over the fleet's GPU slots) per seed: {}",
+            sc.name,
+            floors.join(", ")
+        );
+    }
+    text
 }
 
 fn sc_name(scs: &[Scenario]) -> &'static str {
@@ -1150,6 +1199,7 @@ mod tests {
         // Quick: round_robin, least_request, weighted_rr, filter.
         assert_eq!(r.len(), 4);
         assert!(!r.contains(&RouterKind::FilterGaieWeights));
+        assert!(!r.contains(&RouterKind::FilterReplicas));
         assert!(!r.contains(&RouterKind::LeastRequestFull));
         cfg.mode.quick = false;
         assert_eq!(select(&cfg).unwrap().1.len(), 5);

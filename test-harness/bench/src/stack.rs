@@ -39,6 +39,11 @@ pub enum RouterKind {
     /// The filter with GAIE's default weights (queue 2, kv_cache 2, prefix 3, others 0); an
     /// optional extra, not in the default set.
     FilterGaieWeights,
+    /// Two gateway replicas: two Envoy processes with the filter's default configuration, each
+    /// with its own sidecar, no shared state; the load generator alternates requests between
+    /// them (so the turns of one conversation reach both). An optional extra that measures
+    /// whether replicas agree on prefix placement.
+    FilterReplicas,
 }
 
 impl RouterKind {
@@ -52,7 +57,7 @@ impl RouterKind {
     ];
 
     /// Routers run only when named.
-    pub const EXTRA: [RouterKind; 1] = [RouterKind::FilterGaieWeights];
+    pub const EXTRA: [RouterKind; 2] = [RouterKind::FilterGaieWeights, RouterKind::FilterReplicas];
 
     /// The name used in the JSON and the tables.
     pub fn name(self) -> &'static str {
@@ -63,6 +68,7 @@ impl RouterKind {
             RouterKind::WeightedRr => "weighted_rr",
             RouterKind::Filter => "filter",
             RouterKind::FilterGaieWeights => "filter_gaie_weights",
+            RouterKind::FilterReplicas => "filter_x2",
         }
     }
 
@@ -85,7 +91,18 @@ impl RouterKind {
 
     /// Whether the filter (and therefore the sidecar) is in the path.
     pub fn uses_filter(self) -> bool {
-        matches!(self, RouterKind::Filter | RouterKind::FilterGaieWeights)
+        matches!(
+            self,
+            RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas
+        )
+    }
+
+    /// How many gateway replicas (Envoy processes) the router runs.
+    pub fn replicas(self) -> usize {
+        match self {
+            RouterKind::FilterReplicas => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -119,7 +136,9 @@ pub fn envoy_spec(
     let envoy_router = match router {
         RouterKind::RoundRobin | RouterKind::WeightedRr => EnvoyRouter::RoundRobin,
         RouterKind::LeastRequest | RouterKind::LeastRequestFull => EnvoyRouter::LeastRequest,
-        RouterKind::Filter | RouterKind::FilterGaieWeights => EnvoyRouter::Filter,
+        RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas => {
+            EnvoyRouter::Filter
+        }
     };
     let mut spec = EnvoySpec::new(envoy_router)
         .pool(POOL, CLUSTER, pods.to_vec())
@@ -136,7 +155,7 @@ pub fn envoy_spec(
                 .map(|(a, p)| (*a, capacity_weight(p.profile)))
                 .collect();
         }
-        RouterKind::Filter | RouterKind::FilterGaieWeights => {
+        RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas => {
             spec = spec.plugin_config(plugin_config(
                 adapters,
                 router == RouterKind::FilterGaieWeights,
@@ -329,6 +348,8 @@ pub struct Stack {
     pub envoy: EnvoyProcess,
     /// The sidecar (filter routers only).
     pub sidecar: Option<ChildGuard>,
+    /// Further gateway replicas, each an Envoy with its own sidecar ([`RouterKind::replicas`]).
+    pub replicas: Vec<(EnvoyProcess, ChildGuard)>,
 }
 
 impl Stack {
@@ -337,10 +358,32 @@ impl Stack {
         self.envoy.url("/v1/chat/completions")
     }
 
+    /// The chat completions URL of every gateway replica, the first one first.
+    pub fn chat_urls(&self) -> Vec<String> {
+        std::iter::once(&self.envoy)
+            .chain(self.replicas.iter().map(|(e, _)| e))
+            .map(|e| e.url("/v1/chat/completions"))
+            .collect()
+    }
+
+    /// PIDs of the processes of the stack, by role (`envoy`, `pods`, `sidecar`).
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        let mut v = vec![("envoy", self.envoy.pid())];
+        v.extend(self.replicas.iter().map(|(e, _)| ("envoy", e.pid())));
+        v.extend(self.pods.guards.iter().map(|g| ("pods", g.pid())));
+        v.extend(self.sidecar.iter().map(|g| ("sidecar", g.pid())));
+        v.extend(self.replicas.iter().map(|(_, s)| ("sidecar", s.pid())));
+        v
+    }
+
     /// Stop everything (also done on drop): sidecar, Envoy, pods.
     pub fn stop(mut self) {
         if let Some(s) = self.sidecar.as_mut() {
             s.stop();
+        }
+        for (e, s) in &mut self.replicas {
+            s.stop();
+            e.stop();
         }
         self.envoy.stop();
         for g in &mut self.pods.guards {
@@ -364,14 +407,32 @@ pub async fn start_stack(
     } else {
         None
     };
+    let mut replicas = Vec::new();
+    for i in 1..router.replicas() {
+        let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters);
+        spec.name = format!("{}-replica{i}", spec.name);
+        let e = spec.start().await.map_err(tk("start Envoy replica"))?;
+        let s = start_sidecar(e.push_addr(), &pods.addrs).await?;
+        replicas.push((e, s));
+    }
     let stack = Stack {
         router,
         pods,
         envoy,
         sidecar,
+        replicas,
     };
     if router.uses_filter() {
         wait_snapshot(&stack, Duration::from_secs(15)).await?;
+        for (e, s) in &stack.replicas {
+            wait_snapshot_at(
+                e.push_addr(),
+                stack.pods.addrs.len() as u64,
+                Duration::from_secs(15),
+                &s.log_path().display().to_string(),
+            )
+            .await?;
+        }
     }
     Ok(stack)
 }

@@ -136,6 +136,7 @@ async fn open_loop_sends_every_request_and_records_errors() {
     assert!(!reqs.is_empty());
     let opts = RunOptions {
         url: format!("http://{addr}/v1/chat/completions"),
+        replica_urls: vec![],
         headers: vec![],
         drain: Duration::from_secs(20),
         request_timeout: Duration::from_secs(20),
