@@ -371,20 +371,38 @@ mod tests {
             Some(2.0)
         );
         assert_eq!(
-            get("llm_router_sidecar_scrape_failures_total", Some(("kind", "timeout"))),
+            get(
+                "llm_router_sidecar_scrape_failures_total",
+                Some(("kind", "timeout"))
+            ),
             Some(1.0)
         );
         assert_eq!(
-            get("llm_router_sidecar_pushes_total", Some(("result", "accepted"))),
+            get(
+                "llm_router_sidecar_pushes_total",
+                Some(("result", "accepted"))
+            ),
             Some(1.0)
         );
         assert_eq!(
-            get("llm_router_sidecar_pushes_total", Some(("result", "transport_error"))),
+            get(
+                "llm_router_sidecar_pushes_total",
+                Some(("result", "transport_error"))
+            ),
             Some(1.0)
         );
-        assert_eq!(get("llm_router_sidecar_snapshot_age_seconds", None), Some(2.5));
-        assert_eq!(get("llm_router_sidecar_snapshot_generation", None), Some(7.0));
-        assert_eq!(get("llm_router_sidecar_pods", Some(("state", "failing"))), Some(1.0));
+        assert_eq!(
+            get("llm_router_sidecar_snapshot_age_seconds", None),
+            Some(2.5)
+        );
+        assert_eq!(
+            get("llm_router_sidecar_snapshot_generation", None),
+            Some(7.0)
+        );
+        assert_eq!(
+            get("llm_router_sidecar_pods", Some(("state", "failing"))),
+            Some(1.0)
+        );
         assert_eq!(s.summary().last_push_result, "transport_error");
     }
 
@@ -402,7 +420,10 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let mut it = line.split_whitespace().skip(2);
             let (name, kind) = (it.next().unwrap(), it.next().unwrap());
-            assert!(types.insert(name.to_owned(), kind.to_owned()).is_none(), "{line}");
+            assert!(
+                types.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "{line}"
+            );
         }
         let (samples, errors) = parse_all(&text);
         assert!(errors.is_empty(), "{errors:?}");
@@ -415,7 +436,9 @@ mod tests {
                         .filter(|f| types.get(*f).map(String::as_str) == Some("histogram"))
                 })
                 .unwrap_or(x.name);
-            let kind = types.get(family).unwrap_or_else(|| panic!("no TYPE for {}", x.name));
+            let kind = types
+                .get(family)
+                .unwrap_or_else(|| panic!("no TYPE for {}", x.name));
             if kind == "counter" {
                 assert!(family.ends_with("_total"), "{family}");
             }

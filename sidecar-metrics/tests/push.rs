@@ -273,11 +273,11 @@ async fn face_serves_metrics_and_health_and_stops() {
     let (samples, errors) = sidecar_metrics::prom::parse_all(&body);
     assert!(errors.is_empty(), "{errors:?}");
     let pod = fleet.addrs[0].to_string();
-    assert!(samples
-        .iter()
-        .any(|s| s.name == "llm_router_sidecar_scrape_duration_seconds_count"
+    assert!(samples.iter().any(
+        |s| s.name == "llm_router_sidecar_scrape_duration_seconds_count"
             && s.label("pod").as_deref() == Some(pod.as_str())
-            && s.value >= 1.0));
+            && s.value >= 1.0
+    ));
     let age = samples
         .iter()
         .find(|s| s.name == "llm_router_sidecar_snapshot_age_seconds")
