@@ -9,9 +9,10 @@
 //! `llm_router_requests_total{pool="llama",outcome="routed"} 1` (Envoy drops its `wasmcustom.`
 //! namespace there). Without those entries the stats still work, with the labels in the name.
 //!
-//! A label whose value is empty is left out of the name (Prometheus treats an empty label as
-//! absent). Only values from the configuration, the snapshot and fixed sets are used, never
-//! text a client chose, so the number of stats stays bounded by the fleet.
+//! Every series of a metric has the same label names; a value that is not known (the pool of an
+//! unknown model) is empty, which Prometheus treats as absent (strict exposition parsers want
+//! one label set per family). Only values from the configuration, the snapshot and fixed sets
+//! are used, never text a client chose, so the number of stats stays bounded by the fleet.
 
 /// Requests the filter handled, by `pool`, `model` and `outcome` (counter).
 pub const REQUESTS: &str = "llm_router_requests_total";
@@ -48,7 +49,7 @@ pub fn tag_regex(label: &str) -> String {
 }
 
 /// The stat name of metric `name` with `labels` encoded for Envoy's tag extraction.
-/// Empty values are left out; a `;` in a value (it would end the tag early) becomes `_`.
+/// A `;` in a value (it would end the tag early) becomes `_`.
 pub fn stat_name(name: &str, labels: &[(&str, &str)]) -> String {
     let len = labels
         .iter()
@@ -57,9 +58,6 @@ pub fn stat_name(name: &str, labels: &[(&str, &str)]) -> String {
         + name.len();
     let mut out = String::with_capacity(len);
     for (k, v) in labels {
-        if v.is_empty() {
-            continue;
-        }
         out.push_str(k);
         out.push_str("=.=");
         out.extend(v.chars().map(|c| if c == ';' { '_' } else { c }));
@@ -96,13 +94,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn labels_go_before_the_name_and_empty_ones_are_left_out() {
+    fn labels_go_before_the_name_empty_ones_too() {
         assert_eq!(
             stat_name(
                 REQUESTS,
                 &[("pool", "llama"), ("model", ""), ("outcome", "shed")]
             ),
-            "pool=.=llama;.;outcome=.=shed;.;llm_router_requests_total"
+            "pool=.=llama;.;model=.=;.;outcome=.=shed;.;llm_router_requests_total"
         );
         assert_eq!(stat_name(SNAPSHOT_AGE, &[]), SNAPSHOT_AGE);
         assert_eq!(

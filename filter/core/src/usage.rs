@@ -80,7 +80,10 @@ impl Scanner {
                 State::Searching => {
                     if self.matched == 0 {
                         // Skip to the next quote: most of a body is never looked at twice.
-                        match chunk.get(i..).and_then(|r| r.iter().position(|&c| c == b'"')) {
+                        match chunk
+                            .get(i..)
+                            .and_then(|r| r.iter().position(|&c| c == b'"'))
+                        {
                             Some(p) => {
                                 if p > 0 {
                                     self.last = chunk.get(i + p - 1).copied().unwrap_or(0);
@@ -223,7 +226,10 @@ mod tests {
         for size in [1, 2, 5, 7, 16, body.len()] {
             assert_eq!(scan_split(body, size), both(7, 3), "chunks of {size}");
         }
-        assert_eq!(scan_split(b"data: {\"usage\":null}\n\n", 3), Usage::default());
+        assert_eq!(
+            scan_split(b"data: {\"usage\":null}\n\n", 3),
+            Usage::default()
+        );
     }
 
     #[test]

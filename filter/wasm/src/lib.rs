@@ -599,8 +599,7 @@ impl HttpContext for Http {
         let mut status: Option<Option<String>> = None;
         if let Some(r) = &mut self.routed {
             // Only a real upstream served the request (not, say, Envoy's own 503).
-            if let Some(served) =
-                host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
+            if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
             {
                 let w = self.worker.borrow();
                 host::set_response_header(&w.router.config.served_header, &served);
