@@ -9,7 +9,7 @@
 #                           foreign-client end-to-end test), binaryen (wasm-opt for the filter
 #                           .wasm), valgrind (the instruction-count guard of the native decision),
 #                           docker-registry and skopeo (the registry round trip), musl-tools (the
-#                           static sidecar)
+#                           static sidecar), prometheus (the dashboard's end-to-end test)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
 #   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
@@ -153,6 +153,7 @@ cmd_setup() {
   setup_iproute2
   setup_apt_tool wasm-opt binaryen
   setup_apt_tool valgrind valgrind
+  setup_apt_tool prometheus prometheus
   setup_kubernetes_validate
   setup_packaging_tools
 }

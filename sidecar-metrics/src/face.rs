@@ -29,10 +29,7 @@ pub fn router(stats: Arc<Stats>, interval_ms: u64) -> Router {
 
 async fn metrics(State(s): State<FaceState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::stats::CONTENT_TYPE)],
         s.stats.render(now_ms()),
     )
 }

@@ -370,7 +370,10 @@ impl Loop {
         snap.generation = self.next_generation;
         self.next_generation += 1;
         let bytes = match snap.encode() {
-            Ok(b) => Bytes::from(b),
+            Ok(b) => {
+                self.stats.snapshot_encoded(b.len());
+                Bytes::from(b)
+            }
             Err(e) => {
                 tracing::error!(error = %e, "snapshot cannot be encoded; not pushed");
                 return;

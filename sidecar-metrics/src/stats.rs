@@ -1,28 +1,60 @@
-//! The sidecar's own numbers, rendered as Prometheus text on its `/metrics`: scrape latency and
-//! errors per pod, pushes by result, snapshot age and generation, pods by health.
+//! The sidecar's own numbers, exposed in Prometheus text on its `/metrics` through the
+//! `prometheus-client` crate: scrape latency and failures per pod, pods per pool and state,
+//! pushes by result, snapshot size, age and generation (names in `sidecar-metrics/README.md`).
 //!
-//! One mutex guards plain counters; the scrape loop takes it once per finished scrape and the
-//! HTTP face once per request, which is far below any contention that matters.
+//! One mutex guards the numbers; the scrape loop takes it once per finished scrape and the HTTP
+//! face once per request, which is far below any contention that matters. A collector reads
+//! them under that lock at exposition time, so pods that discovery dropped simply disappear.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+/// Content type of [`Stats::render`]'s text (Prometheus text format 0.0.4).
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Upper bounds (seconds) of the scrape latency histogram.
 pub const LATENCY_BUCKETS: [f64; 10] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
-#[derive(Default, Clone)]
+/// Every push result, exported from the start (at 0) so that rates exist before the first one.
+pub const PUSH_RESULTS: [&str; 7] = [
+    "accepted",
+    "invalid",
+    "forbidden",
+    "not_found",
+    "stale",
+    "http_error",
+    "transport_error",
+];
+
+#[derive(Debug)]
 struct PodStat {
-    buckets: [u64; LATENCY_BUCKETS.len()],
-    count: u64,
-    sum: f64,
-    errors: BTreeMap<&'static str, u64>,
+    latency: Histogram,
+    failures_by_kind: BTreeMap<&'static str, u64>,
     health: &'static str,
     failures: u32,
 }
 
-#[derive(Default)]
+impl PodStat {
+    fn new() -> Self {
+        PodStat {
+            latency: Histogram::new(LATENCY_BUCKETS),
+            failures_by_kind: BTreeMap::new(),
+            health: "",
+            failures: 0,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
 struct Inner {
     /// pool → pod → numbers (nested so that a lookup by `&str` allocates nothing).
     pods: BTreeMap<String, BTreeMap<String, PodStat>>,
@@ -32,12 +64,13 @@ struct Inner {
     last_accepted_created_ms: u64,
     last_accepted_generation: u64,
     last_push_result: &'static str,
+    snapshot_bytes: u64,
 }
 
 /// Shared between the scrape loop and the HTTP face.
 #[derive(Default)]
 pub struct Stats {
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
 }
 
 /// A point-in-time view for `/healthz` and tests.
@@ -53,10 +86,12 @@ pub struct Summary {
     pub last_accepted_created_ms: u64,
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave counters inconsistent in a harmful way.
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
 }
 
 impl Inner {
@@ -67,7 +102,7 @@ impl Inner {
         }
         let pods = self.pods.get_mut(pool)?;
         if !pods.contains_key(pod) {
-            pods.insert(pod.to_owned(), PodStat::default());
+            pods.insert(pod.to_owned(), PodStat::new());
         }
         pods.get_mut(pod)
     }
@@ -80,14 +115,128 @@ impl Inner {
     }
 }
 
+/// Reads [`Inner`] when the registry is encoded; `now_ms` dates the snapshot age.
+#[derive(Debug)]
+struct Exposition {
+    inner: Arc<Mutex<Inner>>,
+    now_ms: u64,
+}
+
+impl Collector for Exposition {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let i = lock(&self.inner);
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_scrape_duration_seconds",
+            "Time to fetch and read one pod's /metrics.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for ((pool, pod), s) in i.iter() {
+            s.latency
+                .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
+        }
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_scrape_failures",
+            "Failed scrapes by pod and kind (request, timeout, status, too_large, body, not_utf8, unusable).",
+            None,
+            MetricType::Counter,
+        )?;
+        for ((pool, pod), s) in i.iter() {
+            for (kind, n) in &s.failures_by_kind {
+                ConstCounter::new(*n).encode(m.encode_family(&[
+                    ("pool", pool),
+                    ("pod", pod),
+                    ("kind", kind),
+                ])?)?;
+            }
+        }
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_pod_consecutive_failures",
+            "Failed scrapes in a row per pod.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for ((pool, pod), s) in i.iter() {
+            ConstGauge::new(i64::from(s.failures))
+                .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
+        }
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_pods",
+            "Pods by pool and state (ok, failing, stale; unknown before the first round) in the last snapshot.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let mut by: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+        for ((pool, _), s) in i.iter() {
+            let state = if s.health.is_empty() {
+                "unknown"
+            } else {
+                s.health
+            };
+            *by.entry((pool, state)).or_default() += 1;
+        }
+        for ((pool, state), n) in by {
+            ConstGauge::new(n).encode(m.encode_family(&[("pool", pool), ("state", state)])?)?;
+        }
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_pushes",
+            "Snapshot pushes by result.",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in PUSH_RESULTS {
+            let n = i.pushes.get(r).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
+        }
+
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_bytes",
+            "Size of the last encoded snapshot (bytes).",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i.snapshot_bytes as f64).encode(m)?;
+
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_age_seconds",
+            "Age of the last snapshot the proxy accepted (-1: none yet).",
+            None,
+            MetricType::Gauge,
+        )?;
+        let age = if i.last_accepted_created_ms == 0 {
+            -1.0
+        } else {
+            self.now_ms.saturating_sub(i.last_accepted_created_ms) as f64 / 1000.0
+        };
+        ConstGauge::new(age).encode(m)?;
+
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_generation",
+            "Generation of the last accepted snapshot.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i.last_accepted_generation as f64).encode(m)?;
+
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_scrape_rounds",
+            "Scrape rounds completed.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(i.rounds).encode(m)?;
+        Ok(())
+    }
+}
+
 impl Stats {
     fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        // A panic while holding the lock cannot leave counters inconsistent in a harmful way.
-        let mut g = match self.inner.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        f(&mut g)
+        f(&mut lock(&self.inner))
     }
 
     pub fn scrape_done(&self, pool: &str, pod: &str, seconds: f64, error: Option<&'static str>) {
@@ -95,15 +244,9 @@ impl Stats {
             let Some(s) = i.pod_mut(pool, pod) else {
                 return;
             };
-            s.count += 1;
-            s.sum += seconds;
-            for (b, le) in s.buckets.iter_mut().zip(LATENCY_BUCKETS) {
-                if seconds <= le {
-                    *b += 1;
-                }
-            }
+            s.latency.observe(seconds);
             if let Some(kind) = error {
-                *s.errors.entry(kind).or_default() += 1;
+                *s.failures_by_kind.entry(kind).or_default() += 1;
             }
         });
     }
@@ -135,6 +278,11 @@ impl Stats {
         });
     }
 
+    /// A snapshot was encoded for a push: its size in bytes.
+    pub fn snapshot_encoded(&self, bytes: usize) {
+        self.with(|i| i.snapshot_bytes = bytes as u64);
+    }
+
     pub fn push_done(&self, result: &'static str, accepted: Option<(u64, u64)>) {
         self.with(|i| {
             *i.pushes.entry(result).or_default() += 1;
@@ -163,75 +311,19 @@ impl Stats {
         })
     }
 
-    /// Prometheus text exposition of everything above.
+    /// Prometheus text exposition (format 0.0.4, [`CONTENT_TYPE`]) of everything above.
     pub fn render(&self, now_ms: u64) -> String {
-        self.with(|i| {
-            let mut o = String::with_capacity(1024 + i.iter().count() * 1024);
-            let _ = writeln!(o, "# HELP sidecar_scrape_duration_seconds Time to fetch and read one pod's /metrics.");
-            let _ = writeln!(o, "# TYPE sidecar_scrape_duration_seconds histogram");
-            for ((pool, pod), s) in i.iter() {
-                let l = format!("pool=\"{}\",pod=\"{}\"", escape(pool), escape(pod));
-                for (n, le) in s.buckets.iter().zip(LATENCY_BUCKETS) {
-                    let _ = writeln!(o, "sidecar_scrape_duration_seconds_bucket{{{l},le=\"{le}\"}} {n}");
-                }
-                let _ = writeln!(o, "sidecar_scrape_duration_seconds_bucket{{{l},le=\"+Inf\"}} {}", s.count);
-                let _ = writeln!(o, "sidecar_scrape_duration_seconds_sum{{{l}}} {}", s.sum);
-                let _ = writeln!(o, "sidecar_scrape_duration_seconds_count{{{l}}} {}", s.count);
-            }
-            let _ = writeln!(o, "# HELP sidecar_scrape_errors_total Failed scrapes by pod and kind.");
-            let _ = writeln!(o, "# TYPE sidecar_scrape_errors_total counter");
-            for ((pool, pod), s) in i.iter() {
-                for (kind, n) in &s.errors {
-                    let _ = writeln!(
-                        o,
-                        "sidecar_scrape_errors_total{{pool=\"{}\",pod=\"{}\",kind=\"{kind}\"}} {n}",
-                        escape(pool),
-                        escape(pod)
-                    );
-                }
-            }
-            let _ = writeln!(o, "# HELP sidecar_pod_consecutive_failures Failed scrapes in a row per pod.");
-            let _ = writeln!(o, "# TYPE sidecar_pod_consecutive_failures gauge");
-            for ((pool, pod), s) in i.iter() {
-                let _ = writeln!(
-                    o,
-                    "sidecar_pod_consecutive_failures{{pool=\"{}\",pod=\"{}\"}} {}",
-                    escape(pool),
-                    escape(pod),
-                    s.failures
-                );
-            }
-            let _ = writeln!(o, "# HELP sidecar_pods Pods by pool and health in the last snapshot.");
-            let _ = writeln!(o, "# TYPE sidecar_pods gauge");
-            let mut by: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-            for ((pool, _), s) in i.iter() {
-                *by.entry((pool, if s.health.is_empty() { "unknown" } else { s.health })).or_default() += 1;
-            }
-            for ((pool, h), n) in by {
-                let _ = writeln!(o, "sidecar_pods{{pool=\"{}\",health=\"{h}\"}} {n}", escape(pool));
-            }
-            let _ = writeln!(o, "# HELP sidecar_pushes_total Snapshot pushes by result.");
-            let _ = writeln!(o, "# TYPE sidecar_pushes_total counter");
-            for r in ["accepted", "invalid", "forbidden", "not_found", "stale", "http_error", "transport_error"] {
-                let n = i.pushes.get(r).copied().unwrap_or(0);
-                let _ = writeln!(o, "sidecar_pushes_total{{result=\"{r}\"}} {n}");
-            }
-            let _ = writeln!(o, "# HELP sidecar_snapshot_age_seconds Age of the last snapshot the proxy accepted (-1: none yet).");
-            let _ = writeln!(o, "# TYPE sidecar_snapshot_age_seconds gauge");
-            let age = if i.last_accepted_created_ms == 0 {
-                -1.0
-            } else {
-                now_ms.saturating_sub(i.last_accepted_created_ms) as f64 / 1000.0
-            };
-            let _ = writeln!(o, "sidecar_snapshot_age_seconds {age}");
-            let _ = writeln!(o, "# HELP sidecar_snapshot_generation Generation of the last accepted snapshot.");
-            let _ = writeln!(o, "# TYPE sidecar_snapshot_generation gauge");
-            let _ = writeln!(o, "sidecar_snapshot_generation {}", i.last_accepted_generation);
-            let _ = writeln!(o, "# HELP sidecar_scrape_rounds_total Scrape rounds completed.");
-            let _ = writeln!(o, "# TYPE sidecar_scrape_rounds_total counter");
-            let _ = writeln!(o, "sidecar_scrape_rounds_total {}", i.rounds);
-            o
-        })
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Exposition {
+            inner: self.inner.clone(),
+            now_ms,
+        }));
+        let mut out = String::with_capacity(4096);
+        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+            // Writing into a String cannot fail; an encoder error would be a bug in a label.
+            tracing::error!(error = %e, "cannot encode the sidecar's metrics");
+        }
+        out
     }
 }
 
@@ -261,38 +353,159 @@ mod tests {
                 .map(|x| x.value)
         };
         assert_eq!(
-            get("sidecar_scrape_duration_seconds_count", None),
+            get("llm_router_sidecar_scrape_duration_seconds_count", None),
             Some(2.0)
         );
         assert_eq!(
             get(
-                "sidecar_scrape_duration_seconds_bucket",
+                "llm_router_sidecar_scrape_duration_seconds_bucket",
                 Some(("le", "0.005"))
             ),
             Some(1.0)
         );
         assert_eq!(
             get(
-                "sidecar_scrape_duration_seconds_bucket",
+                "llm_router_sidecar_scrape_duration_seconds_bucket",
                 Some(("le", "+Inf"))
             ),
             Some(2.0)
         );
         assert_eq!(
-            get("sidecar_scrape_errors_total", Some(("kind", "timeout"))),
+            get(
+                "llm_router_sidecar_scrape_failures_total",
+                Some(("kind", "timeout"))
+            ),
             Some(1.0)
         );
         assert_eq!(
-            get("sidecar_pushes_total", Some(("result", "accepted"))),
+            get(
+                "llm_router_sidecar_pushes_total",
+                Some(("result", "accepted"))
+            ),
             Some(1.0)
         );
         assert_eq!(
-            get("sidecar_pushes_total", Some(("result", "transport_error"))),
+            get(
+                "llm_router_sidecar_pushes_total",
+                Some(("result", "transport_error"))
+            ),
             Some(1.0)
         );
-        assert_eq!(get("sidecar_snapshot_age_seconds", None), Some(2.5));
-        assert_eq!(get("sidecar_snapshot_generation", None), Some(7.0));
-        assert_eq!(get("sidecar_pods", Some(("health", "failing"))), Some(1.0));
+        assert_eq!(
+            get("llm_router_sidecar_snapshot_age_seconds", None),
+            Some(2.5)
+        );
+        assert_eq!(
+            get("llm_router_sidecar_snapshot_generation", None),
+            Some(7.0)
+        );
+        assert_eq!(
+            get("llm_router_sidecar_pods", Some(("state", "failing"))),
+            Some(1.0)
+        );
         assert_eq!(s.summary().last_push_result, "transport_error");
+    }
+
+    /// Every sample belongs to a family announced by `# TYPE` with that type, as Prometheus
+    /// expects of text format 0.0.4 (counters end in `_total`, histograms have their suffixes).
+    #[test]
+    fn samples_belong_to_typed_families() {
+        let s = Stats::default();
+        s.scrape_done("llama", "127.0.0.1:1", 0.02, Some("status"));
+        s.pod_health("llama", "127.0.0.1:1", "ok", 0);
+        s.snapshot_encoded(321);
+        s.round_done(5);
+        let text = s.render(10);
+        let mut types = BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut it = line.split_whitespace().skip(2);
+            let (name, kind) = (it.next().unwrap(), it.next().unwrap());
+            assert!(
+                types.insert(name.to_owned(), kind.to_owned()).is_none(),
+                "{line}"
+            );
+        }
+        let (samples, errors) = parse_all(&text);
+        assert!(errors.is_empty(), "{errors:?}");
+        for x in &samples {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suf| {
+                    x.name
+                        .strip_suffix(suf)
+                        .filter(|f| types.get(*f).map(String::as_str) == Some("histogram"))
+                })
+                .unwrap_or(x.name);
+            let kind = types
+                .get(family)
+                .unwrap_or_else(|| panic!("no TYPE for {}", x.name));
+            if kind == "counter" {
+                assert!(family.ends_with("_total"), "{family}");
+            }
+            assert!(family.starts_with("llm_router_sidecar_"), "{family}");
+        }
+        for name in [
+            "llm_router_sidecar_scrape_duration_seconds",
+            "llm_router_sidecar_scrape_failures_total",
+            "llm_router_sidecar_pods",
+            "llm_router_sidecar_pushes_total",
+            "llm_router_sidecar_snapshot_bytes",
+            "llm_router_sidecar_scrape_rounds_total",
+        ] {
+            assert!(types.contains_key(name), "{name} missing:\n{text}");
+        }
+        let get = |name: &str| samples.iter().find(|x| x.name == name).map(|x| x.value);
+        assert_eq!(get("llm_router_sidecar_snapshot_bytes"), Some(321.0));
+        assert_eq!(get("llm_router_sidecar_scrape_rounds_total"), Some(1.0));
+        // No push yet: every result is there at 0, and the age says "none".
+        let pushes: Vec<_> = samples
+            .iter()
+            .filter(|x| x.name == "llm_router_sidecar_pushes_total")
+            .collect();
+        assert_eq!(pushes.len(), PUSH_RESULTS.len());
+        assert!(pushes.iter().all(|x| x.value == 0.0));
+        assert_eq!(get("llm_router_sidecar_snapshot_age_seconds"), Some(-1.0));
+    }
+
+    #[test]
+    fn pods_by_state_and_forgotten_pods() {
+        let s = Stats::default();
+        for (pod, state) in [("a:1", "ok"), ("b:1", "ok"), ("c:1", "stale")] {
+            s.scrape_done("llama", pod, 0.001, None);
+            s.pod_health("llama", pod, state, 0);
+        }
+        s.scrape_done("qwen", "d:1", 0.001, None);
+        let count = |text: &str, pool: &str, state: &str| {
+            let (samples, _) = parse_all(text);
+            samples
+                .iter()
+                .find(|x| {
+                    x.name == "llm_router_sidecar_pods"
+                        && x.label("pool").as_deref() == Some(pool)
+                        && x.label("state").as_deref() == Some(state)
+                })
+                .map(|x| x.value)
+        };
+        let text = s.render(0);
+        assert_eq!(count(&text, "llama", "ok"), Some(2.0));
+        assert_eq!(count(&text, "llama", "stale"), Some(1.0));
+        assert_eq!(count(&text, "qwen", "unknown"), Some(1.0));
+        s.retain_pods(|pool, pod| pool == "llama" && pod != "a:1");
+        let text = s.render(0);
+        assert_eq!(count(&text, "llama", "ok"), Some(1.0));
+        assert_eq!(count(&text, "qwen", "unknown"), None);
+        assert!(!text.contains("pod=\"a:1\""), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let s = Stats::default();
+        s.scrape_done("we\"ird\\pool", "127.0.0.1:1", 0.001, Some("timeout"));
+        let text = s.render(0);
+        let (samples, errors) = parse_all(&text);
+        assert!(errors.is_empty(), "{errors:?}\n{text}");
+        assert!(samples
+            .iter()
+            .any(|x| x.label("pool").as_deref() == Some("we\"ird\\pool")));
     }
 }

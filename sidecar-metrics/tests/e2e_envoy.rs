@@ -82,7 +82,7 @@ async fn rounds(face: SocketAddr) -> u64 {
     let (samples, _) = sidecar_metrics::prom::parse_all(&body);
     samples
         .iter()
-        .find(|s| s.name == "sidecar_scrape_rounds_total")
+        .find(|s| s.name == "llm_router_sidecar_scrape_rounds_total")
         .map(|s| s.value as u64)
         .unwrap_or(0)
 }
@@ -268,7 +268,7 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
     let (status, body) = common::http_get(face, "/metrics").await;
     assert_eq!(status, 200);
     assert!(
-        body.contains("sidecar_pushes_total{result=\"forbidden\"} 0"),
+        body.contains("llm_router_sidecar_pushes_total{result=\"forbidden\"} 0"),
         "{body}"
     );
     drop(sidecar);

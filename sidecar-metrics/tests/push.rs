@@ -192,13 +192,13 @@ async fn failing_and_stale_pods_are_marked_and_recover() {
     assert_eq!(status, 200);
     assert!(
         body.contains(&format!(
-            "sidecar_scrape_errors_total{{pool=\"llama\",pod=\"{a}\",kind=\"status\"}}"
+            "llm_router_sidecar_scrape_failures_total{{pool=\"llama\",pod=\"{a}\",kind=\"status\"}}"
         )),
         "{body}"
     );
     assert!(
         body.contains(&format!(
-            "sidecar_scrape_errors_total{{pool=\"llama\",pod=\"{b}\",kind=\"timeout\"}}"
+            "llm_router_sidecar_scrape_failures_total{{pool=\"llama\",pod=\"{b}\",kind=\"timeout\"}}"
         )),
         "{body}"
     );
@@ -262,8 +262,8 @@ async fn face_serves_metrics_and_health_and_stops() {
     let body = loop {
         let (status, body) = http_get(face, "/metrics").await;
         assert_eq!(status, 200);
-        if body.contains("sidecar_pushes_total{result=\"accepted\"} 1")
-            || body.contains("sidecar_pushes_total{result=\"accepted\"} 2")
+        if body.contains("llm_router_sidecar_pushes_total{result=\"accepted\"} 1")
+            || body.contains("llm_router_sidecar_pushes_total{result=\"accepted\"} 2")
         {
             break body;
         }
@@ -273,14 +273,14 @@ async fn face_serves_metrics_and_health_and_stops() {
     let (samples, errors) = sidecar_metrics::prom::parse_all(&body);
     assert!(errors.is_empty(), "{errors:?}");
     let pod = fleet.addrs[0].to_string();
-    assert!(samples
-        .iter()
-        .any(|s| s.name == "sidecar_scrape_duration_seconds_count"
+    assert!(samples.iter().any(
+        |s| s.name == "llm_router_sidecar_scrape_duration_seconds_count"
             && s.label("pod").as_deref() == Some(pod.as_str())
-            && s.value >= 1.0));
+            && s.value >= 1.0
+    ));
     let age = samples
         .iter()
-        .find(|s| s.name == "sidecar_snapshot_age_seconds")
+        .find(|s| s.name == "llm_router_sidecar_snapshot_age_seconds")
         .map(|s| s.value);
     assert!(age.is_some_and(|a| a >= 0.0), "{age:?}");
     let (status, body) = http_get(face, "/healthz").await;

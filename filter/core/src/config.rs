@@ -202,6 +202,10 @@ pub struct Config {
     pub snapshot: SnapshotConfig,
     /// Whether client-supplied priority headers count.
     pub priority: PriorityConfig,
+    /// Add `scores_header` to routed responses: every scored pod's score (debugging aid, off by
+    /// default: it tells clients about the fleet).
+    pub debug_scores: bool,
+    pub scores_header: String,
 }
 
 /// Who may set a request's priority.
@@ -245,6 +249,8 @@ struct RawConfig {
     /// Applied to pools that appear only in the snapshot.
     defaults: Option<RawPoolTuning>,
     priority: Option<RawPriority>,
+    debug_scores: Option<bool>,
+    scores_header: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -585,6 +591,8 @@ impl Config {
                 max_bytes: 4 * 1024 * 1024,
             },
             priority: PriorityConfig::default(),
+            debug_scores: false,
+            scores_header: "x-llm-router-scores".into(),
         }
     }
 
@@ -787,6 +795,8 @@ impl Config {
                     .and_then(|p| p.trust_headers)
                     .unwrap_or(base.priority.trust_headers),
             },
+            debug_scores: raw.debug_scores.unwrap_or(base.debug_scores),
+            scores_header: header_name("scores_header", raw.scores_header, &base.scores_header)?,
         })
     }
 

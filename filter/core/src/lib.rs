@@ -14,10 +14,13 @@
 //! - [`score`]: scorers (one per file), saturation and ranking.
 //! - [`router`]: the decision for one request.
 //! - [`reject`]: OpenAI-style error replies.
+//! - [`metrics`]: metric names and their labels as Envoy stat names.
+//! - [`usage`]: token usage read from response bodies as they stream past.
 
 pub mod config;
 pub mod inflight;
 pub mod lora;
+pub mod metrics;
 pub mod predict;
 pub mod prefix;
 pub mod reject;
@@ -25,6 +28,7 @@ pub mod request;
 pub mod router;
 pub mod score;
 pub mod store;
+pub mod usage;
 mod wire;
 
 pub use config::Config;

@@ -16,6 +16,8 @@ pub struct Rejection {
     pub retry_after_s: Option<u32>,
     /// Value of the reason header (`rejected-saturated`, `rejected-no-endpoints`, …).
     pub reason: &'static str,
+    /// The pool the request was for, when it was resolved (shed, no endpoints); else empty.
+    pub pool: String,
 }
 
 #[derive(Serialize)]
@@ -41,6 +43,7 @@ impl Rejection {
             message: message.into(),
             retry_after_s: None,
             reason: "rejected-invalid-request",
+            pool: String::new(),
         }
     }
 
@@ -54,6 +57,7 @@ impl Rejection {
             ),
             retry_after_s: None,
             reason: "rejected-unknown-model",
+            pool: String::new(),
         }
     }
 
@@ -65,6 +69,7 @@ impl Rejection {
             message: format!("Request body is larger than the gateway limit of {limit} bytes."),
             retry_after_s: None,
             reason: "rejected-too-large",
+            pool: String::new(),
         }
     }
 
@@ -78,6 +83,7 @@ impl Rejection {
             ),
             retry_after_s: Some(retry_after_s),
             reason: "rejected-saturated",
+            pool: pool.to_string(),
         }
     }
 
@@ -89,6 +95,19 @@ impl Rejection {
             message: format!("No usable server in pool `{pool}`: {why}."),
             retry_after_s: Some(1),
             reason: "rejected-no-endpoints",
+            pool: pool.to_string(),
+        }
+    }
+
+    /// The `outcome` label of `llm_router_requests_total` for this rejection: `shed` (429),
+    /// `no_endpoints` (503), `unknown_model` (404), `too_large` (413), `bad_request` (400).
+    pub fn outcome(&self) -> &'static str {
+        match self.status {
+            429 => "shed",
+            503 => "no_endpoints",
+            404 => "unknown_model",
+            413 => "too_large",
+            _ => "bad_request",
         }
     }
 

@@ -75,6 +75,8 @@ pub struct ParsedRequest<'a> {
     /// Byte range of the JSON string `"..."` of `model` in the body (for rewriting).
     pub model_span: (usize, usize),
     pub stream: bool,
+    /// `stream_options.include_usage`: the stream's last chunk carries token usage.
+    pub include_usage: bool,
     /// The prompt as a prefix cache sees it, in order.
     pub pieces: Vec<Piece<'a>>,
     /// Number of leading pieces that end with the first user message's (first) content piece,
@@ -141,6 +143,12 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestErr
         model,
         model_span,
         stream: raw.stream.unwrap_or(false),
+        // Read leniently: a malformed `stream_options` is the engine's to reject.
+        include_usage: raw
+            .stream_options
+            .and_then(|o| serde_json::from_str::<StreamOptions>(o.get()).ok())
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
         pieces,
         key_pieces,
     })
@@ -176,6 +184,8 @@ struct RawBody<'a> {
     model: Option<&'a RawValue>,
     stream: Option<bool>,
     #[serde(borrow)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow)]
     messages: Option<Vec<Message<'a>>>,
     #[serde(borrow)]
     prompt: Option<Prompt<'a>>,
@@ -187,6 +197,11 @@ struct RawBody<'a> {
     instructions: Option<Prompt<'a>>,
     #[serde(borrow)]
     tools: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    include_usage: Option<bool>,
 }
 
 #[derive(Deserialize)]

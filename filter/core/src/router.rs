@@ -150,8 +150,13 @@ pub struct Routed {
     /// New value for the body's `model`.
     pub rewrite: Option<String>,
     pub mode: RouteMode,
-    /// `(address, score)` of the endpoints, for logs.
+    /// `(address, score)` best first: the endpoints', or every candidate's when
+    /// `debug_scores` is on (logs and the debug header).
     pub scores: Vec<(String, f64)>,
+    /// The chosen pod probably has a cached prefix of this prompt (prefix-index match).
+    pub prefix_hit: bool,
+    /// An adapter request went to a pod where the adapter is resident or at home.
+    pub lora_hit: bool,
     /// Pod whose in-flight count this request incremented (decrement it when the stream ends).
     pub inflight_pod: Option<String>,
     /// Prefill tokens this request added to that pod's pending work (release them at its first
@@ -229,6 +234,8 @@ impl Router {
                 rewrite: rewrite.clone(),
                 mode: RouteMode::Fallback,
                 scores: Vec::new(),
+                prefix_hit: false,
+                lora_hit: false,
                 inflight_pod: None,
                 pending_tokens: 0,
                 work_tokens: 0.0,
@@ -387,16 +394,23 @@ impl Router {
             priority: ctx.priority,
             tie: ctx.tie,
         };
+        // Every candidate is kept ranked only when its score is shown.
+        let keep = if self.config.debug_scores {
+            cands.len()
+        } else {
+            self.config.top_k
+        };
         let ranked = score::rank(
             &pool,
             &cands,
             &features,
             mode,
-            self.config.top_k,
+            keep,
             (self.config.retry_after_s, self.config.retry_after_max_s),
         )?;
         let endpoints: Vec<String> = ranked
             .iter()
+            .take(self.config.top_k)
             .filter_map(|s| cands.get(s.index))
             .map(|c| c.address.to_string())
             .collect();
@@ -407,7 +421,10 @@ impl Router {
         let best = ranked.first().map(|s| s.index);
         let chosen = best.and_then(|i| cands.get(i).map(|c| (i, c)));
         let (mut pending_tokens, mut work_tokens) = (0, 0.0);
+        let (mut prefix_hit, mut lora_hit) = (false, false);
         if let Some((i, c)) = chosen {
+            prefix_hit = c.prefix_blocks > 0;
+            lora_hit = adapter_name.is_some() && (c.lora.resident || c.lora.home);
             let uncached = c.uncached_tokens(&features);
             pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
             work_tokens = c.queued_tokens(&features, mode) + uncached;
@@ -436,6 +453,8 @@ impl Router {
                 RouteMode::LeastInflight
             },
             scores,
+            prefix_hit,
+            lora_hit,
             inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
             pending_tokens,
             work_tokens,

@@ -102,6 +102,20 @@ pub fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }
 
+/// The first `size` bytes of the response body chunk the host holds now.
+pub fn response_body(size: usize) -> Option<Vec<u8>> {
+    match hostcalls::get_buffer(BufferType::HttpResponseBody, 0, size) {
+        Ok(Some(b)) => Some(b),
+        Ok(None) => Some(Vec::new()),
+        Err(_) => None,
+    }
+}
+
+/// Asks for `on_tick` every `period`.
+pub fn set_tick_period(period: std::time::Duration) -> bool {
+    hostcalls::set_tick_period(period).is_ok()
+}
+
 /// A counter; one that could not be defined is a no-op, never a failure of the request.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Counter(Option<u32>);
@@ -112,8 +126,46 @@ impl Counter {
     }
 
     pub fn inc(self) {
+        self.add(1);
+    }
+
+    pub fn add(self, n: u64) {
+        if let (Some(id), Ok(n)) = (self.0, i64::try_from(n)) {
+            if n > 0 {
+                let _ = hostcalls::increment_metric(id, n);
+            }
+        }
+    }
+}
+
+/// A gauge (set, not incremented); a no-op when it could not be defined.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Gauge(Option<u32>);
+
+impl Gauge {
+    pub fn define(name: &str) -> Gauge {
+        Gauge(hostcalls::define_metric(MetricType::Gauge, name).ok())
+    }
+
+    pub fn set(self, value: u64) {
         if let Some(id) = self.0 {
-            let _ = hostcalls::increment_metric(id, 1);
+            let _ = hostcalls::record_metric(id, value);
+        }
+    }
+}
+
+/// A histogram of integer values; a no-op when it could not be defined.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Histogram(Option<u32>);
+
+impl Histogram {
+    pub fn define(name: &str) -> Histogram {
+        Histogram(hostcalls::define_metric(MetricType::Histogram, name).ok())
+    }
+
+    pub fn record(self, value: u64) {
+        if let Some(id) = self.0 {
+            let _ = hostcalls::record_metric(id, value);
         }
     }
 }

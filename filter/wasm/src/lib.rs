@@ -14,50 +14,35 @@
 
 mod fleet;
 mod host;
+mod metrics;
 
 use fleet::{Cache, PushOutcome};
-use host::{Counter, HostStore};
+use host::HostStore;
 use llm_router_core::request::{self, ApiKind, RequestError};
-use llm_router_core::{Config, Context as RouteContext, Rejection, RouteMode, Router};
+use llm_router_core::usage::Scanner;
+use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
+use metrics::Metrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-/// Counters exported through Envoy's stats (`wasmcustom.llm_router.*`).
-#[derive(Debug, Clone, Copy, Default)]
-struct Counters {
-    routed: Counter,
-    fallback: Counter,
-    least_inflight: Counter,
-    rejected: Counter,
-    pushes_accepted: Counter,
-    pushes_refused: Counter,
-}
+/// How often the root context sets the gauges (snapshot age and generation, in flight per pod).
+const TICK: Duration = Duration::from_secs(1);
+/// Longest `x-llm-router-scores` value (bytes).
+const SCORES_HEADER_MAX: usize = 512;
 
-impl Counters {
-    fn define() -> Counters {
-        Counters {
-            routed: Counter::define("llm_router.routed"),
-            fallback: Counter::define("llm_router.fallback"),
-            least_inflight: Counter::define("llm_router.least_inflight"),
-            rejected: Counter::define("llm_router.rejected"),
-            pushes_accepted: Counter::define("llm_router.snapshot_accepted"),
-            pushes_refused: Counter::define("llm_router.snapshot_refused"),
-        }
-    }
-}
-
-/// What one worker (one VM) keeps: the router and its decoded fleet.
+/// What one worker (one VM) keeps: the router, its decoded fleet and its metric ids.
 struct Worker {
     router: Router,
     cache: Cache,
-    counters: Counters,
+    metrics: Metrics,
     requests: u64,
     /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
     /// per-request debug lines are not even formatted otherwise.
@@ -88,10 +73,11 @@ impl RootContext for Root {
                 self.worker = Some(Rc::new(RefCell::new(Worker {
                     router: Router::new(config),
                     cache: Cache::default(),
-                    counters: Counters::define(),
+                    metrics: Metrics::define(),
                     requests: 0,
                     debug: host::log_enabled(LogLevel::Debug),
                 })));
+                host::set_tick_period(TICK);
                 true
             }
             Err(e) => {
@@ -99,6 +85,37 @@ impl RootContext for Root {
                 false
             }
         }
+    }
+
+    /// Sets the gauges from shared data: every worker sees the same values, so whichever
+    /// ticks last is right.
+    fn on_tick(&mut self) {
+        let Some(worker) = &self.worker else {
+            return;
+        };
+        let mut w = worker.borrow_mut();
+        let Worker {
+            router,
+            cache,
+            metrics,
+            ..
+        } = &mut *w;
+        let fleet = cache.current(&HostStore, &router.config);
+        metrics.begin_tick();
+        match &fleet {
+            Some(f) => {
+                let age_ms = host::now_ms().saturating_sub(f.accepted_ms);
+                metrics.snapshot(f.snapshot.generation, Some(age_ms / 1000));
+                for pool in &f.snapshot.pools {
+                    let live = inflight::read(&HostStore, &pool.name);
+                    for pod in &pool.pods {
+                        metrics.in_flight(&pool.name, &pod.address, live.in_flight(&pod.address));
+                    }
+                }
+            }
+            None => metrics.snapshot(0, None),
+        }
+        metrics.end_tick();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -109,6 +126,8 @@ impl RootContext for Root {
             kind: Kind::Pass,
             body_size: 0,
             routed: None,
+            usage: None,
+            scores: None,
             signature: None,
         }))
     }
@@ -143,6 +162,15 @@ struct Routed {
     observe: bool,
 }
 
+/// Where a routed request's token usage is counted, and the reader of its response body.
+struct UsageTrack {
+    pool: String,
+    model: String,
+    /// Set at the response headers: a 200 with a JSON or SSE body is read.
+    reading: bool,
+    scanner: Scanner,
+}
+
 struct Http {
     id: u32,
     worker: Rc<RefCell<Worker>>,
@@ -150,6 +178,10 @@ struct Http {
     /// Bytes of request body buffered so far.
     body_size: usize,
     routed: Option<Routed>,
+    /// Set for routed requests whose response should carry `usage`.
+    usage: Option<UsageTrack>,
+    /// The debug scores header for the response (`debug_scores`).
+    scores: Option<String>,
     /// A push's signature header, kept from the request headers for the body.
     signature: Option<String>,
 }
@@ -176,7 +208,8 @@ impl Http {
         self.worker.borrow().debug
     }
 
-    fn reject(&mut self, r: &Rejection) -> Action {
+    /// Answers with `r`; `model` is the request's model when it resolved to `r.pool`.
+    fn reject(&mut self, r: &Rejection, model: &str) -> Action {
         if self.debug() {
             self.log(
                 LogLevel::Debug,
@@ -184,8 +217,13 @@ impl Http {
             );
         }
         let worker = Rc::clone(&self.worker);
+        // Only a resolved model is a label value: client text never becomes a stat name.
+        let model = if r.pool.is_empty() { "" } else { model };
+        worker
+            .borrow_mut()
+            .metrics
+            .request(&r.pool, model, r.outcome());
         let w = worker.borrow();
-        w.counters.rejected.inc();
         let retry = r.retry_after_s.map(|s| s.to_string());
         let mut headers = vec![(w.router.config.reason_header.as_str(), r.reason)];
         if let Some(s) = &retry {
@@ -200,7 +238,7 @@ impl Http {
     /// Refuses a push that has not proven it holds the secret: 403 `forbidden`, always the
     /// same answer; `why` goes to the proxy's log only.
     fn forbid_push(&mut self, why: &str) -> Action {
-        self.worker.borrow().counters.pushes_refused.inc();
+        self.worker.borrow().metrics.push(false);
         let source = host::property(&["source", "address"]).unwrap_or_default();
         self.log(
             LogLevel::Warn,
@@ -216,7 +254,7 @@ impl Http {
     }
 
     fn refuse_push(&mut self, status: u16, message: &str, code: &'static str) -> Action {
-        self.worker.borrow().counters.pushes_refused.inc();
+        self.worker.borrow().metrics.push(false);
         self.log(
             LogLevel::Warn,
             &format!("snapshot push refused ({status}): {message}"),
@@ -251,7 +289,7 @@ impl Http {
                 pools,
                 pods,
             } => {
-                self.worker.borrow().counters.pushes_accepted.inc();
+                self.worker.borrow().metrics.push(true);
                 let body = serde_json::json!({"accepted": true, "generation": generation, "pools": pools, "pods": pods});
                 self.answer(200, &body.to_string())
             }
@@ -260,7 +298,7 @@ impl Http {
                 generation,
                 current,
             } => {
-                self.worker.borrow().counters.pushes_refused.inc();
+                self.worker.borrow().metrics.push(false);
                 let body = serde_json::json!({
                     "accepted": false, "reason": "stale generation",
                     "generation": generation, "current": current,
@@ -276,13 +314,16 @@ impl Http {
     fn on_api_body(&mut self, kind: ApiKind, size: usize) -> Action {
         let max = self.worker.borrow().router.config.max_body_bytes;
         if size > max {
-            return self.reject(&Rejection::too_large(max));
+            return self.reject(&Rejection::too_large(max), "");
         }
+        // One clock read before the decision: the decision time, the tie-break entropy and the
+        // send time the first byte is measured from; one after it, for its duration.
+        let now_ns = host::now_nanos();
         let Some(body) = host::request_body(size) else {
-            return self.reject(&Rejection::bad_request(
-                "invalid_request",
-                "request body could not be read",
-            ));
+            return self.reject(
+                &Rejection::bad_request("invalid_request", "request body could not be read"),
+                "",
+            );
         };
         let parsed = match request::parse(kind, &body) {
             Ok(p) => p,
@@ -291,7 +332,7 @@ impl Http {
                     RequestError::MissingModel | RequestError::BadModel => "invalid_model",
                     RequestError::Malformed(_) => "invalid_json",
                 };
-                return self.reject(&Rejection::bad_request(code, e.to_string()));
+                return self.reject(&Rejection::bad_request(code, e.to_string()), "");
             }
         };
         let mut w = self.worker.borrow_mut();
@@ -306,9 +347,6 @@ impl Http {
         } else {
             0
         };
-        // One clock read per decision: the decision time, the tie-break entropy and the send
-        // time the first byte is measured from.
-        let now_ns = host::now_nanos();
         let ctx = RouteContext {
             priority,
             now_ms: now_ns / 1_000_000,
@@ -322,8 +360,10 @@ impl Http {
         let routed = match decision {
             Ok(r) => r,
             Err(rej) => {
+                w.metrics
+                    .decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
                 drop(w);
-                return self.reject(&rej);
+                return self.reject(&rej, &parsed.model);
             }
         };
         let cfg = &w.router.config;
@@ -349,19 +389,44 @@ impl Http {
                 }
             }
         }
-        match routed.mode {
-            RouteMode::Scored => w.counters.routed.inc(),
-            RouteMode::LeastInflight => w.counters.least_inflight.inc(),
-            RouteMode::Fallback => w.counters.fallback.inc(),
-        }
         if !host::clear_route_cache() {
             host::log(
                 LogLevel::Warn,
                 "llm-router: clear_route_cache is not available in this host",
             );
         }
+        if w.router.config.debug_scores {
+            self.scores = Some(llm_router_core::metrics::scores_header(
+                routed.mode.name(),
+                &routed.scores,
+                SCORES_HEADER_MAX,
+            ));
+        }
+        let outcome = match routed.mode {
+            RouteMode::Scored => llm_router_core::metrics::ROUTED,
+            RouteMode::LeastInflight | RouteMode::Fallback => routed.mode.name(),
+        };
+        let m = &mut w.metrics;
+        m.decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
+        m.request(&routed.pool, &parsed.model, outcome);
+        if let Some(first) = routed.endpoints.first() {
+            m.picked(&routed.pool, first, routed.prefix_hit, routed.lora_hit);
+        }
         let debug = w.debug;
         drop(w);
+        // Usage is only looked for where the response carries it: unstreamed replies, streams
+        // asked for it, and the APIs whose streams always report it.
+        let reports_usage = !parsed.stream
+            || parsed.include_usage
+            || matches!(kind, ApiKind::Messages | ApiKind::Responses);
+        if reports_usage {
+            self.usage = Some(UsageTrack {
+                pool: routed.pool.clone(),
+                model: parsed.model.to_string(),
+                reading: false,
+                scanner: Scanner::default(),
+            });
+        }
         if debug {
             self.log(
                 LogLevel::Debug,
@@ -415,6 +480,17 @@ impl Http {
                 .router
                 .finished(&HostStore, &r.pool, &r.pod, r.pending);
         }
+        if let Some(u) = self.usage.take() {
+            let usage = u.scanner.usage();
+            if usage.prompt.is_some() || usage.completion.is_some() {
+                self.worker.borrow_mut().metrics.tokens(
+                    &u.pool,
+                    &u.model,
+                    usage.prompt.unwrap_or(0),
+                    usage.completion.unwrap_or(0),
+                );
+            }
+        }
     }
 }
 
@@ -463,7 +539,7 @@ impl HttpContext for Http {
         let declared =
             host::request_header("content-length").and_then(|v| v.trim().parse::<usize>().ok());
         if declared.is_some_and(|n| n > max_body) {
-            return self.reject(&Rejection::too_large(max_body));
+            return self.reject(&Rejection::too_large(max_body), "");
         }
         self.kind = Kind::Api(kind);
         Action::Pause
@@ -488,7 +564,7 @@ impl HttpContext for Http {
             Kind::Api(kind) => {
                 let max = self.worker.borrow().router.config.max_body_bytes;
                 if body_size > max {
-                    return self.reject(&Rejection::too_large(max));
+                    return self.reject(&Rejection::too_large(max), "");
                 }
                 if !end_of_stream {
                     return Action::Pause;
@@ -515,29 +591,51 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(r) = &mut self.routed else {
-            return Action::Continue;
-        };
-        // Only a real upstream served the request (not, say, Envoy's own 503).
-        let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
-        else {
-            return Action::Continue;
-        };
-        let w = self.worker.borrow();
-        host::set_response_header(&w.router.config.served_header, &served);
-        if served != r.pod {
-            // A retry went elsewhere: the work measured was another pod's, learn nothing.
-            w.router
-                .moved(&HostStore, &r.pool, &r.pod, &served, r.pending);
-            r.pod = served;
-            r.observe = false;
+        if let Some(scores) = self.scores.take() {
+            let w = self.worker.borrow();
+            host::set_response_header(&w.router.config.scores_header, &scores);
         }
-        drop(w);
-        if host::response_header(":status").as_deref() != Some("200") {
-            r.observe = false;
+        // `:status`, read at most once.
+        let mut status: Option<Option<String>> = None;
+        if let Some(r) = &mut self.routed {
+            // Only a real upstream served the request (not, say, Envoy's own 503).
+            if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
+            {
+                let w = self.worker.borrow();
+                host::set_response_header(&w.router.config.served_header, &served);
+                if served != r.pod {
+                    // A retry went elsewhere: the work measured was another pod's, learn nothing.
+                    w.router
+                        .moved(&HostStore, &r.pool, &r.pod, &served, r.pending);
+                    r.pod = served;
+                    r.observe = false;
+                }
+                drop(w);
+                let s = status.get_or_insert_with(|| host::response_header(":status"));
+                if s.as_deref() != Some("200") {
+                    r.observe = false;
+                }
+                if end_of_stream {
+                    self.first_byte();
+                }
+            }
         }
-        if end_of_stream {
-            self.first_byte();
+        if let Some(u) = &mut self.usage {
+            let ok = status
+                .get_or_insert_with(|| host::response_header(":status"))
+                .as_deref()
+                == Some("200");
+            let readable = ok
+                && !end_of_stream
+                && host::response_header("content-type").is_some_and(|t| {
+                    let t = t.to_ascii_lowercase();
+                    t.contains("json") || t.starts_with("text/event-stream")
+                });
+            if readable {
+                u.reading = true;
+            } else {
+                self.usage = None;
+            }
         }
         Action::Continue
     }
@@ -545,6 +643,12 @@ impl HttpContext for Http {
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         if body_size > 0 {
             self.first_byte();
+            // Each chunk is read as it passes (the stream is never held) for its `usage`.
+            if let Some(u) = self.usage.as_mut().filter(|u| u.reading) {
+                if let Some(chunk) = host::response_body(body_size) {
+                    u.scanner.feed(&chunk);
+                }
+            }
         }
         Action::Continue
     }

@@ -31,7 +31,7 @@ pub enum ChartError {
 }
 
 /// Register the font once; true when text can be drawn.
-fn fonts() -> bool {
+pub(crate) fn fonts() -> bool {
     static OK: OnceLock<bool> = OnceLock::new();
     *OK.get_or_init(|| {
         for p in FONT_PATHS {

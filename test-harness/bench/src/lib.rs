@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod chart;
 pub mod client;
 pub mod confidence;
+pub mod dashboard_chart;
 pub mod demo;
 pub mod diagnostics;
 pub mod instant;

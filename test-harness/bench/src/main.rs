@@ -92,6 +92,15 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         secs: u64,
     },
+    /// Draw the dashboard's main panels from the series the Prometheus end-to-end test wrote.
+    DashboardChart {
+        /// The e2e test's output (default: <target>/observability/dashboard-run.json).
+        #[arg(long)]
+        input: Option<std::path::PathBuf>,
+        /// The PNG to write (default: test-harness/bench/results/dashboard.png in the repository).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Mixed-GPU fleet under round robin, then under the filter, side by side.
     Demo {
         /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
@@ -248,6 +257,29 @@ fn main() -> ExitCode {
                             "{}",
                             serde_json::to_string_pretty(&cases).unwrap_or_default()
                         );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::DashboardChart { input, out } => {
+                let input = input.unwrap_or_else(|| {
+                    testkit::target_dir()
+                        .join("observability")
+                        .join("dashboard-run.json")
+                });
+                let out = out.unwrap_or_else(|| {
+                    testkit::workspace_root().join("test-harness/bench/results/dashboard.png")
+                });
+                match bench::dashboard_chart::draw_file(&input, &out) {
+                    Ok(text) => {
+                        if !text {
+                            eprintln!("bench: no DejaVu Sans font; the chart has no text");
+                        }
+                        println!("Chart: {}", out.display());
                         ExitCode::SUCCESS
                     }
                     Err(e) => {

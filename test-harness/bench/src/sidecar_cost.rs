@@ -2,7 +2,7 @@
 //! 50 ms (one model-sim process hosts the pods), pushing into Envoy with the filter.
 //!
 //! Measured from outside (`/proc/PID/stat`), so it is the whole process's cost; rounds are read
-//! from the sidecar's own `sidecar_scrape_duration_seconds_count` (scrapes) ÷ pods. The
+//! from the sidecar's own `llm_router_sidecar_scrape_duration_seconds_count` (scrapes) ÷ pods. The
 //! sidecar's in-crate benchmark (`sidecar-metrics/benches/scrape_cost.rs`) measures the same
 //! thing without Envoy; both figures can be compared.
 
@@ -42,7 +42,7 @@ pub struct SidecarCostError(String);
 async fn scrapes(addr: SocketAddr) -> Option<f64> {
     let r = testkit::get(addr, "/metrics", &[]).await.ok()?;
     sum_metrics(&r.text())
-        .get("sidecar_scrape_duration_seconds_count")
+        .get("llm_router_sidecar_scrape_duration_seconds_count")
         .copied()
 }
 

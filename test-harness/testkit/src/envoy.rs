@@ -294,6 +294,7 @@ impl EnvoySpec {
         }
         Ok(json!({
             "admin": {"address": socket_address("127.0.0.1", self.admin_port)},
+            "stats_config": stats_config(),
             "static_resources": {"listeners": listeners, "clusters": clusters},
         }))
     }
@@ -807,6 +808,16 @@ impl EnvoyProcess {
         }
         counts
     }
+}
+
+/// `stats_config` with one tag regex per label of the filter's metrics (as `envoy/envoy.yaml`
+/// has it), so `/stats/prometheus` shows them as labels.
+pub fn stats_config() -> Value {
+    let tags: Vec<Value> = llm_router_core::metrics::LABELS
+        .iter()
+        .map(|l| json!({"tag_name": l, "regex": llm_router_core::metrics::tag_regex(l)}))
+        .collect();
+    json!({"stats_tags": tags})
 }
 
 fn listener_address(json_text: &str, name: &str) -> Option<SocketAddr> {

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use testkit::{filter_wasm, testlog_dir, validate_config, workspace_root, EnvoySpec, Router};
+use testkit::{
+    filter_wasm, stats_config, testlog_dir, validate_config, workspace_root, EnvoySpec, Router,
+};
 
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 
@@ -81,7 +83,13 @@ struct Doc {
 fn example_docs() -> Vec<Doc> {
     let root = workspace_root().join("envoy");
     let mut docs = Vec::new();
+    // Prometheus' configuration is neither Envoy nor Kubernetes: `promtool check config` checks it
+    // (test-harness/e2e/tests/prometheus.rs).
+    let observability = root.join("observability");
     for file in yaml_files(&root) {
+        if file.starts_with(&observability) {
+            continue;
+        }
         let text = std::fs::read_to_string(&file).unwrap();
         let rel = file
             .strip_prefix(workspace_root())
@@ -203,6 +211,17 @@ fn plain_envoy_examples_pass_envoy_validate() {
                 c["allow_on_headers_stop_iteration"],
                 json!(true),
                 "{origin}"
+            );
+        }
+        // The filter's metric labels become Prometheus labels (filter/README.md, "Metrics").
+        let tags = bootstrap["stats_config"]["stats_tags"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for tag in stats_config()["stats_tags"].as_array().unwrap() {
+            assert!(
+                tags.contains(tag),
+                "{origin}: stats_config.stats_tags lacks {tag}"
             );
         }
         for cluster in bootstrap["static_resources"]["clusters"]

@@ -73,7 +73,14 @@ fn routes_to_the_pod_the_snapshot_favours_with_fallbacks_in_order() {
         Some(&("request body".to_string(), Action::Continue))
     );
     assert_eq!(r.upstream_body(), chat_body(LLAMA, "hi"));
-    assert_eq!(host.metric("llm_router.routed").map(|m| m.value), Some(1));
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("pool", "llama"), ("model", LLAMA), ("outcome", "routed")]
+        ),
+        1
+    );
     assert_eq!(inflight_of(&host, "llama", "10.0.0.2:8000"), 1);
 
     r.property("upstream.address", "10.0.0.2:8000");
@@ -192,7 +199,14 @@ fn client_routing_headers_are_never_trusted() {
         "a spoofed endpoint must be removed"
     );
     assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
-    assert_eq!(host.metric("llm_router.fallback").map(|m| m.value), Some(1));
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("pool", "llama"), ("outcome", "fallback")]
+        ),
+        1
+    );
 
     // Paths the filter does not route are stripped of the headers too, and pass untouched.
     let mut g = vm.request();
@@ -331,7 +345,14 @@ fn malformed_json_and_missing_model_are_400_with_openai_errors() {
         assert_eq!(r.response_status(), Some(400));
         r.finish().unwrap();
     }
-    assert_eq!(host.metric("llm_router.rejected").map(|m| m.value), Some(5));
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("outcome", "bad_request")]
+        ),
+        5
+    );
 }
 
 #[test]
@@ -567,8 +588,12 @@ fn a_stale_snapshot_routes_by_in_flight_counts() {
     assert_routed(&stale);
     assert_eq!(endpoints(&stale)[0], "10.0.0.2:8000", "{}", stale.explain());
     assert_eq!(
-        host.metric("llm_router.least_inflight").map(|m| m.value),
-        Some(1)
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("outcome", "least_inflight")]
+        ),
+        1
     );
 }
 
@@ -848,8 +873,12 @@ fn a_snapshot_push_is_accepted_and_answered_with_its_summary() {
         Some(bytes.clone())
     );
     assert_eq!(
-        host.metric("llm_router.snapshot_accepted").map(|m| m.value),
-        Some(1)
+        metric_sum(
+            &host,
+            "llm_router_snapshot_pushes_total",
+            &[("result", "accepted")]
+        ),
+        1
     );
     assert!(
         !r.forwarded(),
@@ -1094,8 +1123,12 @@ fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot()
         .unwrap();
     assert_eq!(e.local_response().map(|l| l.status), Some(403));
     assert_eq!(
-        host.metric("llm_router.snapshot_refused").map(|m| m.value),
-        Some(4)
+        metric_sum(
+            &host,
+            "llm_router_snapshot_pushes_total",
+            &[("result", "refused")]
+        ),
+        4
     );
 }
 
@@ -1217,11 +1250,15 @@ fn pools_may_come_from_the_snapshot_alone() {
 }
 
 #[test]
-fn the_filter_uses_no_timers_and_reads_time_only_from_the_host() {
+fn the_filter_ticks_only_for_its_gauges_and_reads_time_only_from_the_host() {
     let host = host();
     let vm = vm(&host);
-    assert_eq!(vm.tick_period(), None);
-    assert_eq!(vm.advance(std::time::Duration::from_secs(60)).unwrap(), 0);
+    // One tick a second sets the gauges (snapshot age and generation, in flight per pod);
+    // routing never waits for it.
+    assert_eq!(vm.tick_period(), Some(std::time::Duration::from_secs(1)));
+    let keys = host.shared_keys();
+    assert_eq!(vm.advance(std::time::Duration::from_secs(60)).unwrap(), 60);
+    assert_eq!(host.shared_keys(), keys, "a tick writes no shared data");
     // Time comes from the host clock: a snapshot accepted "now" is fresh, 10 s later stale.
     push_ok(
         &vm,

@@ -289,3 +289,27 @@ fn fuzz_mutated_bodies() {
         }
     }
 }
+
+#[test]
+fn include_usage_is_read_leniently() {
+    let include_usage = |b: &str| {
+        parse(ApiKind::ChatCompletions, b.as_bytes())
+            .unwrap()
+            .include_usage
+    };
+    let base = r#""model":"m","messages":[],"stream":true"#;
+    assert!(include_usage(&format!(
+        r#"{{{base},"stream_options":{{"include_usage":true}}}}"#
+    )));
+    assert!(!include_usage(&format!(
+        r#"{{{base},"stream_options":{{"include_usage":false}}}}"#
+    )));
+    assert!(!include_usage(&format!("{{{base}}}")));
+    // A malformed stream_options is the engine's to reject, not a reason to fail routing.
+    assert!(!include_usage(&format!(
+        r#"{{{base},"stream_options":"yes"}}"#
+    )));
+    assert!(!include_usage(&format!(
+        r#"{{{base},"stream_options":{{"include_usage":1}}}}"#
+    )));
+}

@@ -453,8 +453,58 @@ fn conversation_turns_stick_to_the_pod_with_their_prefix() {
         )
         .unwrap();
         assert_eq!(out.endpoints[0], first.endpoints[0], "turn {turn}");
+        assert!(out.prefix_hit, "turn {turn} found its prefix");
+        assert!(!out.lora_hit, "no adapter");
         r.finished(&s, "llama", &out.endpoints[0], out.pending_tokens);
     }
+    assert!(!first.prefix_hit, "the first turn had nothing cached");
+}
+
+#[test]
+fn every_candidate_is_scored_for_the_debug_header_only_when_asked() {
+    let s = MemoryStore::new();
+    let body = chat("meta-llama/Llama-3.1-8B-Instruct", "hi");
+    let plain = router(CONFIG);
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &plain.config);
+    let out = go(&plain, &s, Some(&fleet), &body, ctx(1100)).unwrap();
+    assert_eq!(out.scores.len(), 2, "top_k only: {:?}", out.scores);
+    let debug = router(&CONFIG.replace(r#""top_k": 2"#, r#""top_k": 2, "debug_scores": true"#));
+    let out = go(&debug, &s, Some(&fleet), &body, ctx(1100)).unwrap();
+    assert_eq!(out.endpoints.len(), 2, "the endpoints are still top_k");
+    assert_eq!(out.scores.len(), 3, "every pod: {:?}", out.scores);
+    assert_eq!(out.scores[0].0, out.endpoints[0]);
+    assert!(out.scores.windows(2).all(|w| w[0].1 >= w[1].1));
+}
+
+#[test]
+fn rejections_name_their_pool_and_outcome() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        p.waiting = 100;
+    }
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let shed = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1100),
+    )
+    .unwrap_err();
+    assert_eq!((shed.pool.as_str(), shed.outcome()), ("llama", "shed"));
+    let unknown = go(&r, &s, Some(&fleet), &chat("gpt-9", "hi"), ctx(1100)).unwrap_err();
+    assert_eq!(
+        (unknown.pool.as_str(), unknown.outcome()),
+        ("", "unknown_model")
+    );
+    assert_eq!(Rejection::too_large(1).outcome(), "too_large");
+    assert_eq!(Rejection::bad_request("x", "y").outcome(), "bad_request");
+    assert_eq!(
+        Rejection::no_endpoints("p", "why").outcome(),
+        "no_endpoints"
+    );
 }
 
 #[test]

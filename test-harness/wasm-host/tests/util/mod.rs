@@ -257,3 +257,47 @@ pub fn json_of(r: &Request) -> serde_json::Value {
     serde_json::from_slice(&lr.body)
         .unwrap_or_else(|e| panic!("local reply body is not JSON ({e}): {}", lr.body_text()))
 }
+
+/// A stat name decoded the way Envoy's `stats_tags` regexes of `envoy/envoy.yaml` decode it:
+/// every `label=.=value;.;` piece is a label, what remains is the metric name.
+pub fn decode_stat(stat: &str) -> (String, Vec<(String, String)>) {
+    let mut labels = Vec::new();
+    let mut rest = stat;
+    while let Some((piece, tail)) = rest.split_once(";.;") {
+        let Some((k, v)) = piece.split_once("=.=") else {
+            break;
+        };
+        labels.push((k.to_string(), v.to_string()));
+        rest = tail;
+    }
+    (rest.to_string(), labels)
+}
+
+/// The sum over every series of metric `name` whose labels include all of `labels`.
+pub fn metric_sum(host: &Host, name: &str, labels: &[(&str, &str)]) -> i64 {
+    host.metrics()
+        .iter()
+        .filter_map(|(stat, m)| {
+            let (n, ls) = decode_stat(stat);
+            let all = labels
+                .iter()
+                .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v));
+            (n == name && all).then_some(m.value)
+        })
+        .sum()
+}
+
+/// Every series of metric `name`: its labels (sorted) and value.
+pub fn series(host: &Host, name: &str) -> Vec<(Vec<(String, String)>, i64)> {
+    let mut out: Vec<_> = host
+        .metrics()
+        .iter()
+        .filter_map(|(stat, m)| {
+            let (n, mut ls) = decode_stat(stat);
+            ls.sort();
+            (n == name).then_some((ls, m.value))
+        })
+        .collect();
+    out.sort();
+    out
+}

@@ -1,0 +1,220 @@
+//! The worker's metrics: each label set is defined once per worker VM (a define copies the
+//! name into Envoy and takes its symbol-table lock) and its id cached here, so a request costs
+//! only increments and one histogram record. Names and label encoding live in
+//! `llm_router_core::metrics`; gauges are set from the root context's tick, not per request.
+
+use crate::host::{Counter, Gauge, Histogram};
+use llm_router_core::metrics::{self as names, stat_name};
+use std::collections::HashMap;
+
+/// `outcome` values of `llm_router_requests_total`, in slot order.
+const OUTCOMES: [&str; 8] = [
+    names::ROUTED,
+    "least_inflight",
+    "fallback",
+    "shed",
+    "no_endpoints",
+    "unknown_model",
+    "bad_request",
+    "too_large",
+];
+
+/// Slot of an outcome in [`OUTCOMES`] (the last slot for an unknown one).
+fn outcome_slot(outcome: &str) -> usize {
+    OUTCOMES
+        .iter()
+        .position(|o| *o == outcome)
+        .unwrap_or(OUTCOMES.len() - 1)
+}
+
+/// Counters of one (pool, model).
+#[derive(Default)]
+struct ModelCounters {
+    outcomes: [Option<Counter>; OUTCOMES.len()],
+    /// Prompt and completion tokens.
+    tokens: [Option<Counter>; 2],
+}
+
+/// Counters and gauges of one pool.
+#[derive(Default)]
+struct PoolMetrics {
+    models: HashMap<String, ModelCounters>,
+    picks: HashMap<String, Counter>,
+    prefix_hits: Option<Counter>,
+    lora_hits: Option<Counter>,
+    /// In-flight gauge per pod, with the tick that last set it.
+    in_flight: HashMap<String, (Gauge, u64)>,
+}
+
+/// Every metric of one worker, defined on first use.
+pub struct Metrics {
+    pools: HashMap<String, PoolMetrics>,
+    decision: Histogram,
+    snapshot_age: Gauge,
+    snapshot_generation: Gauge,
+    pushes_accepted: Counter,
+    pushes_refused: Counter,
+    ticks: u64,
+}
+
+impl Metrics {
+    /// Defines the metrics without labels (the per-label ones come on first use).
+    pub fn define() -> Metrics {
+        Metrics {
+            pools: HashMap::new(),
+            decision: Histogram::define(names::DECISION_DURATION),
+            snapshot_age: Gauge::define(names::SNAPSHOT_AGE),
+            snapshot_generation: Gauge::define(names::SNAPSHOT_GENERATION),
+            pushes_accepted: Counter::define(&stat_name(
+                names::SNAPSHOT_PUSHES,
+                &[("result", "accepted")],
+            )),
+            pushes_refused: Counter::define(&stat_name(
+                names::SNAPSHOT_PUSHES,
+                &[("result", "refused")],
+            )),
+            ticks: 0,
+        }
+    }
+
+    /// A pool's metrics, created on first use (no allocation once it exists).
+    fn pool(&mut self, pool: &str) -> Option<&mut PoolMetrics> {
+        if !self.pools.contains_key(pool) {
+            self.pools.insert(pool.to_string(), PoolMetrics::default());
+        }
+        self.pools.get_mut(pool)
+    }
+
+    fn model(&mut self, pool: &str, model: &str) -> Option<&mut ModelCounters> {
+        let p = self.pool(pool)?;
+        if !p.models.contains_key(model) {
+            p.models.insert(model.to_string(), ModelCounters::default());
+        }
+        p.models.get_mut(model)
+    }
+
+    /// One request with this outcome (`model` empty when it is not known or not served).
+    pub fn request(&mut self, pool: &str, model: &str, outcome: &str) {
+        let slot = outcome_slot(outcome);
+        let Some(m) = self.model(pool, model) else {
+            return;
+        };
+        if let Some(c) = m.outcomes.get_mut(slot) {
+            c.get_or_insert_with(|| {
+                Counter::define(&stat_name(
+                    names::REQUESTS,
+                    &[("pool", pool), ("model", model), ("outcome", outcome)],
+                ))
+            })
+            .inc();
+        }
+    }
+
+    /// A routed request's first choice, and whether it was a prefix / adapter hit.
+    pub fn picked(&mut self, pool: &str, pod: &str, prefix_hit: bool, lora_hit: bool) {
+        let Some(p) = self.pool(pool) else {
+            return;
+        };
+        if let Some(c) = p.picks.get(pod) {
+            c.inc();
+        } else {
+            let c = Counter::define(&stat_name(names::PICKS, &[("pool", pool), ("pod", pod)]));
+            c.inc();
+            p.picks.insert(pod.to_string(), c);
+        }
+        if prefix_hit {
+            p.prefix_hits
+                .get_or_insert_with(|| {
+                    Counter::define(&stat_name(names::PREFIX_HITS, &[("pool", pool)]))
+                })
+                .inc();
+        }
+        if lora_hit {
+            p.lora_hits
+                .get_or_insert_with(|| {
+                    Counter::define(&stat_name(names::LORA_HITS, &[("pool", pool)]))
+                })
+                .inc();
+        }
+    }
+
+    /// The time one decision took (µs).
+    pub fn decision_us(&self, us: u64) {
+        self.decision.record(us);
+    }
+
+    /// Tokens of one response.
+    pub fn tokens(&mut self, pool: &str, model: &str, prompt: u64, completion: u64) {
+        let Some(m) = self.model(pool, model) else {
+            return;
+        };
+        for (slot, (kind, n)) in m
+            .tokens
+            .iter_mut()
+            .zip([("prompt", prompt), ("completion", completion)])
+        {
+            if n == 0 {
+                continue;
+            }
+            slot.get_or_insert_with(|| {
+                Counter::define(&stat_name(
+                    names::TOKENS,
+                    &[("pool", pool), ("model", model), ("kind", kind)],
+                ))
+            })
+            .add(n);
+        }
+    }
+
+    pub fn push(&self, accepted: bool) {
+        if accepted {
+            self.pushes_accepted.inc();
+        } else {
+            self.pushes_refused.inc();
+        }
+    }
+
+    /// Starts a tick: gauges set before [`Metrics::end_tick`] are current, the others go to 0.
+    pub fn begin_tick(&mut self) {
+        self.ticks = self.ticks.wrapping_add(1);
+    }
+
+    pub fn snapshot(&self, generation: u64, age_s: Option<u64>) {
+        self.snapshot_generation.set(generation);
+        if let Some(a) = age_s {
+            self.snapshot_age.set(a);
+        }
+    }
+
+    pub fn in_flight(&mut self, pool: &str, pod: &str, n: u32) {
+        let tick = self.ticks;
+        let Some(p) = self.pool(pool) else {
+            return;
+        };
+        if !p.in_flight.contains_key(pod) {
+            let g = Gauge::define(&stat_name(
+                names::IN_FLIGHT,
+                &[("pool", pool), ("pod", pod)],
+            ));
+            p.in_flight.insert(pod.to_string(), (g, tick));
+        }
+        if let Some((g, t)) = p.in_flight.get_mut(pod) {
+            g.set(u64::from(n));
+            *t = tick;
+        }
+    }
+
+    /// Pods set in an earlier tick but not in this one (gone from the snapshot) go to 0, once.
+    pub fn end_tick(&mut self) {
+        let tick = self.ticks;
+        for p in self.pools.values_mut() {
+            p.in_flight.retain(|_, (g, t)| {
+                if *t != tick {
+                    g.set(0);
+                    return false;
+                }
+                true
+            });
+        }
+    }
+}
