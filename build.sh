@@ -12,12 +12,17 @@
 #                           static sidecar), prometheus (the dashboard's end-to-end test)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
+#                           + the CI-sized soak
 #   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
 #                           as OCI layouts in <target>/package/, print their digests, and rewrite
 #                           envoy/artifacts.lock and the `@sha256:` references in envoy/
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
 #   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve,
 #                           --serve --router round_robin|least_request|filter)
+#   ./build.sh soak [--full] build, then run target/release/bench soak: mixed requests through
+#                           Envoy + filter + sidecar + 4 pods while a pod is killed and the
+#                           sidecar restarted (1,500 requests; --full: 10,000); fails on a lost
+#                           or hung request or memory growth over 10 %
 #   ./build.sh fmt          cargo fmt --all
 #   ./build.sh clippy       clippy for the host and the wasm target, warnings as errors
 #   ./build.sh wasm         build only the filter .wasm
@@ -306,6 +311,8 @@ cmd_test() {
   # envoy/*.yaml are checked with `envoy --mode validate` (and the Kubernetes manifests against
   # the CRD schemas) by test-harness/testkit/tests/envoy_configs.rs, part of the run below.
   run_tests
+  step "soak (CI size): $TARGET_DIR/release/bench soak"
+  "$TARGET_DIR/release/bench" soak
   step "all checks passed"
 }
 
@@ -330,7 +337,7 @@ main() {
     build) cmd_build ;;
     setup) cmd_setup ;;
     test) cmd_test ;;
-    bench | demo) run_bench "$cmd" "$@" ;;
+    bench | demo | soak) run_bench "$cmd" "$@" ;;
     fmt) cargo fmt --all ;;
     clippy) cmd_clippy ;;
     wasm) build_wasm ;;

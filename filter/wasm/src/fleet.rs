@@ -2,13 +2,20 @@
 //! worker's decoded copy current without decoding on every request.
 //!
 //! Keys: `llmr/snapshot` holds the encoded snapshot; `llmr/snapshot/meta` holds
-//! `generation u64 | accepted_ms u64`. The push writes the snapshot, then the in-flight
-//! baselines, then the meta key last, so a worker that sees a new generation in the meta key
-//! finds a snapshot at least that new. Workers read only the 16-byte meta key per request and
-//! decode the snapshot once per generation.
+//! `generation u64 | accepted_ms u64`. The snapshot key is the truth and is written by one
+//! compare-and-swap against the value the push read, so a push that loses a race to another
+//! writes nothing (it reads again and is refused as stale, or wins on the retry when the other
+//! push was older). The winner then records the in-flight baselines and raises the meta key,
+//! which is only the cheap change signal for the workers: it is written after the snapshot,
+//! never lowered, and ends at the newest accepted generation. Workers read only the 16-byte meta
+//! key per request and decode the snapshot once per change of it.
+//!
+//! One gap the proxy-wasm ABI leaves: a key that does not exist yet cannot be guarded by CAS,
+//! so two pushes racing to write the very first snapshot both succeed, the later write winning
+//! (the next push of the sidecar, a scrape later, replaces it).
 
 use llm_router_core::inflight;
-use llm_router_core::store::SharedStore;
+use llm_router_core::store::{SharedStore, StoreError};
 use llm_router_core::{Config, Fleet};
 use llm_router_snapshot::Snapshot;
 use std::rc::Rc;
@@ -62,40 +69,71 @@ pub enum PushOutcome {
     StoreFailed,
 }
 
-/// Validates and stores a pushed snapshot. A bad snapshot changes nothing.
+/// How often a push re-reads and retries after losing a compare-and-swap race (each loss means
+/// another push was accepted meanwhile, so this bounds nothing a real fleet reaches).
+const CAS_ATTEMPTS: usize = 8;
+
+/// Validates and stores a pushed snapshot. A bad, stale or losing push changes nothing.
 pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcome {
     let snap = match Snapshot::decode(bytes) {
         Ok(s) => s,
         Err(e) => return PushOutcome::Invalid(e.to_string()),
     };
-    let current = store.get(META_KEY);
-    let cas = current.as_ref().map(|(_, c)| *c);
-    if let Some(m) = current.as_ref().and_then(|(v, _)| Meta::decode(v)) {
-        if snap.generation <= m.generation {
-            return PushOutcome::StaleGeneration {
-                generation: snap.generation,
-                current: m.generation,
-            };
+    for _ in 0..CAS_ATTEMPTS {
+        let current = store.get(SNAPSHOT_KEY);
+        let cas = current.as_ref().map(|(_, c)| *c);
+        // The stored bytes were validated when they were accepted; one that no longer decodes
+        // (none should) is replaced.
+        let stored = current
+            .as_ref()
+            .and_then(|(v, _)| Snapshot::decode(v).ok())
+            .map(|s| s.generation);
+        if let Some(current) = stored {
+            if snap.generation <= current {
+                return PushOutcome::StaleGeneration {
+                    generation: snap.generation,
+                    current,
+                };
+            }
         }
+        match store.set(SNAPSHOT_KEY, bytes, cas) {
+            Ok(()) => {}
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Failed) => return PushOutcome::StoreFailed,
+        }
+        for pool in &snap.pools {
+            inflight::snapshot_baseline(store, &pool.name);
+        }
+        raise_meta(
+            store,
+            Meta {
+                generation: snap.generation,
+                accepted_ms: now_ms,
+            },
+        );
+        return PushOutcome::Accepted {
+            generation: snap.generation,
+            pools: snap.pools.len(),
+            pods: snap.pod_count(),
+        };
     }
-    if store.set(SNAPSHOT_KEY, bytes, None).is_err() {
-        return PushOutcome::StoreFailed;
-    }
-    for pool in &snap.pools {
-        inflight::snapshot_baseline(store, &pool.name);
-    }
-    let meta = Meta {
-        generation: snap.generation,
-        accepted_ms: now_ms,
-    };
-    // CAS on the meta key: of two concurrent pushes, the one that read first loses.
-    if store.set(META_KEY, &meta.encode(), cas).is_err() {
-        return PushOutcome::StoreFailed;
-    }
-    PushOutcome::Accepted {
-        generation: snap.generation,
-        pools: snap.pools.len(),
-        pods: snap.pod_count(),
+    PushOutcome::StoreFailed
+}
+
+/// Sets the meta key to `meta` unless it already names that generation or a newer one. Written
+/// by CAS and read back, so of concurrent winners the newest generation is what stays.
+fn raise_meta(store: &impl SharedStore, meta: Meta) {
+    for _ in 0..CAS_ATTEMPTS {
+        let current = store.get(META_KEY);
+        if let Some(m) = current.as_ref().and_then(|(v, _)| Meta::decode(v)) {
+            if m.generation >= meta.generation {
+                return;
+            }
+        }
+        let cas = current.as_ref().map(|(_, c)| *c);
+        if let Err(StoreError::Failed) = store.set(META_KEY, &meta.encode(), cas) {
+            return;
+        }
     }
 }
 
@@ -172,6 +210,10 @@ mod tests {
     use llm_router_snapshot::{Pod, Pool};
 
     fn snap(generation: u64) -> Vec<u8> {
+        snap_at(generation, "127.0.0.1:1")
+    }
+
+    fn snap_at(generation: u64, address: &str) -> Vec<u8> {
         Snapshot {
             generation,
             created_ms: 5,
@@ -180,13 +222,139 @@ mod tests {
                 cluster: "c".into(),
                 models: vec!["m".into()],
                 pods: vec![Pod {
-                    address: "127.0.0.1:1".into(),
+                    address: address.into(),
                     ..Pod::default()
                 }],
             }],
         }
         .encode()
         .unwrap()
+    }
+
+    type Hook = Box<dyn FnOnce(&MemoryStore)>;
+
+    /// A store whose first write lets another push run to completion first: the interleaving
+    /// of two workers accepting pushes at the same time (both read, then both write).
+    struct RacingStore {
+        inner: MemoryStore,
+        before_first_write: std::cell::RefCell<Option<Hook>>,
+    }
+
+    impl SharedStore for RacingStore {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.inner.get(key)
+        }
+
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            let hook = self.before_first_write.borrow_mut().take();
+            if let Some(other_push) = hook {
+                other_push(&self.inner);
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    /// Pushes `ours` while `theirs` is accepted between our read and our write.
+    fn race(ours: Vec<u8>, theirs: Vec<u8>) -> (PushOutcome, PushOutcome, MemoryStore) {
+        let inner = MemoryStore::new();
+        assert!(matches!(
+            accept(&inner, &snap_at(1, "10.0.0.1:1"), 10),
+            PushOutcome::Accepted { .. }
+        ));
+        let their_outcome = std::rc::Rc::new(std::cell::RefCell::new(None));
+        let seen = their_outcome.clone();
+        let store = RacingStore {
+            inner,
+            before_first_write: std::cell::RefCell::new(Some(Box::new(move |s: &MemoryStore| {
+                *seen.borrow_mut() = Some(accept(s, &theirs, 20));
+            }))),
+        };
+        let our_outcome = accept(&store, &ours, 30);
+        let theirs = their_outcome.borrow_mut().take().unwrap();
+        (our_outcome, theirs, store.inner)
+    }
+
+    /// What every worker would route with, and the raw stored bytes.
+    fn stored(s: &MemoryStore) -> (u64, Vec<String>, Vec<u8>) {
+        let fleet = Cache::default().current(s, &Config::default()).unwrap();
+        let pods = fleet.snapshot.pools[0]
+            .pods
+            .iter()
+            .map(|p| p.address.clone())
+            .collect();
+        (
+            fleet.snapshot.generation,
+            pods,
+            s.get(SNAPSHOT_KEY).unwrap().0,
+        )
+    }
+
+    #[test]
+    fn a_push_that_loses_the_race_to_a_newer_one_leaves_nothing_behind() {
+        let older = snap_at(5, "10.0.0.5:1");
+        let newer = snap_at(6, "10.0.0.6:1");
+        let (ours, theirs, s) = race(older, newer.clone());
+        assert!(matches!(
+            theirs,
+            PushOutcome::Accepted { generation: 6, .. }
+        ));
+        assert_eq!(
+            ours,
+            PushOutcome::StaleGeneration {
+                generation: 5,
+                current: 6
+            }
+        );
+        assert_eq!(
+            stored(&s),
+            (6, vec!["10.0.0.6:1".to_string()], newer),
+            "the loser's bytes replaced the winner's"
+        );
+        assert_eq!(Meta::read(&s).unwrap().generation, 6);
+    }
+
+    #[test]
+    fn a_newer_push_that_lost_the_cas_to_an_older_one_retries_and_wins() {
+        let older = snap_at(5, "10.0.0.5:1");
+        let newer = snap_at(6, "10.0.0.6:1");
+        let (ours, theirs, s) = race(newer.clone(), older);
+        assert!(matches!(
+            theirs,
+            PushOutcome::Accepted { generation: 5, .. }
+        ));
+        assert!(
+            matches!(ours, PushOutcome::Accepted { generation: 6, .. }),
+            "{ours:?}"
+        );
+        assert_eq!(stored(&s), (6, vec!["10.0.0.6:1".to_string()], newer));
+        assert_eq!(
+            Meta::read(&s).unwrap(),
+            Meta {
+                generation: 6,
+                accepted_ms: 30
+            },
+            "the change signal must name the stored generation"
+        );
+    }
+
+    #[test]
+    fn the_meta_key_is_never_lowered() {
+        let s = MemoryStore::new();
+        raise_meta(
+            &s,
+            Meta {
+                generation: 9,
+                accepted_ms: 1,
+            },
+        );
+        raise_meta(
+            &s,
+            Meta {
+                generation: 4,
+                accepted_ms: 2,
+            },
+        );
+        assert_eq!(Meta::read(&s).unwrap().generation, 9);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod report;
 pub mod runner;
 pub mod scenarios;
 pub mod sidecar_cost;
+pub mod soak;
 pub mod sse;
 pub mod stack;
 pub mod stats;

@@ -1,6 +1,8 @@
-//! `bench`: the benchmark (`bench run [--quick]`) and the demo (`bench demo [--serve]`).
+//! `bench`: the benchmark (`bench run [--quick]`), the demo (`bench demo [--serve]`) and the
+//! soak (`bench soak [--full]`).
 //!
-//! `./build.sh bench [--quick]` and `./build.sh demo [--serve]` call this binary.
+//! `./build.sh bench [--quick]`, `./build.sh demo [--serve]` and `./build.sh soak [--full]` call
+//! this binary.
 
 use bench::report::markdown;
 use bench::runner::{run_bench, BenchConfig};
@@ -100,6 +102,19 @@ enum Cmd {
         /// The PNG to write (default: test-harness/bench/results/dashboard.png in the repository).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
+    },
+    /// Soak: mixed requests through the full stack while a pod is killed and the sidecar
+    /// restarted; exits non-zero unless nothing was lost, nothing hung and memory held.
+    Soak {
+        /// The full size (10,000 requests) instead of the CI size (1,500).
+        #[arg(long)]
+        full: bool,
+        /// Requests (overrides the size).
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Workload seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Mixed-GPU fleet under round robin, then under the filter, side by side.
     Demo {
@@ -297,6 +312,39 @@ fn main() -> ExitCode {
                     }
                     Err(e) => {
                         eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Soak {
+                full,
+                requests,
+                seed,
+            } => {
+                let mut cfg = if full {
+                    bench::soak::SoakConfig::full()
+                } else {
+                    bench::soak::SoakConfig::ci()
+                };
+                cfg.requests = requests.unwrap_or(cfg.requests);
+                cfg.seed = seed;
+                match bench::soak::run(&cfg).await {
+                    Ok(rep) => {
+                        let v = bench::soak::verdict(&rep);
+                        let md = bench::soak::markdown(&rep, &v);
+                        println!("{md}");
+                        let _ = std::fs::create_dir_all(&out_dir);
+                        let json = serde_json::to_string_pretty(&rep).unwrap_or_default();
+                        let _ = std::fs::write(out_dir.join("soak.json"), json);
+                        let _ = std::fs::write(out_dir.join("soak.md"), md);
+                        if v.passed() {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("soak: {e}");
                         ExitCode::FAILURE
                     }
                 }

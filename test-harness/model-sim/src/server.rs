@@ -130,6 +130,8 @@ pub enum Fault {
     Error500,
     /// Inference answers 429 (with `retry-after: 1`).
     Error429,
+    /// Inference answers 503, as vLLM does while it cannot take work (before any token).
+    Error503,
     /// Inference never answers.
     Hang,
     /// Responses are cut after a couple of tokens (the connection is closed).
@@ -147,6 +149,7 @@ impl Fault {
             "none" => Fault::None,
             "error500" => Fault::Error500,
             "error429" => Fault::Error429,
+            "error503" => Fault::Error503,
             "hang" => Fault::Hang,
             "close_mid_stream" => Fault::CloseMidStream,
             "no_metrics" => Fault::NoMetrics,
@@ -161,6 +164,7 @@ impl Fault {
             Fault::None => "none",
             Fault::Error500 => "error500",
             Fault::Error429 => "error429",
+            Fault::Error503 => "error503",
             Fault::Hang => "hang",
             Fault::CloseMidStream => "close_mid_stream",
             Fault::NoMetrics => "no_metrics",
@@ -901,7 +905,7 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
                 None => error_response(
                     StatusCode::BAD_REQUEST,
                     "BadRequestError",
-                    "body must be {\"mode\": \"none|error500|error429|hang|close_mid_stream|no_metrics|die\"}",
+                    "body must be {\"mode\": \"none|error500|error429|error503|hang|close_mid_stream|no_metrics|die\"}",
                 ),
             }
         }
@@ -960,7 +964,8 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
     }
 }
 
-/// Answers the inference faults (`error500`, `error429`, `hang`); `None` means "go on".
+/// Answers the inference faults (`error500`, `error429`, `error503`, `hang`); `None` means "go
+/// on".
 async fn inference_fault(pod: &Arc<Pod>, fault: Fault) -> Option<Response<SimBody>> {
     match fault {
         Fault::Error500 => Some(error_response(
@@ -978,6 +983,11 @@ async fn inference_fault(pod: &Arc<Pod>, fault: Fault) -> Option<Response<SimBod
                 .insert("retry-after", HeaderValue::from_static("1"));
             Some(r)
         }
+        Fault::Error503 => Some(error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            "injected fault: error503",
+        )),
         Fault::Hang => {
             let mut die = pod.die.subscribe();
             tokio::select! {

@@ -241,6 +241,13 @@ async fn fault_modes() {
     assert_eq!(r.status, 429);
     assert_eq!(r.header("retry-after"), Some("1"));
 
+    set_fault(addr, "error503").await;
+    let r = http(addr, "POST", "/v1/chat/completions", Some(&req))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 503);
+    assert!(r.body.contains("error503"), "{}", r.body);
+
     set_fault(addr, "close_mid_stream").await;
     let r = http(addr, "POST", "/v1/chat/completions", Some(&req))
         .await

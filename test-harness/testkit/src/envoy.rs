@@ -86,6 +86,14 @@ impl Router {
     }
 }
 
+/// The route's retry conditions, as in the shipped `envoy/envoy.yaml`: a connection that fails
+/// or is reset before the answer starts, and a 503 (the engine took no work). Not 429: a pod
+/// that asks for back-off passes that on to the client rather than being hammered by retries.
+pub const RETRY_ON: &str = "connect-failure,reset,refused-stream,retriable-status-codes";
+
+/// The shipped `per_try_idle_timeout` (see [`EnvoySpec::per_try_idle_timeout`]).
+pub const PER_TRY_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Everything needed to run one Envoy.
 #[derive(Debug, Clone)]
 pub struct EnvoySpec {
@@ -115,8 +123,12 @@ pub struct EnvoySpec {
     pub log_level: Option<String>,
     /// `--component-log-level` (e.g. `wasm:debug`); `None` means `$ENVOY_COMPONENT_LOG_LEVEL`.
     pub component_log_level: Option<String>,
-    /// Route retries on `connect-failure,reset,refused-stream` (default 2).
+    /// Route retries (default 2) on `connect-failure,reset,refused-stream` and status 503, as
+    /// in the shipped `envoy/envoy.yaml`.
     pub num_retries: u32,
+    /// The route's `per_try_idle_timeout` (default 120 s, as shipped): a try that receives
+    /// nothing for this long is abandoned (retried if nothing reached the client yet).
+    pub per_try_idle_timeout: Duration,
     /// Upstream connect timeout (default 1 s).
     pub connect_timeout: Duration,
     /// How long [`EnvoySpec::start`] waits for Envoy to serve (default 30 s).
@@ -148,6 +160,7 @@ impl Default for EnvoySpec {
             log_level: None,
             component_log_level: None,
             num_retries: 2,
+            per_try_idle_timeout: PER_TRY_IDLE_TIMEOUT,
             connect_timeout: Duration::from_secs(1),
             ready_timeout: Duration::from_secs(30),
             extra_args: Vec::new(),
@@ -250,7 +263,12 @@ impl EnvoySpec {
             what: format!("EnvoySpec {}", self.name),
             reason: "needs at least one pool".into(),
         })?;
-        let retry = json!({"retry_on": "connect-failure,reset,refused-stream", "num_retries": self.num_retries});
+        let retry = json!({
+            "retry_on": RETRY_ON,
+            "retriable_status_codes": [503],
+            "num_retries": self.num_retries,
+            "per_try_idle_timeout": format!("{}s", self.per_try_idle_timeout.as_secs_f64()),
+        });
         let routes = json!([
             {
                 "match": {"prefix": "/", "headers": [{"name": self.cluster_header(), "present_match": true}]},

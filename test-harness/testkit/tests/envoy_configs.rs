@@ -261,6 +261,66 @@ fn plain_envoy_examples_pass_envoy_validate() {
     }
 }
 
+fn retry_policies(value: &Value, out: &mut Vec<Value>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if k == "retry_policy" {
+                    out.push(v.clone());
+                } else {
+                    retry_policies(v, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| retry_policies(v, out)),
+        _ => {}
+    }
+}
+
+/// The fault handling the end-to-end tests exercise (testkit renders the same policy) is the
+/// one every shipped plain Envoy route has: retried on connection failures and 503, with a
+/// per-try idle timeout; no route timeout that would cut long streams.
+#[test]
+fn every_shipped_route_has_the_tested_retry_policy() {
+    let docs = example_docs();
+    let mut routes = 0;
+    for (origin, bootstrap) in envoy_bootstraps(&docs) {
+        let mut policies = Vec::new();
+        retry_policies(&bootstrap, &mut policies);
+        assert!(policies.len() >= 2, "{origin}: {policies:?}");
+        for p in policies {
+            routes += 1;
+            assert_eq!(p["retry_on"], json!(testkit::RETRY_ON), "{origin}");
+            assert_eq!(p["retriable_status_codes"], json!([503]), "{origin}");
+            assert_eq!(p["num_retries"], json!(2), "{origin}");
+            assert_eq!(
+                p["per_try_idle_timeout"],
+                json!(format!("{}s", testkit::PER_TRY_IDLE_TIMEOUT.as_secs())),
+                "{origin}"
+            );
+        }
+    }
+    assert!(routes >= 4, "{routes} routes");
+    // Envoy Gateway: the same triggers and codes, and the idle bound as a stream idle timeout.
+    let btp = docs
+        .iter()
+        .find(|d| d.value["kind"] == "BackendTrafficPolicy")
+        .expect("envoy-gateway/backendtrafficpolicy.yaml");
+    let on = &btp.value["spec"]["retry"]["retryOn"];
+    let triggers: Vec<&str> = on["triggers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(triggers.join(","), testkit::RETRY_ON);
+    assert_eq!(on["httpStatusCodes"], json!([503]));
+    assert_eq!(
+        btp.value["spec"]["timeout"]["http"]["streamIdleTimeout"],
+        json!(format!("{}s", testkit::PER_TRY_IDLE_TIMEOUT.as_secs()))
+    );
+}
+
 /// The plugin configuration (parsed) of a Wasm filter config.
 fn plugin_of(config: &Value) -> Value {
     serde_json::from_str(config["configuration"]["value"].as_str().unwrap_or("{}"))
