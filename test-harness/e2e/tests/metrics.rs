@@ -212,9 +212,9 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
         assert_eq!(r.status, 404, "{}", r.text());
     }
 
-    // Tokens are counted when a stream ends and the gauges move at the next tick (1 s): wait
-    // for both, bounded.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Tokens are counted when a stream ends, the gauges move at the next tick (1 s) and Envoy
+    // merges its workers' histograms at its stats flush (every 5 s): wait for all, bounded.
+    let deadline = Instant::now() + Duration::from_secs(15);
     let generation = busy.generation as f64;
     let m = loop {
         let m = prometheus(&envoy);
@@ -231,7 +231,8 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
             ),
         );
         let done = tokens == (Some(expected.0 as f64), Some(expected.1 as f64))
-            && value(&m, "llm_router_snapshot_generation", &[]) == Some(generation);
+            && value(&m, "llm_router_snapshot_generation", &[]) == Some(generation)
+            && value(&m, "llm_router_decision_duration_microseconds", &[]) == Some(12.0);
         if done || Instant::now() > deadline {
             break m;
         }
