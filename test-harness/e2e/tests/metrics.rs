@@ -198,6 +198,7 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
         vec![pod(&pod_a, 80, 0.99), pod(&pod_b, 90, 0.99)],
     )]);
     push_ok(&envoy, &busy).await;
+    let pushed = Instant::now();
     for i in 0..3 {
         let r = post(&envoy, "/v1/chat/completions", chat(&format!("shed {i}"))).await;
         assert_eq!(r.status, 429, "{}", r.text());
@@ -296,8 +297,13 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
         value(&m, "llm_router_snapshot_generation", &[]),
         Some(generation)
     );
+    // Whole seconds since the push, as of the last tick (at most a second old).
     let age = value(&m, "llm_router_snapshot_age_seconds", &[]).unwrap();
-    assert!((0.0..=2.0).contains(&age), "snapshot age {age}");
+    let since = pushed.elapsed().as_secs_f64();
+    assert!(
+        age <= since && age >= since - 2.0,
+        "snapshot age {age} s, pushed {since:.1} s ago"
+    );
     assert_eq!(
         value(
             &m,
