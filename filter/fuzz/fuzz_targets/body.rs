@@ -15,8 +15,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use llm_router_core::request::{parse, ApiKind, Piece};
 use llm_router_core::reject::MAX_ECHO_BYTES;
+use llm_router_core::request::{parse, ApiKind, Piece};
 use llm_router_core::{inflight, Config, Context, Fleet, MemoryStore, Rejection, Router};
 use llm_router_snapshot::{Engine, LoraState, Pod, Pool, Snapshot};
 
@@ -118,7 +118,10 @@ fn check_error(e: &llm_router_core::RequestError) {
     assert!(rejection.message.len() <= MAX_ECHO_BYTES + '…'.len_utf8());
     let body: serde_json::Value =
         serde_json::from_str(&rejection.body()).expect("error bodies are JSON");
-    assert_eq!(body["error"]["message"].as_str(), Some(rejection.message.as_str()));
+    assert_eq!(
+        body["error"]["message"].as_str(),
+        Some(rejection.message.as_str())
+    );
     assert_eq!(body["error"]["code"].as_str(), Some("invalid_json"));
 }
 
@@ -137,10 +140,17 @@ fn check(setup: &Setup, kind: ApiKind, data: &[u8], is_json: bool) {
         }
     };
     assert!(is_json, "accepted a body that is not JSON");
-    assert_eq!(data.trim_ascii_start().first(), Some(&b'{'), "accepted a non-object");
+    assert_eq!(
+        data.trim_ascii_start().first(),
+        Some(&b'{'),
+        "accepted a non-object"
+    );
     assert!(!req.model.is_empty());
     assert!(req.key_pieces.is_none_or(|k| k <= req.pieces.len()));
-    assert!(text_len(&req.pieces) <= data.len(), "more prompt text than body");
+    assert!(
+        text_len(&req.pieces) <= data.len(),
+        "more prompt text than body"
+    );
 
     // The span is the model's JSON string, and rewriting it there keeps everything else.
     let (start, end) = req.model_span;
