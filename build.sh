@@ -335,6 +335,7 @@ cmd_fuzz() {
     if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
     local corpus="$out/corpus/$name" artifacts="$out/artifacts/$name/" log="$out/logs/$name.log"
     mkdir -p "$corpus" "$artifacts"
+    touch "$log.start" # crash files newer than this are this run's
     step "fuzz $name for ${seconds}s ($dir; corpus $corpus)"
     # cargo-fuzz passes nightly-only flags (-Z, sanitizer coverage): RUSTC_BOOTSTRAP lets the
     # stable toolchain accept them.
@@ -350,8 +351,8 @@ cmd_fuzz() {
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
     ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
     corp=$(find "$corpus" -type f | wc -l)
-    crashes=$(find "$artifacts" -type f | wc -l)
-    summary+=("$(printf '%-9s %12s execs in %ss, coverage %s edges, %s features, corpus %s inputs, %s crash files' \
+    crashes=$(find "$artifacts" -type f -newer "$log.start" | wc -l)
+    summary+=("$(printf '%-9s %12s execs in %ss, coverage %s edges, %s features, corpus %s inputs, %s new crash files' \
       "$name" "${execs:-?}" "$seconds" "${cov:-?}" "${ft:-?}" "$corp" "$crashes")")
     info "${summary[-1]}"
     if [ "$rc" -ne 0 ]; then

@@ -72,7 +72,7 @@ fn same_sample(a: &Sample<'_>, b: &Sample<'_>) -> bool {
 
 /// A name filter unlike the engines' one, so both paths of the fast skip are exercised.
 fn want(name: &str) -> bool {
-    name.len() % 2 == 0
+    name.len().is_multiple_of(2)
 }
 
 fn figures(m: &PodMetrics) -> impl PartialEq + std::fmt::Debug {
