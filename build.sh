@@ -13,6 +13,7 @@
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
 #                           + the CI-sized soak
+#                           + a short run (20 s) of each fuzz target
 #   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
 #                           as OCI layouts in <target>/package/, print their digests, and rewrite
 #                           envoy/artifacts.lock and the `@sha256:` references in envoy/
@@ -23,6 +24,11 @@
 #                           Envoy + filter + sidecar + 4 pods while a pod is killed and the
 #                           sidecar restarted (1,500 requests; --full: 10,000); fails on a lost
 #                           or hung request or memory growth over 10 %
+#   ./build.sh fuzz [SECONDS] [TARGET...]
+#                           run each cargo-fuzz target (body, snapshot, config, prom) for SECONDS
+#                           (default 600) one after another; corpus, crashes and logs in
+#                           <target>/fuzz/ (installs cargo-fuzz from crates.io if missing; runs on
+#                           the stable toolchain with RUSTC_BOOTSTRAP=1)
 #   ./build.sh fmt          cargo fmt --all
 #   ./build.sh clippy       clippy for the host and the wasm target, warnings as errors
 #   ./build.sh wasm         build only the filter .wasm
@@ -301,6 +307,72 @@ run_test_runner() {
   fi
 }
 
+# The fuzz targets: "<fuzz project dir>:<target>:<seed dir>". Seeds are the repository's test
+# data where it exists (request bodies, /metrics texts), else the project's own seeds/.
+FUZZ_TARGETS=(
+  "filter/fuzz:body:test-harness/fixtures/bodies"
+  "filter/fuzz:snapshot:filter/fuzz/seeds/snapshot"
+  "filter/fuzz:config:filter/fuzz/seeds/config"
+  "sidecar-metrics/fuzz:prom:test-harness/fixtures/metrics"
+)
+
+ensure_cargo_fuzz() {
+  if cargo fuzz --version >/dev/null 2>&1; then
+    info "cargo-fuzz already installed ($(cargo fuzz --version))"
+  else
+    info "cargo install cargo-fuzz --locked"
+    cargo install cargo-fuzz --locked
+  fi
+}
+
+# Runs every fuzz target (or those named) for SECONDS each, one after another, and prints one
+# line of figures per target. Fails when a target found a crash (its input is kept under
+# <target>/fuzz/artifacts/). Sanitizer `none`: the fuzzed code is safe Rust, so AddressSanitizer
+# would find nothing and cost executions; overflow checks and debug assertions stay on.
+cmd_fuzz() {
+  local seconds="${1:-600}"
+  if [ $# -gt 0 ]; then shift; fi
+  case "$seconds" in '' | *[!0-9]*) die "fuzz: SECONDS must be a whole number, not '$seconds'" ;; esac
+  ensure_cargo_fuzz
+  local out="$TARGET_DIR/fuzz" spec dir name seeds failed=() summary=()
+  mkdir -p "$out/logs"
+  for spec in "${FUZZ_TARGETS[@]}"; do
+    IFS=: read -r dir name seeds <<<"$spec"
+    if [ $# -gt 0 ] && [[ " $* " != *" $name "* ]]; then continue; fi
+    local corpus="$out/corpus/$name" artifacts="$out/artifacts/$name/" log="$out/logs/$name.log"
+    mkdir -p "$corpus" "$artifacts"
+    touch "$log.start" # crash files newer than this are this run's
+    step "fuzz $name for ${seconds}s ($dir; corpus $corpus)"
+    # cargo-fuzz passes nightly-only flags (-Z, sanitizer coverage): RUSTC_BOOTSTRAP lets the
+    # stable toolchain accept them.
+    RUSTC_BOOTSTRAP=1 cargo fuzz build --fuzz-dir "$ROOT/$dir" -s none \
+      --target-dir "$out/build/$(basename "$(dirname "$dir")")" "$name"
+    local rc=0
+    RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir "$ROOT/$dir" -s none \
+      --target-dir "$out/build/$(basename "$(dirname "$dir")")" "$name" "$corpus" "$ROOT/$seeds" -- \
+      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$artifacts" >"$log" 2>&1 || rc=$?
+    local execs cov ft corp crashes
+    execs=$(awk '/stat::number_of_executed_units/ { print $2 }' "$log" | tail -1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    corp=$(find "$corpus" -type f | wc -l)
+    crashes=$(find "$artifacts" -type f -newer "$log.start" | wc -l)
+    summary+=("$(printf '%-9s %12s execs in %ss, coverage %s edges, %s features, corpus %s inputs, %s new crash files' \
+      "$name" "${execs:-?}" "$seconds" "${cov:-?}" "${ft:-?}" "$corp" "$crashes")")
+    info "${summary[-1]}"
+    if [ "$rc" -ne 0 ]; then
+      tail -n 40 "$log" >&2
+      failed+=("$name")
+    fi
+  done
+  step "fuzz figures (logs: $out/logs)"
+  printf '    %s\n' "${summary[@]}"
+  if [ "${#failed[@]}" -gt 0 ]; then
+    die "fuzz targets failed: ${failed[*]} (inputs in $out/artifacts/; replay one with: RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir DIR -s none TARGET FILE)"
+  fi
+}
+
 cmd_test() {
   cmd_setup
   step "cargo fmt --all --check"
@@ -313,6 +385,9 @@ cmd_test() {
   run_tests
   step "soak (CI size): $TARGET_DIR/release/bench soak"
   "$TARGET_DIR/release/bench" soak
+  # A short run of each fuzz target: the targets build and their properties hold on the seeds
+  # and what 20 s of fuzzing finds (./build.sh fuzz runs them longer).
+  cmd_fuzz 20
   step "all checks passed"
 }
 
@@ -338,6 +413,7 @@ main() {
     setup) cmd_setup ;;
     test) cmd_test ;;
     bench | demo | soak) run_bench "$cmd" "$@" ;;
+    fuzz) cmd_fuzz "$@" ;;
     fmt) cargo fmt --all ;;
     clippy) cmd_clippy ;;
     wasm) build_wasm ;;

@@ -905,4 +905,21 @@ mod tests {
         let e = error_of(r#"{"priority":{"trust":true}}"#);
         assert!(e.contains("unknown field `trust`"), "{e}");
     }
+
+    /// From the `config` fuzz target (a crash of its round-trip property, which now builds
+    /// serde_json with `float_roundtrip`): a weight written with more digits than an f64 holds
+    /// is accepted, parsed to within an ULP or so (serde_json's default, best-effort precision).
+    #[test]
+    fn a_weight_with_more_digits_than_a_double_holds_is_accepted() {
+        let c = Config::parse(
+            br#"{"pools":[{"name":"p","cluster":"c","models":["m"],
+                 "weights":{"affinity":111111151111111111111111111111510.3}}]}"#,
+        )
+        .unwrap();
+        let affinity = c.pools[0].weights.0[6];
+        assert!(
+            (affinity / 1.111_111_511_111_111_2e32 - 1.0).abs() < 1e-14,
+            "{affinity}"
+        );
+    }
 }

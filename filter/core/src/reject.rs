@@ -34,13 +34,31 @@ struct ErrorBody<'a> {
     code: &'a str,
 }
 
+/// Longest piece of client text an error message repeats (bytes). serde's messages quote the
+/// offending value and the 404 names the model: without a bound a 900 KB string in `stream` or
+/// `model` would come back whole in the reply (and in any log of it).
+pub const MAX_ECHO_BYTES: usize = 256;
+
+/// `s` cut to [`MAX_ECHO_BYTES`] at a character boundary, with `…` when cut.
+fn clip(mut s: String) -> String {
+    if s.len() > MAX_ECHO_BYTES {
+        let mut end = MAX_ECHO_BYTES;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
 impl Rejection {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Rejection {
             status: 400,
             kind: "invalid_request_error",
             code,
-            message: message.into(),
+            message: clip(message.into()),
             retry_after_s: None,
             reason: "rejected-invalid-request",
             pool: String::new(),
@@ -53,7 +71,8 @@ impl Rejection {
             kind: "invalid_request_error",
             code: "model_not_found",
             message: format!(
-                "The model `{model}` does not exist or is not served by this gateway."
+                "The model `{}` does not exist or is not served by this gateway.",
+                clip(model.to_owned())
             ),
             retry_after_s: None,
             reason: "rejected-unknown-model",
@@ -122,5 +141,34 @@ impl Rejection {
             },
         };
         serde_json::to_string(&b).unwrap_or_else(|_| String::from("{\"error\":{}}"))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_text_is_echoed_at_most_max_echo_bytes() {
+        let huge = "é".repeat(100_000);
+        let r = Rejection::model_not_found(&huge);
+        assert!(
+            r.message.len() < MAX_ECHO_BYTES + 100,
+            "{}",
+            r.message.len()
+        );
+        assert!(r.message.contains("…` does not exist"));
+        let r = Rejection::bad_request("invalid_json", format!("invalid type: {huge}"));
+        assert!(r.message.len() <= MAX_ECHO_BYTES + '…'.len_utf8());
+        assert!(r.message.ends_with('…'));
+        let v: serde_json::Value = serde_json::from_str(&r.body()).unwrap();
+        assert_eq!(v["error"]["message"], r.message.as_str());
+        // Short messages are left alone.
+        let r = Rejection::model_not_found("gpt-9");
+        assert_eq!(
+            r.message,
+            "The model `gpt-9` does not exist or is not served by this gateway."
+        );
     }
 }

@@ -155,10 +155,12 @@ fn escaped_strings_are_unescaped_and_plain_ones_borrowed() {
 #[test]
 fn rejections_say_what_is_wrong() {
     let cases: &[(&[u8], &str)] = &[
-        (b"", "EOF"),
-        (b"not json", "expected"),
+        (b"", "must be a JSON object"),
+        (b"not json", "must be a JSON object"),
         (b"{\"model\":\"m\"", "EOF"),
-        (b"[1,2]", "invalid type"),
+        (b"[1,2]", "must be a JSON object"),
+        (b"[\"m\"]", "must be a JSON object"),
+        (b" \"m\"", "must be a JSON object"),
         (
             b"{\"model\":\"m\",\"stream\":\"yes\"}",
             "expected a boolean",
@@ -312,4 +314,44 @@ fn include_usage_is_read_leniently() {
     assert!(!include_usage(&format!(
         r#"{{{base},"stream_options":{{"include_usage":1}}}}"#
     )));
+}
+
+/// Hostile bodies (issue 12), as the filter's core sees them; the Wasm-level and end-to-end
+/// tests (`hostile.rs` in test-harness) check the statuses clients get for the same shapes.
+#[test]
+fn hostile_bodies_are_refused_with_typed_errors() {
+    let nested = |depth: usize| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":{}"x"{}}}]}}"#,
+            "[".repeat(depth),
+            "]".repeat(depth)
+        )
+    };
+    let malformed = |body: &[u8], needle: &str| match parse(ApiKind::ChatCompletions, body) {
+        Err(RequestError::Malformed(m)) => assert!(m.contains(needle), "{needle}: {m}"),
+        other => panic!("{:?}: {other:?}", String::from_utf8_lossy(body)),
+    };
+    // Nesting: serde_json's limit (128) where the filter reads, never a stack overflow.
+    assert!(parse(ApiKind::ChatCompletions, nested(100).as_bytes()).is_ok());
+    malformed(nested(100_000).as_bytes(), "recursion limit");
+    // Duplicate keys: the filter and the model server could read different values (most JSON
+    // libraries keep the last), so a body with two `model`s or `stream`s is refused.
+    malformed(br#"{"model":"a","model":"b"}"#, "duplicate field `model`");
+    malformed(
+        br#"{"model":"a","stream":false,"stream":true}"#,
+        "duplicate field `stream`",
+    );
+    // Invalid UTF-8 anywhere, also in fields the filter does not read.
+    malformed(b"{\"model\":\"m\xff\"}", "UTF-8");
+    malformed(b"{\"model\":\"m\",\"user\":\"\xc3\x28\"}", "UTF-8");
+    // Wrong types.
+    malformed(br#"{"model":"m","messages":"hi"}"#, "invalid type");
+    malformed(br#"{"model":"m","messages":[1]}"#, "invalid type");
+    malformed(br#"{"model":"m","stream":1}"#, "expected a boolean");
+    for body in [&br#"{"model":["m"]}"#[..], br#"{"model":{"name":"m"}}"#] {
+        assert_eq!(
+            parse(ApiKind::ChatCompletions, body),
+            Err(RequestError::BadModel)
+        );
+    }
 }

@@ -600,3 +600,26 @@ fn config_errors_name_the_field() {
     );
     assert_eq!(c.pools[0].cluster, "pool_llama");
 }
+
+/// From the `snapshot` fuzz target (its first crash, in the harness): the snapshot format lets a
+/// pool list an empty model name. No request can name it (an empty `model` is a 400), and the
+/// pool's other models still route.
+#[test]
+fn a_pool_listing_an_empty_model_name_still_routes_its_models() {
+    let bytes: &[u8] = b"LRSN\x01\x00\x00\x00*\x00\x00\x00\x00\x00\x00\x00\xf4i\xe5\xcf\x8b\x01\x00\x00\x01\x00\x05\x00llama\x0a\x00pool_ll\x01\x00\x00\x04\x00\x00\x00\x0c\x00\x00\x00\x01\x07\x10\x00\x00\x00\x00' \x00\x00\x00\x01\x00\x00\x00\x00";
+    let mut snap = Snapshot::decode(bytes).unwrap();
+    assert!(snap.pools[0].models.iter().any(String::is_empty));
+    snap.pools[0].models.push("named".into());
+    snap.pools[0].pods = vec![pod("10.0.9.1:8000", 0, 0.1)];
+    snap.created_ms = 1000;
+    let r = router(r#"{"top_k": 2}"#);
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let s = MemoryStore::new();
+    let out = go(&r, &s, Some(&fleet), &chat("named", "hi"), ctx(1100)).unwrap();
+    assert_eq!(out.pool, "llama");
+    assert_eq!(out.endpoints, ["10.0.9.1:8000"]);
+    assert_eq!(
+        parse(ApiKind::ChatCompletions, chat("", "hi").as_bytes()),
+        Err(crate::request::RequestError::BadModel)
+    );
+}
