@@ -58,7 +58,15 @@ const COLORS: [RGBColor; 7] = [
 ];
 
 /// Short labels under the bars, in [`ROUTERS`] order.
-const SHORT: [&str; 7] = ["RR", "LR", "LR full", "WRR", "filter", "GAIE w", "filter ×2"];
+const SHORT: [&str; 7] = [
+    "RR",
+    "LR",
+    "LR full",
+    "WRR",
+    "filter",
+    "GAIE w",
+    "filter ×2",
+];
 
 fn shade(c: RGBColor, k: usize) -> RGBColor {
     // p50 lightest, p99 full colour.

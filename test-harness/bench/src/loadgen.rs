@@ -74,11 +74,10 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
     let uris = std::iter::once(&opts.url)
         .chain(&opts.replica_urls)
         .map(|u| {
-            u.parse::<hyper::Uri>()
-                .map_err(|e| LoadError::Url {
-                    url: u.clone(),
-                    reason: e.to_string(),
-                })
+            u.parse::<hyper::Uri>().map_err(|e| LoadError::Url {
+                url: u.clone(),
+                reason: e.to_string(),
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let client = http_client();

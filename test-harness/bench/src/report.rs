@@ -1158,7 +1158,14 @@ mod tests {
             assert!(!t
                 .iter()
                 .any(|x| x.baseline == "filter" && x.router != "filter_x2"));
-            find(&t, "shared_prefix", "filter_x2", "prefix_hit_rate", "filter").met
+            find(
+                &t,
+                "shared_prefix",
+                "filter_x2",
+                "prefix_hit_rate",
+                "filter",
+            )
+            .met
         };
         assert_eq!(judged(0.88), Some(true));
         assert_eq!(judged(0.80), Some(false));
