@@ -455,10 +455,17 @@ async fn routing_survives_the_sidecar_stopping_restarting_and_pushing_garbage() 
     let s = state(&envoy).await;
     assert_eq!(generation(&s), stale_gen, "nothing pushed while stopped");
     assert!(s["age_ms"].as_u64().unwrap() > 3000, "not stale yet: {s}");
-    let least_inflight = envoy
-        .counter("wasmcustom.llm_router.least_inflight")
+    // `llm_router_requests_total{outcome="least_inflight"}`: Envoy's /stats lists it under its
+    // full name, the labels encoded before the metric's name.
+    let least_inflight: u64 = envoy
+        .stats()
         .unwrap()
-        .unwrap_or(0);
+        .iter()
+        .filter(|(k, _)| {
+            k.ends_with(";.;llm_router_requests_total") && k.contains("outcome=.=least_inflight;.;")
+        })
+        .map(|(_, v)| *v)
+        .sum();
     assert!(
         least_inflight > 0,
         "stale mode (least in-flight) never used"
