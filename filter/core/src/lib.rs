@@ -7,6 +7,7 @@
 //! - [`config`]: the plugin configuration, validated at load.
 //! - [`request`]: one pass over an OpenAI / Anthropic body → model, stream, prompt pieces.
 //! - [`prefix`]: chained block hashes and the shared, bounded prefix index.
+//! - [`prior`]: where other gateway replicas probably put a prompt this one has not seen.
 //! - [`inflight`]: this proxy's load per pod (in flight, pending prefill work, learned rate),
 //!   shared by all workers.
 //! - [`predict`]: time to first token per pod, learned from the proxy's own traffic.
@@ -23,6 +24,7 @@ pub mod lora;
 pub mod metrics;
 pub mod predict;
 pub mod prefix;
+pub mod prior;
 pub mod reject;
 pub mod request;
 pub mod router;

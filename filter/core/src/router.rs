@@ -10,6 +10,7 @@ use crate::inflight::{self, Table};
 use crate::lora::{self, Placement};
 use crate::predict::{self, Rate};
 use crate::prefix::{self, PrefixIndex};
+use crate::prior;
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
 use crate::score::{self, Candidate, Features, Mode};
@@ -24,6 +25,8 @@ struct PoolIndex {
     pod_ids: Vec<u32>,
     /// Adapter → home pod (snapshot order), by bounded-load rendezvous.
     homes: HashMap<String, usize>,
+    /// This proxy's share of the requests the pool's engines counted ([`prior::own_share`]).
+    own_share: f64,
 }
 
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
@@ -68,7 +71,8 @@ impl Fleet {
         let pools = snapshot
             .pools
             .iter()
-            .map(|pool| {
+            .enumerate()
+            .map(|(i, pool)| {
                 let addrs: Vec<&str> = pool.pods.iter().map(|p| p.address.as_str()).collect();
                 let slots: Vec<u16> = pool
                     .pods
@@ -84,9 +88,11 @@ impl Fleet {
                         .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
                         .collect();
                 }
+                let own_share = baselines.get(i).map_or(1.0, |b| prior::own_share(pool, b));
                 PoolIndex {
                     pod_ids: addrs.iter().map(|a| prefix::pod_id(a)).collect(),
                     homes: lora::homes(&adapters, &addrs, &slots),
+                    own_share,
                 }
             })
             .collect();
@@ -112,6 +118,13 @@ impl Fleet {
             .map(|p| inflight::read_baseline(store, &p.name))
             .collect();
         Fleet::new(snapshot, accepted_ms, baselines, config)
+    }
+
+    /// This proxy's share of the requests the engines of pool `pool` reported, when the
+    /// snapshot was accepted ([`prior::own_share`]).
+    pub fn own_share(&self, pool: &str) -> Option<f64> {
+        let i = self.snapshot.pools.iter().position(|p| p.name == pool)?;
+        self.pools.get(i).map(|d| d.own_share)
     }
 
     fn is_stale(&self, now_ms: u64, stale_after_ms: u64) -> bool {
@@ -163,7 +176,8 @@ pub struct Routed {
     /// response byte, or when it ends without one).
     pub pending_tokens: u32,
     /// Prefill work ahead of and including this request on that pod when it was routed: with
-    /// the time to its first byte, one observation of the pod's rate.
+    /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
+    /// when the pod was chosen on a guess of what it has cached ([`crate::prior`]).
     pub work_tokens: f64,
 }
 
@@ -373,6 +387,34 @@ impl Router {
             };
             return Err(Rejection::no_endpoints(&pool.name, why));
         }
+        // A prompt deeper than anything this replica knows may be on the pod where other
+        // replicas put it: credit that pod with the blocks it would save, weighed by the
+        // other replicas' share of the pool's traffic. The pod's own record is kept for the
+        // work accounting below.
+        let mut credited: Option<(usize, u32)> = None;
+        if full {
+            let known = cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
+            let prompt_blocks = req.prompt_chars() / pool.prefix.block_chars.max(1);
+            let share = derived.map_or(1.0, |d| d.own_share);
+            let n = hashes.blocks.len();
+            let prior =
+                prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks).and_then(|depth| {
+                    let anchor = hashes.blocks.get(depth - 1).copied()?;
+                    let credit = prior::credit(n, depth, known, share)?;
+                    let home = prior::rendezvous(cands.iter().map(|c| c.address), anchor)?;
+                    Some((home, credit))
+                });
+            if let Some((home, credit)) = prior {
+                if let Some(c) = cands.get_mut(home) {
+                    credited = Some((home, c.prefix_blocks));
+                    c.prefix_blocks = c.prefix_blocks.max(credit);
+                }
+            }
+        }
+        let recorded = |i: usize, c: &Candidate<'_>| match credited {
+            Some((j, blocks)) if j == i => blocks,
+            _ => c.prefix_blocks,
+        };
         let chars_per_token = predict.chars_per_token.max(0.1);
         let prompt_tokens = (req.prompt_chars() as f64 / chars_per_token).ceil();
         let features = Features {
@@ -386,11 +428,7 @@ impl Router {
             } else {
                 prompt_tokens
             },
-            home: cands
-                .iter()
-                .enumerate()
-                .max_by_key(|(_, c)| xxhash_rust::xxh64::xxh64(c.address.as_bytes(), hashes.key))
-                .map(|(i, _)| i),
+            home: prior::rendezvous(cands.iter().map(|c| c.address), hashes.key),
             priority: ctx.priority,
             tie: ctx.tie,
         };
@@ -423,11 +461,20 @@ impl Router {
         let (mut pending_tokens, mut work_tokens) = (0, 0.0);
         let (mut prefix_hit, mut lora_hit) = (false, false);
         if let Some((i, c)) = chosen {
-            prefix_hit = c.prefix_blocks > 0;
+            let known = recorded(i, c);
+            prefix_hit = known > 0;
             lora_hit = adapter_name.is_some() && (c.lora.resident || c.lora.home);
-            let uncached = c.uncached_tokens(&features);
+            let uncached = (f64::from(features.prompt_tokens)
+                - f64::from(known) * features.tokens_per_block)
+                .max(0.0);
             pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
-            work_tokens = c.queued_tokens(&features, mode) + uncached;
+            // When the pod was credited with a guess of what it holds, its timing says
+            // nothing sure about its rate: no observation (NaN is ignored by the fit).
+            work_tokens = if known < c.prefix_blocks {
+                f64::NAN
+            } else {
+                c.queued_tokens(&features, mode) + uncached
+            };
             index.record(&hashes.blocks, ids.get(i).copied().unwrap_or(0), &found);
             inflight::routed_after_read(
                 store,

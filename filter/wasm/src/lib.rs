@@ -107,6 +107,9 @@ impl RootContext for Root {
                 let age_ms = host::now_ms().saturating_sub(f.accepted_ms);
                 metrics.snapshot(f.snapshot.generation, Some(age_ms / 1000));
                 for pool in &f.snapshot.pools {
+                    if let Some(share) = f.own_share(&pool.name) {
+                        metrics.traffic_share(&pool.name, share);
+                    }
                     let live = inflight::read(&HostStore, &pool.name);
                     for pod in &pool.pods {
                         metrics.in_flight(&pool.name, &pod.address, live.in_flight(&pod.address));

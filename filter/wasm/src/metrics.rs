@@ -44,6 +44,7 @@ struct PoolMetrics {
     lora_hits: Option<Counter>,
     /// In-flight gauge per pod, with the tick that last set it.
     in_flight: HashMap<String, (Gauge, u64)>,
+    traffic_share: Option<Gauge>,
 }
 
 /// Every metric of one worker, defined on first use.
@@ -202,6 +203,19 @@ impl Metrics {
             g.set(u64::from(n));
             *t = tick;
         }
+    }
+
+    /// This proxy's share of the pool's requests, in percent.
+    pub fn traffic_share(&mut self, pool: &str, share: f64) {
+        let Some(p) = self.pool(pool) else {
+            return;
+        };
+        let percent = (share.clamp(0.0, 1.0) * 100.0).round() as u64;
+        p.traffic_share
+            .get_or_insert_with(|| {
+                Gauge::define(&stat_name(names::TRAFFIC_SHARE, &[("pool", pool)]))
+            })
+            .set(percent);
     }
 
     /// Pods set in an earlier tick but not in this one (gone from the snapshot) go to 0, once.

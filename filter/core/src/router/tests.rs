@@ -623,3 +623,132 @@ fn a_pool_listing_an_empty_model_name_still_routes_its_models() {
         Err(crate::request::RequestError::BadModel)
     );
 }
+
+/// Four alike pods of `llama`, each running `running` requests by the engines' count, and a
+/// baseline table where this proxy had `own` of each pod's running and waiting requests in
+/// flight (`None`: all of them, a lone gateway) — and still has: the replica's own store holds
+/// the same counts.
+fn replica(r: &Router, running: u32, own: Option<u32>, kv: &[f32; 4]) -> (Fleet, MemoryStore) {
+    let mut snap = snapshot();
+    snap.pools[0].pods = (0..4)
+        .map(|i| Pod {
+            running,
+            ..pod(&format!("10.0.0.{}:8000", i + 1), 0, kv[i])
+        })
+        .collect();
+    let baseline = inflight::Table {
+        entries: snap.pools[0]
+            .pods
+            .iter()
+            .map(|p| {
+                let load = inflight::PodLoad {
+                    in_flight: own.unwrap_or(p.running + p.waiting),
+                    ..inflight::PodLoad::default()
+                };
+                (p.address.clone(), load)
+            })
+            .collect(),
+        ..inflight::Table::default()
+    };
+    let store = MemoryStore::new();
+    store
+        .set(&inflight::key("llama"), &baseline.encode(), None)
+        .unwrap();
+    (Fleet::new(snap, 1000, vec![baseline], &r.config), store)
+}
+
+/// A system prompt of ≈ 94 blocks, a long document, then a question: the shape of document
+/// Q&A, where the question changes and the document stays.
+fn doc_question(doc: usize, question: usize) -> String {
+    let system = "You answer questions about the documents you are given. ".repeat(107);
+    let document = format!("Document {doc}, paragraph on warehouse logistics. ").repeat(340);
+    serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": format!("{document}\n\nQuestion {question}: what does it say?")},
+    ]})
+    .to_string()
+}
+
+/// Routes `body` and ends its stream, so the decision leaves only its prefix record behind.
+fn route_and_finish(r: &Router, s: &MemoryStore, fleet: &Fleet, body: &str, tie: u64) -> Routed {
+    let out = go(r, s, Some(fleet), body, Context { tie, ..ctx(1100) }).unwrap();
+    r.finished(s, "llama", &out.endpoints[0], out.pending_tokens);
+    out
+}
+
+#[test]
+fn replicas_agree_on_a_long_context_neither_has_seen() {
+    let r = router(CONFIG);
+    // Two replicas, two stores (no shared memory), each with half the pool's traffic: the
+    // engines run 4 requests per pod, each replica had 2 of them in flight.
+    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
+    let (_, two) = replica(&r, 4, Some(2), &[0.2; 4]);
+    // Since the snapshot each replica has sent prompts the other does not know of: replica one
+    // to the first two pods, replica two to the last two. Left to what each sees, they would
+    // put every new document on different pods.
+    for (s, busy) in [(&one, [0, 1]), (&two, [2, 3])] {
+        inflight::update(s, "llama", |t| {
+            for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+                if busy.contains(&i) {
+                    load.pending_tokens = 600;
+                }
+            }
+        });
+    }
+    // Each replica has served the system prompt before (it is the only thing they know).
+    for (i, s) in [&one, &two].into_iter().enumerate() {
+        route_and_finish(&r, s, &fleet, &doc_question(99, i), 7);
+    }
+    let mut agreed = 0;
+    for doc in 0..8 {
+        let first = route_and_finish(&r, &one, &fleet, &doc_question(doc, 1), doc as u64);
+        let second = route_and_finish(&r, &two, &fleet, &doc_question(doc, 2), 1000 + doc as u64);
+        if first.endpoints[0] == second.endpoints[0] {
+            agreed += 1;
+        }
+    }
+    assert_eq!(
+        agreed, 8,
+        "both replicas expect each document on its anchor's home"
+    );
+}
+
+#[test]
+fn a_lone_gateway_places_new_contexts_by_load_alone() {
+    let r = router(CONFIG);
+    // Pod 1 has the most free KV cache. A lone gateway (every request the engines count is its
+    // own) puts each new document there; were other replicas sending half the traffic, some
+    // documents would go to the pod where those replicas would have put them.
+    for (own, expect_all_on_idle) in [(None, true), (Some(0), false)] {
+        let (fleet, s) = replica(&r, 4, own, &[0.6, 0.1, 0.6, 0.6]);
+        route_and_finish(&r, &s, &fleet, &doc_question(99, 0), 7);
+        let on_idle = (0..8)
+            .filter(|&doc| {
+                let out = route_and_finish(&r, &s, &fleet, &doc_question(doc, 1), doc as u64);
+                assert!(
+                    own.is_some() || out.work_tokens.is_finite(),
+                    "a lone gateway knows"
+                );
+                out.endpoints[0] == "10.0.0.2:8000"
+            })
+            .count();
+        assert_eq!(
+            on_idle == 8,
+            expect_all_on_idle,
+            "own {own:?}: {on_idle} of 8 on the idle pod"
+        );
+    }
+}
+
+#[test]
+fn what_a_replica_knows_outweighs_the_prior() {
+    let r = router(CONFIG);
+    let (fleet, s) = replica(&r, 4, Some(1), &[0.2; 4]);
+    route_and_finish(&r, &s, &fleet, &doc_question(99, 0), 7);
+    for doc in 0..8 {
+        let first = route_and_finish(&r, &s, &fleet, &doc_question(doc, 1), doc as u64);
+        let again = route_and_finish(&r, &s, &fleet, &doc_question(doc, 2), 50 + doc as u64);
+        assert_eq!(again.endpoints[0], first.endpoints[0], "document {doc}");
+        assert!(again.prefix_hit && again.work_tokens.is_finite());
+    }
+}

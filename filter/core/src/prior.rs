@@ -1,0 +1,166 @@
+//! Where other gateway replicas probably put a prompt: a prior for prefixes this replica has
+//! not seen.
+//!
+//! Each replica's prefix index knows only the prompts that replica routed. With several
+//! replicas in front of one pool (separate Envoy processes, no shared state), a long shared
+//! context that another replica sent to pod X looks new to this one, so it lands wherever load
+//! is lowest — one more cold prefill, and one more copy of the context taking KV cache. Both
+//! replicas can agree without talking if, for a prompt deeper than anything they know, they
+//! both expect the context on the same pod: the rendezvous home of the prompt's chained block
+//! hash at an *anchor depth*. The anchor is the largest power of two blocks within the first
+//! half of the prompt, so a short per-request tail (a question after a document, a new turn)
+//! does not move it, and it is the same on every replica.
+//!
+//! How much to believe it depends on how much of the pool's traffic other replicas send: a
+//! lone gateway has seen everything it routed, so for it the prior is worth nothing. Each
+//! snapshot tells: the engines count every gateway's requests (`running + waiting`), this
+//! proxy knows its own in flight when it accepted the snapshot, and their ratio is its
+//! [`own_share`]. The home is credited with the blocks it would save if another replica put
+//! the prompt there, times the chance of that, `1 − own_share`; the `ttft` and `prefix`
+//! scorers then weigh the expected saving against the home's queue in their usual units.
+//! Nothing else changes: what the replica knows from its own index always stands, and the
+//! work accounting (pending tokens, rate observations) uses only what it knows.
+
+use crate::inflight::Table;
+use llm_router_snapshot::Pool;
+
+/// The rendezvous (highest random weight) choice among `addrs` for `key`: the same on every
+/// replica that sees the same pods, and only `1/n` of keys move when a pod comes or goes.
+pub fn rendezvous<'a>(addrs: impl Iterator<Item = &'a str>, key: u64) -> Option<usize> {
+    addrs
+        .enumerate()
+        .max_by_key(|(_, a)| xxhash_rust::xxh64::xxh64(a.as_bytes(), key))
+        .map(|(i, _)| i)
+}
+
+/// This proxy's share of the requests the pool's engines report (1 when the engines report
+/// none, or when the proxy has as many in flight as they count).
+pub fn own_share(pool: &Pool, baseline: &Table) -> f64 {
+    let engines: u64 = pool
+        .pods
+        .iter()
+        .map(|p| u64::from(p.running) + u64::from(p.waiting))
+        .sum();
+    if engines == 0 {
+        return 1.0;
+    }
+    let own: u64 = pool
+        .pods
+        .iter()
+        .map(|p| u64::from(baseline.in_flight(&p.address)))
+        .sum();
+    (own as f64 / engines as f64).min(1.0)
+}
+
+/// The anchor depth in blocks: the largest power of two at most half the prompt's blocks
+/// (`prompt_blocks`, counted over the whole prompt) and at most the hashed blocks, and at
+/// least `min_blocks` (shorter contexts are not worth a prior).
+pub fn anchor_depth(
+    hashed_blocks: usize,
+    prompt_blocks: usize,
+    min_blocks: usize,
+) -> Option<usize> {
+    let limit = (prompt_blocks / 2).min(hashed_blocks);
+    if limit == 0 {
+        return None;
+    }
+    let depth = 1usize << (usize::BITS - 1 - limit.leading_zeros());
+    (depth >= min_blocks.max(1)).then_some(depth)
+}
+
+/// The credit, in blocks, for the home of a prompt of `hashed_blocks` blocks whose deepest
+/// known match on any pod is `known_blocks`: what the home would hold if another replica sent
+/// it there, weighed by the chance of that. `None` when the prior does not apply: nothing of
+/// the prompt is known to be shared at all (`known_blocks == 0`: a unique prompt), or this
+/// replica already knows the prompt at the anchor depth or deeper, or it sees the pool alone.
+pub fn credit(
+    hashed_blocks: usize,
+    anchor: usize,
+    known_blocks: u32,
+    own_share: f64,
+) -> Option<u32> {
+    let known = known_blocks as usize;
+    let others = 1.0 - own_share.clamp(0.0, 1.0);
+    if known == 0 || known >= anchor || others <= 0.0 {
+        return None;
+    }
+    let gain = (hashed_blocks.saturating_sub(known)) as f64 * others;
+    Some(known_blocks.saturating_add(gain.round() as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::inflight::PodLoad;
+    use llm_router_snapshot::{Engine, Pod};
+
+    fn pod(address: &str, running: u32, waiting: u32) -> Pod {
+        Pod {
+            address: address.into(),
+            engine: Engine::Vllm,
+            waiting,
+            running,
+            ..Pod::default()
+        }
+    }
+
+    fn table(entries: &[(&str, u32)]) -> Table {
+        Table {
+            entries: entries
+                .iter()
+                .map(|(a, n)| {
+                    (
+                        a.to_string(),
+                        PodLoad {
+                            in_flight: *n,
+                            ..PodLoad::default()
+                        },
+                    )
+                })
+                .collect(),
+            ..Table::default()
+        }
+    }
+
+    #[test]
+    fn own_share_is_the_proxys_part_of_what_the_engines_count() {
+        let pool = Pool {
+            pods: vec![pod("a", 3, 1), pod("b", 2, 2)],
+            ..Pool::default()
+        };
+        assert_eq!(own_share(&pool, &table(&[("a", 2), ("b", 2)])), 0.5);
+        // A lone gateway: everything the engines count is its own (or more: sent, not arrived).
+        assert_eq!(own_share(&pool, &table(&[("a", 5), ("b", 4)])), 1.0);
+        let idle = Pool {
+            pods: vec![pod("a", 0, 0)],
+            ..Pool::default()
+        };
+        assert_eq!(own_share(&idle, &table(&[])), 1.0);
+    }
+
+    #[test]
+    fn the_anchor_stays_put_while_a_tail_grows() {
+        // A 4,000-token document after a system prompt, then questions of any length that
+        // keep the prompt between 256 and 511 blocks: the anchor is block 128 every time.
+        for prompt in [300, 344, 400, 511] {
+            assert_eq!(anchor_depth(256, prompt, 16), Some(128), "{prompt}");
+        }
+        assert_eq!(anchor_depth(256, 512, 16), Some(256));
+        // Within the hashed blocks, and not below the minimum.
+        assert_eq!(anchor_depth(40, 1_000, 16), Some(32));
+        assert_eq!(anchor_depth(256, 20, 16), None);
+        assert_eq!(anchor_depth(0, 1_000, 16), None);
+    }
+
+    #[test]
+    fn credit_grows_with_other_replicas_share_and_never_for_known_or_unique_prompts() {
+        // Half the pool's traffic comes from elsewhere: half of the unknown blocks.
+        assert_eq!(credit(256, 128, 94, 0.5), Some(94 + 81));
+        assert_eq!(credit(256, 128, 94, 0.0), Some(256));
+        // A lone gateway, a prompt known at the anchor, a prompt that shares nothing.
+        assert_eq!(credit(256, 128, 94, 1.0), None);
+        assert_eq!(credit(256, 128, 200, 0.5), None);
+        assert_eq!(credit(256, 128, 0, 0.5), None);
+    }
+}
