@@ -302,6 +302,9 @@ struct RawModelFull {
     adapter: bool,
 }
 
+/// Largest weight a scorer may get (weights are relative; the bound keeps their sum finite).
+pub const MAX_WEIGHT: f64 = 1_000_000.0;
+
 const MODEL_FIELDS: [&str; 3] = ["name", "rewrite", "adapter"];
 
 /// One entry of a pool's `models`: a name, or an object whose every field is known (a typo such
@@ -415,9 +418,10 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
                     Weights::names()
                 ));
             };
-            if !v.is_finite() || v < 0.0 {
+            // Weights are relative; the bound keeps their sum (the mean's divisor) finite.
+            if !(0.0..=MAX_WEIGHT).contains(&v) {
                 return err(format!(
-                    "{path}.weights.{name}: {v} must be a finite number >= 0"
+                    "{path}.weights.{name}: {v} must be a number in 0..={MAX_WEIGHT}"
                 ));
             }
             if let Some(slot) = out.weights.0.get_mut(i) {
@@ -913,13 +917,29 @@ mod tests {
     fn a_weight_with_more_digits_than_a_double_holds_is_accepted() {
         let c = Config::parse(
             br#"{"pools":[{"name":"p","cluster":"c","models":["m"],
-                 "weights":{"affinity":111111151111111111111111111111510.3}}]}"#,
+                 "weights":{"affinity":1111.11151111111111111111111111510}}]}"#,
         )
         .unwrap();
         let affinity = c.pools[0].weights.0[6];
         assert!(
-            (affinity / 1.111_111_511_111_111_2e32 - 1.0).abs() < 1e-14,
+            (affinity / 1_111.111_511_111_111_2 - 1.0).abs() < 1e-14,
             "{affinity}"
         );
+    }
+
+    /// Weights near `f64::MAX` would each pass a finiteness check and still sum to infinity,
+    /// turning every score into NaN: weights are bounded.
+    #[test]
+    fn weights_are_bounded_so_their_sum_stays_finite() {
+        let e = error_of(
+            r#"{"pools":[{"name":"p","cluster":"c","models":["m"],
+                 "weights":{"ttft":1e308,"queue":1e308}}]}"#,
+        );
+        assert!(e.contains("weights.") && e.contains("0..=1000000"), "{e}");
+        let ok = Config::parse(
+            br#"{"pools":[{"name":"p","cluster":"c","models":["m"],
+                 "weights":{"ttft":1000000,"queue":1000000}}]}"#,
+        );
+        assert!(ok.is_ok());
     }
 }
