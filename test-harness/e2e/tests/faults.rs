@@ -32,28 +32,6 @@ const STATE: &str = "/__llm_router/state";
 /// Bound of every wait in these tests.
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// True when everything the tests need is there; otherwise says what is missing (and fails in
-/// CI).
-fn prerequisites(test: &str) -> bool {
-    let missing: Vec<String> = [
-        testkit::envoy_binary().err().map(|e| e.to_string()),
-        testkit::filter_wasm().err().map(|e| e.to_string()),
-        testkit::bin("model-sim").err().map(|e| e.to_string()),
-        testkit::bin("sidecar-metrics").err().map(|e| e.to_string()),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{test}: prerequisites missing: {missing:?}");
-    }
-    eprintln!("SKIPPED {test}: {missing:?}");
-    false
-}
-
 /// model-sim pods (H100 profile) at `speedup`, and Envoy with the filter in front of them,
 /// its per-try idle timeout set to `idle`.
 async fn start(n: usize, speedup: f64, idle: Duration) -> (Pods, EnvoyProcess) {
@@ -272,7 +250,7 @@ async fn rest_of_stream(s: &mut TcpStream, within: Duration) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_refuses_connections_is_retried_on_the_next_and_then_avoided() {
-    if !prerequisites("a_pod_that_refuses_connections") {
+    if !testkit::stack_ready("a_pod_that_refuses_connections", []) {
         return;
     }
     let (mut pods, envoy) = start(3, 20.0, testkit::PER_TRY_IDLE_TIMEOUT).await;
@@ -329,7 +307,7 @@ async fn a_pod_that_refuses_connections_is_retried_on_the_next_and_then_avoided(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_started_stream_whose_pod_dies_or_cuts_it_ends_promptly_for_the_client() {
-    if !prerequisites("a_started_stream_whose_pod_dies") {
+    if !testkit::stack_ready("a_started_stream_whose_pod_dies", []) {
         return;
     }
     // Speed-up 1: 2000 tokens take many seconds, so the stream is mid-way when the pod goes.
@@ -364,7 +342,7 @@ async fn a_started_stream_whose_pod_dies_or_cuts_it_ends_promptly_for_the_client
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_is_retried_a_429_passed_on_and_a_hanging_pod_abandoned() {
-    if !prerequisites("a_503_is_retried") {
+    if !testkit::stack_ready("a_503_is_retried", []) {
         return;
     }
     let idle = Duration::from_secs(1);
@@ -423,7 +401,7 @@ async fn a_503_is_retried_a_429_passed_on_and_a_hanging_pod_abandoned() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing_survives_the_sidecar_stopping_restarting_and_pushing_garbage() {
-    if !prerequisites("routing_survives_the_sidecar") {
+    if !testkit::stack_ready("routing_survives_the_sidecar", []) {
         return;
     }
     let (mut pods, envoy) = start(3, 20.0, testkit::PER_TRY_IDLE_TIMEOUT).await;
@@ -496,7 +474,7 @@ async fn routing_survives_the_sidecar_stopping_restarting_and_pushing_garbage() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_mid_stream_leaves_nothing_in_flight() {
-    if !prerequisites("a_client_that_hangs_up") {
+    if !testkit::stack_ready("a_client_that_hangs_up", []) {
         return;
     }
     let (pods, envoy) = start(2, 1.0, testkit::PER_TRY_IDLE_TIMEOUT).await;

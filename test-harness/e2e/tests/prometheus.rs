@@ -59,28 +59,6 @@ fn prometheus_binary() -> Result<PathBuf, String> {
         .ok_or_else(|| "prometheus not found on PATH (./build.sh setup installs Debian's prometheus package; or set PROMETHEUS_BIN)".to_string())
 }
 
-/// True when everything the test needs is there; otherwise says what is missing (and fails in CI).
-fn prerequisites() -> bool {
-    let missing: Vec<String> = [
-        testkit::envoy_binary().err().map(|e| e.to_string()),
-        testkit::filter_wasm().err().map(|e| e.to_string()),
-        testkit::bin("model-sim").err().map(|e| e.to_string()),
-        testkit::bin("sidecar-metrics").err().map(|e| e.to_string()),
-        prometheus_binary().err(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("prometheus e2e prerequisites missing: {missing:?}");
-    }
-    eprintln!("SKIPPED dashboard_queries_return_data_from_a_real_prometheus: {missing:?}");
-    false
-}
-
 /// Percent-encodes a query parameter value (everything but RFC 3986's unreserved characters).
 fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len() * 3);
@@ -225,7 +203,10 @@ fn has_data(data: &Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_return_data_from_a_real_prometheus() {
-    if !prerequisites() {
+    if !testkit::stack_ready(
+        "dashboard_queries_return_data_from_a_real_prometheus",
+        [prometheus_binary().err()],
+    ) {
         return;
     }
     let root = testkit::workspace_root();

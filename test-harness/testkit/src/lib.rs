@@ -29,7 +29,8 @@ pub use http::{
     DEFAULT_TIMEOUT,
 };
 pub use paths::{
-    bin, envoy_binary, file_tail, filter_wasm, free_port, target_dir, testlog_dir, workspace_root,
+    bin, envoy_binary, file_tail, filter_wasm, free_port, stack_ready, target_dir, testlog_dir,
+    workspace_root,
 };
 pub use process::{pid_alive, ChildGuard, DEFAULT_GRACE};
 pub use server::{

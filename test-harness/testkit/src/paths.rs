@@ -117,6 +117,32 @@ pub fn bin(name: &str) -> Result<PathBuf> {
     }
 }
 
+/// Whether the full stack a test runs is built: Envoy, the filter `.wasm`, `model-sim`,
+/// `sidecar-metrics`, and whatever else the test names in `more` (`Some(why)` for each missing
+/// part). When something is missing the test is skipped with a message, or, under `CI`, fails:
+/// a CI run must not pass by skipping.
+pub fn stack_ready(test: &str, more: impl IntoIterator<Item = Option<String>>) -> bool {
+    let missing: Vec<String> = [
+        envoy_binary().err().map(|e| e.to_string()),
+        filter_wasm().err().map(|e| e.to_string()),
+        bin("model-sim").err().map(|e| e.to_string()),
+        bin("sidecar-metrics").err().map(|e| e.to_string()),
+    ]
+    .into_iter()
+    .chain(more)
+    .flatten()
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: prerequisites missing: {missing:?}"
+    );
+    eprintln!("SKIPPED {test}: {missing:?}");
+    false
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind `:0`, read the port, close).
 ///
 /// Another process may take it before the caller binds it; prefer binding `:0` yourself when
