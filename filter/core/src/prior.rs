@@ -16,8 +16,14 @@
 //! snapshot tells: the engines count every gateway's requests (`running + waiting`), this
 //! proxy knows its own in flight when it accepted the snapshot, and their ratio is its
 //! [`own_share`]. The home is credited with the blocks it would save if another replica put
-//! the prompt there, times the chance of that, `1 − own_share`; the `ttft` and `prefix`
-//! scorers then weigh the expected saving against the home's queue in their usual units.
+//! the prompt there, in full once other replicas send at least as much as this one
+//! (`own_share ≤ ½`) and scaled down to nothing for a lone gateway: weight
+//! `min(1, 2 (1 − own_share))`. Not just the chance `1 − own_share` that another replica got
+//! there first: when none did, the placement decides where every replica will look, so the
+//! pick pays for itself the next time any replica reads the context (one cold prefill and one
+//! duplicate copy in KV cache avoided). The `ttft` and `prefix` scorers then weigh the credit
+//! against the home's queue in their usual units: the home loses a context's first read only
+//! when its queue is longer than that read's prefill elsewhere.
 //! Nothing else changes: what the replica knows from its own index always stands, and the
 //! work accounting (pending tokens, rate observations) uses only what it knows.
 
@@ -68,23 +74,24 @@ pub fn anchor_depth(
     (depth >= min_blocks.max(1)).then_some(depth)
 }
 
-/// The credit, in blocks, for the home of a prompt of `hashed_blocks` blocks whose deepest
-/// known match on any pod is `known_blocks`: what the home would hold if another replica sent
-/// it there, weighed by the chance of that. `None` when the prior does not apply: nothing of
-/// the prompt is known to be shared at all (`known_blocks == 0`: a unique prompt), or this
-/// replica already knows the prompt at the anchor depth or deeper, or it sees the pool alone.
-pub fn credit(
-    hashed_blocks: usize,
-    anchor: usize,
-    known_blocks: u32,
-    own_share: f64,
-) -> Option<u32> {
+/// How much of a prior to apply: 1 once other replicas send at least as much of the pool's
+/// traffic as this one, falling to 0 for a lone gateway.
+pub fn weight(own_share: f64) -> f64 {
+    (2.0 * (1.0 - own_share.clamp(0.0, 1.0))).min(1.0)
+}
+
+/// The credit, in blocks, for a home believed to hold a prompt's first `target_blocks` blocks
+/// when this replica's deepest known match on any pod is `known_blocks`: the known part plus the
+/// unknown rest at the prior's [`weight`]. `None` when the prior does not apply: nothing of the
+/// prompt is known to be shared at all (`known_blocks == 0`: a unique prompt), or this replica
+/// already knows as much, or it sees the pool alone.
+pub fn credit(target_blocks: usize, known_blocks: u32, own_share: f64) -> Option<u32> {
     let known = known_blocks as usize;
-    let others = 1.0 - own_share.clamp(0.0, 1.0);
-    if known == 0 || known >= anchor || others <= 0.0 {
+    let weight = weight(own_share);
+    if known == 0 || known >= target_blocks || weight <= 0.0 {
         return None;
     }
-    let gain = (hashed_blocks.saturating_sub(known)) as f64 * others;
+    let gain = (target_blocks - known) as f64 * weight;
     Some(known_blocks.saturating_add(gain.round() as u32))
 }
 
@@ -155,12 +162,14 @@ mod tests {
 
     #[test]
     fn credit_grows_with_other_replicas_share_and_never_for_known_or_unique_prompts() {
-        // Half the pool's traffic comes from elsewhere: half of the unknown blocks.
-        assert_eq!(credit(256, 128, 94, 0.5), Some(94 + 81));
-        assert_eq!(credit(256, 128, 94, 0.0), Some(256));
-        // A lone gateway, a prompt known at the anchor, a prompt that shares nothing.
-        assert_eq!(credit(256, 128, 94, 1.0), None);
-        assert_eq!(credit(256, 128, 200, 0.5), None);
-        assert_eq!(credit(256, 128, 0, 0.5), None);
+        // Half the pool's traffic or more comes from elsewhere: all of the unknown blocks; a
+        // quarter: half of them.
+        assert_eq!(credit(256, 94, 0.5), Some(256));
+        assert_eq!(credit(256, 94, 0.0), Some(256));
+        assert_eq!(credit(256, 94, 0.75), Some(94 + 81));
+        // A lone gateway, a prompt known as deep already, a prompt that shares nothing.
+        assert_eq!(credit(256, 94, 1.0), None);
+        assert_eq!(credit(256, 256, 0.5), None);
+        assert_eq!(credit(256, 0, 0.5), None);
     }
 }

@@ -83,9 +83,29 @@ pub struct ParsedRequest<'a> {
     /// when the body has role-tagged messages: the part of the prompt that stays the same on
     /// every turn of a conversation.
     pub key_pieces: Option<usize>,
+    /// Number of leading pieces before the last user message, when an assistant message comes
+    /// before it: the conversation so far, which the previous turn's request and reply left in
+    /// some pod's cache.
+    pub history_pieces: Option<usize>,
 }
 
 impl ParsedRequest<'_> {
+    /// Bytes the prefix hashing feeds before the last user message (each piece and its
+    /// separator; tokens count 4), when the request carries a conversation's history.
+    pub fn history_bytes(&self) -> Option<usize> {
+        let n = self.history_pieces?;
+        Some(
+            self.pieces
+                .iter()
+                .take(n)
+                .map(|p| match p {
+                    Piece::Text(t) => t.len() + 1,
+                    Piece::Tokens(t) => t.len().saturating_mul(4) + 1,
+                })
+                .sum(),
+        )
+    }
+
     /// Total prompt characters (tokens count as 4), an estimate of prompt size.
     pub fn prompt_chars(&self) -> usize {
         self.pieces
@@ -156,6 +176,11 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestErr
         .iter()
         .position(|p| matches!(p, Piece::Text(t) if t == "user"))
         .map(|i| (i + 2).min(pieces.len()));
+    let is_role = |p: &Piece<'_>, role: &str| matches!(p, Piece::Text(t) if t == role);
+    let history_pieces = pieces
+        .iter()
+        .rposition(|p| is_role(p, "user"))
+        .filter(|&u| pieces.iter().take(u).any(|p| is_role(p, "assistant")));
     Ok(ParsedRequest {
         model,
         model_span,
@@ -168,6 +193,7 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, RequestErr
             .unwrap_or(false),
         pieces,
         key_pieces,
+        history_pieces,
     })
 }
 

@@ -389,31 +389,43 @@ impl Router {
         }
         // A prompt deeper than anything this replica knows may be on the pod where other
         // replicas put it: credit that pod with the blocks it would save, weighed by the
-        // other replicas' share of the pool's traffic. The pod's own record is kept for the
-        // work accounting below.
-        let mut credited: Option<(usize, u32)> = None;
+        // other replicas' share of the pool's traffic (`prior`). Two places are expected: a
+        // long context's anchor home, and a conversation's home (its key's) for the history
+        // its earlier turns left. The pods' own records are kept for the work accounting below.
+        let key_home = prior::rendezvous(cands.iter().map(|c| c.address), hashes.key);
+        let mut credited: Vec<(usize, u32)> = Vec::new();
         if full {
             let known = cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
-            let prompt_blocks = req.prompt_chars() / pool.prefix.block_chars.max(1);
+            let block_chars = pool.prefix.block_chars.max(1);
+            let prompt_blocks = req.prompt_chars() / block_chars;
             let share = derived.map_or(1.0, |d| d.own_share);
             let n = hashes.blocks.len();
-            let prior =
-                prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks).and_then(|depth| {
+            let context = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
+                .filter(|&depth| (known as usize) < depth)
+                .and_then(|depth| {
                     let anchor = hashes.blocks.get(depth - 1).copied()?;
-                    let credit = prior::credit(n, depth, known, share)?;
+                    let credit = prior::credit(n, known, share)?;
                     let home = prior::rendezvous(cands.iter().map(|c| c.address), anchor)?;
                     Some((home, credit))
                 });
-            if let Some((home, credit)) = prior {
+            let conversation = req.history_bytes().and_then(|bytes| {
+                let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
+                Some((key_home?, credit))
+            });
+            for (home, credit) in context.into_iter().chain(conversation) {
                 if let Some(c) = cands.get_mut(home) {
-                    credited = Some((home, c.prefix_blocks));
+                    if !credited.iter().any(|&(j, _)| j == home) {
+                        credited.push((home, c.prefix_blocks));
+                    }
                     c.prefix_blocks = c.prefix_blocks.max(credit);
                 }
             }
         }
-        let recorded = |i: usize, c: &Candidate<'_>| match credited {
-            Some((j, blocks)) if j == i => blocks,
-            _ => c.prefix_blocks,
+        let recorded = |i: usize, c: &Candidate<'_>| {
+            credited
+                .iter()
+                .find(|&&(j, _)| j == i)
+                .map_or(c.prefix_blocks, |&(_, blocks)| blocks)
         };
         let chars_per_token = predict.chars_per_token.max(0.1);
         let prompt_tokens = (req.prompt_chars() as f64 / chars_per_token).ceil();
@@ -428,7 +440,7 @@ impl Router {
             } else {
                 prompt_tokens
             },
-            home: prior::rendezvous(cands.iter().map(|c| c.address), hashes.key),
+            home: key_home,
             priority: ctx.priority,
             tie: ctx.tie,
         };

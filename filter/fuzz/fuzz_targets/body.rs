@@ -147,6 +147,7 @@ fn check(setup: &Setup, kind: ApiKind, data: &[u8], is_json: bool) {
     );
     assert!(!req.model.is_empty());
     assert!(req.key_pieces.is_none_or(|k| k <= req.pieces.len()));
+    assert!(req.history_pieces.is_none_or(|k| k < req.pieces.len()));
     assert!(
         text_len(&req.pieces) <= data.len(),
         "more prompt text than body"
@@ -165,6 +166,7 @@ fn check(setup: &Setup, kind: ApiKind, data: &[u8], is_json: bool) {
     assert_eq!(again.stream, req.stream);
     assert_eq!(again.pieces, req.pieces);
     assert_eq!(again.key_pieces, req.key_pieces);
+    assert_eq!(again.history_pieces, req.history_pieces);
 
     // The decision, then the end of the stream: nothing stays counted.
     let store = MemoryStore::new();

@@ -355,3 +355,36 @@ fn hostile_bodies_are_refused_with_typed_errors() {
         );
     }
 }
+
+#[test]
+fn a_conversation_s_history_ends_before_its_last_user_message() {
+    let body = br#"{"model":"m","messages":[
+        {"role":"system","content":"Be brief."},
+        {"role":"user","content":"Hi"},
+        {"role":"assistant","content":"Hello!"},
+        {"role":"user","content":"Where is my order?"}]}"#;
+    let r = parse(ApiKind::ChatCompletions, body).unwrap();
+    // system, "Be brief.", user, "Hi", assistant, "Hello!" | user, "Where is my order?"
+    assert_eq!(r.history_pieces, Some(6));
+    let expected = ["system", "Be brief.", "user", "Hi", "assistant", "Hello!"]
+        .iter()
+        .map(|s| s.len() + 1)
+        .sum::<usize>();
+    assert_eq!(r.history_bytes(), Some(expected));
+    // A first turn, or a single prompt, has no history; an assistant message after the last
+    // user message (a prefill to continue) is not a history either.
+    for body in [
+        &br#"{"model":"m","messages":[{"role":"system","content":"x"},{"role":"user","content":"Hi"}]}"#[..],
+        br#"{"model":"m","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"He"}]}"#,
+        br#"{"model":"m","prompt":"Hi"}"#,
+    ] {
+        let kind = if body.windows(6).any(|w| w == b"prompt") {
+            ApiKind::Completions
+        } else {
+            ApiKind::ChatCompletions
+        };
+        let r = parse(kind, body).unwrap();
+        assert_eq!(r.history_pieces, None, "{}", String::from_utf8_lossy(body));
+        assert_eq!(r.history_bytes(), None);
+    }
+}

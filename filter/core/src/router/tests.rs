@@ -752,3 +752,54 @@ fn what_a_replica_knows_outweighs_the_prior() {
         assert!(again.prefix_hit && again.work_tokens.is_finite());
     }
 }
+
+/// Turn `turn` of conversation `c`: a shared system prompt, then `turn` exchanges of long
+/// messages, then the new question.
+fn conversation_turn(c: usize, turn: usize) -> String {
+    let mut messages = vec![serde_json::json!({"role": "system",
+        "content": "You are the support assistant of a hardware shop. ".repeat(60)})];
+    for t in 0..=turn {
+        let user = format!("Conversation {c}, question {t} about my order. ").repeat(20);
+        messages.push(serde_json::json!({"role": "user", "content": user}));
+        if t < turn {
+            let reply = format!("Conversation {c}, answer {t}: let me check. ").repeat(20);
+            messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+        }
+    }
+    serde_json::json!({"model": "meta-llama/Llama-3.1-8B-Instruct", "messages": messages})
+        .to_string()
+}
+
+#[test]
+fn replicas_keep_a_conversation_on_one_pod_when_its_turns_alternate() {
+    let r = router(CONFIG);
+    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
+    let (_, two) = replica(&r, 4, Some(2), &[0.2; 4]);
+    // Each replica has some work of its own in flight that the other does not see.
+    for (s, busy) in [(&one, [0, 1]), (&two, [2, 3])] {
+        inflight::update(s, "llama", |t| {
+            for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+                if busy.contains(&i) {
+                    load.pending_tokens = 100;
+                }
+            }
+        });
+    }
+    for (i, s) in [&one, &two].into_iter().enumerate() {
+        route_and_finish(&r, s, &fleet, &conversation_turn(99, 0), i as u64);
+    }
+    for c in 0..6 {
+        // Turns alternate between the replicas; from turn 1 on, both send it to one pod.
+        let pods: Vec<String> = (0..5)
+            .map(|turn| {
+                let s = if turn % 2 == 0 { &one } else { &two };
+                let body = conversation_turn(c, turn);
+                route_and_finish(&r, s, &fleet, &body, (10 * c + turn) as u64).endpoints[0].clone()
+            })
+            .collect();
+        assert!(
+            pods[1..].iter().all(|p| *p == pods[1]),
+            "conversation {c}: {pods:?}"
+        );
+    }
+}
