@@ -129,7 +129,7 @@ impl RootContext for Root {
             usage: None,
             scores: None,
             signature: None,
-            headers: None,
+            held: Held::default(),
         }))
     }
 
@@ -190,9 +190,20 @@ struct Http {
     scores: Option<String>,
     /// A push's signature header, kept from the request headers for the body.
     signature: Option<String>,
-    /// The request headers of a request whose body is awaited, read once (one host call for
-    /// all of them) at the headers and read again at the body (priority, `content-length`).
-    headers: Option<host::HeaderMap>,
+    /// What the body's decision needs from the request headers (read once, with all the
+    /// others, at the headers).
+    held: Held,
+}
+
+/// Request header values kept from the headers to the body, so the body costs no header read
+/// (and the whole header map is not held while the body arrives).
+#[derive(Default)]
+struct Held {
+    /// The priority and objective headers, when the configuration trusts them.
+    priority: Option<String>,
+    objective: Option<String>,
+    /// Whether the request declared a `content-length` (a rewritten body gets its new one).
+    content_length: bool,
 }
 
 fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
@@ -344,17 +355,13 @@ impl Http {
                 return self.reject(&Rejection::bad_request(code, e.to_string()), "");
             }
         };
-        // The request headers as read at the headers (no other filter runs in between).
-        let headers = self.headers.take().unwrap_or_default();
+        let held = std::mem::take(&mut self.held);
         let mut w = self.worker.borrow_mut();
         w.requests = w.requests.wrapping_add(1);
         let cfg = &w.router.config;
         // Client-set priority counts only where the configuration trusts it.
         let priority = if cfg.priority.trust_headers {
-            cfg.request_priority(
-                headers.get(&cfg.priority_header),
-                headers.get(&cfg.objective_header),
-            )
+            cfg.request_priority(held.priority.as_deref(), held.objective.as_deref())
         } else {
             0
         };
@@ -390,10 +397,9 @@ impl Http {
                 new_body.extend_from_slice(head);
                 new_body.extend_from_slice(quoted.as_bytes());
                 new_body.extend_from_slice(tail);
-                let had_length = headers.contains("content-length");
                 if host::replace_request_body(size, &new_body) {
                     // A chunked request stays chunked; a sized one gets its new size.
-                    if had_length {
+                    if held.content_length {
                         host::set_request_header("content-length", &new_body.len().to_string());
                     }
                     host::set_request_header(&cfg.rewrite_header, new_model);
@@ -556,14 +562,30 @@ impl HttpContext for Http {
         if method != "POST" || end_of_stream {
             return Action::Continue;
         }
-        let declared = headers
-            .get("content-length")
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        if declared.is_some_and(|n| n > max_body) {
+        let length = headers.get("content-length");
+        if length
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_some_and(|n| n > max_body)
+        {
             return self.reject(&Rejection::too_large(max_body), "");
         }
+        let w = worker.borrow();
+        let c = &w.router.config;
+        self.held = Held {
+            priority: c
+                .priority
+                .trust_headers
+                .then(|| headers.get(&c.priority_header).map(str::to_string))
+                .flatten(),
+            objective: c
+                .priority
+                .trust_headers
+                .then(|| headers.get(&c.objective_header).map(str::to_string))
+                .flatten(),
+            content_length: headers.contains("content-length"),
+        };
+        drop(w);
         self.kind = Kind::Api(kind);
-        self.headers = Some(headers);
         Action::Pause
     }
 
