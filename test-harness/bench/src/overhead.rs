@@ -167,8 +167,13 @@ impl Arm {
         };
     }
 
+    /// Requests/s (NaN when the closed loop did not run).
     fn rps(&self) -> f64 {
-        self.done as f64 / self.secs.max(1e-9)
+        if self.secs > 0.0 {
+            self.done as f64 / self.secs
+        } else {
+            f64::NAN
+        }
     }
 
     /// Envoy CPU per completed request, µs.
@@ -188,6 +193,9 @@ async fn max_rps(
 ) -> (Arm, Arm) {
     let slice = opts.rps_duration / SLICES;
     let (mut p, mut f) = (Arm::default(), Arm::default());
+    if slice.is_zero() {
+        return (p, f);
+    }
     for i in 0..SLICES {
         let (r, cpu) = with_cpu(plain.1, closed_loop(plain.0, body, opts, slice)).await;
         p.add(r, cpu, i == 0);
