@@ -571,17 +571,16 @@ impl HttpContext for Http {
         }
         let w = worker.borrow();
         let c = &w.router.config;
+        // Client-set priority is kept only where the configuration trusts it.
+        let trusted = |name: &str| {
+            c.priority
+                .trust_headers
+                .then(|| headers.get(name).map(str::to_string))
+                .flatten()
+        };
         self.held = Held {
-            priority: c
-                .priority
-                .trust_headers
-                .then(|| headers.get(&c.priority_header).map(str::to_string))
-                .flatten(),
-            objective: c
-                .priority
-                .trust_headers
-                .then(|| headers.get(&c.objective_header).map(str::to_string))
-                .flatten(),
+            priority: trusted(&c.priority_header),
+            objective: trusted(&c.objective_header),
             content_length: headers.contains("content-length"),
         };
         drop(w);
