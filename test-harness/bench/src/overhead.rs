@@ -35,7 +35,16 @@ pub struct OverheadOptions {
     pub rps_duration: Duration,
     /// Concurrent clients in the closed loop.
     pub concurrency: usize,
+    /// Send the requests to a path the filter does not route ([`PASS_THROUGH_PATH`]): the
+    /// filter only sees the headers and lets the body stream, so its arm measures the floor of
+    /// the Wasm mechanism (the per-stream callbacks) without buffering or a decision.
+    pub pass_through: bool,
 }
+
+/// The routed path of the bench's requests.
+pub const ROUTED_PATH: &str = "/v1/chat/completions";
+/// A path the filter passes through untouched (both Envoys route it to the same backend).
+pub const PASS_THROUGH_PATH: &str = "/v1/pass-through";
 
 /// Errors of the overhead bench.
 #[derive(Debug, thiserror::Error)]
@@ -244,8 +253,13 @@ pub async fn run(opts: OverheadOptions) -> Result<(Vec<OverheadCase>, bool), Ove
     )
     .await
     .is_ok();
-    let plain_uri = parse(plain.url("/v1/chat/completions"))?;
-    let filt_uri = parse(filt.url("/v1/chat/completions"))?;
+    let path = if opts.pass_through {
+        PASS_THROUGH_PATH
+    } else {
+        ROUTED_PATH
+    };
+    let plain_uri = parse(plain.url(path))?;
+    let filt_uri = parse(filt.url(path))?;
     let client = http_client();
     let mut cases = Vec::new();
     for size in [2_000usize, 200_000] {
