@@ -10,16 +10,91 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status};
 use std::time::UNIX_EPOCH;
 
-/// A request header as text; `None` when absent or not UTF-8.
-pub fn request_header(name: &str) -> Option<String> {
-    let bytes = hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok()??;
-    String::from_utf8(bytes).ok()
+/// Every header of a request or response, fetched in one host call (`proxy_get_header_map_pairs`)
+/// instead of one call per header: each call that returns data also re-enters the module to
+/// allocate it, so several reads of the same map cost far more one by one.
+///
+/// Kept as the host serialised it (`count u32 | (key_len u32 | value_len u32) * count |
+/// (key \0 value \0) * count`, little-endian) and read in place; a map that does not decode
+/// reads as empty.
+#[derive(Debug, Default)]
+pub struct HeaderMap(Vec<u8>);
+
+impl HeaderMap {
+    /// The first value of `name` (ASCII case-insensitive) as text; `None` when absent or not
+    /// UTF-8, like a single-header read.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.pairs()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// Whether `name` is present (any value).
+    pub fn contains(&self, name: &str) -> bool {
+        self.pairs()
+            .any(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
+    }
+
+    fn pairs(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        let b = self.0.as_slice();
+        let u32_at = |at: usize| {
+            b.get(at..at.checked_add(4)?)
+                .and_then(|s| <[u8; 4]>::try_from(s).ok())
+                .map(|a| u32::from_le_bytes(a) as usize)
+        };
+        let count = u32_at(0).unwrap_or(0);
+        // Sizes start at 4; the data after the sizes table.
+        let mut data = count
+            .checked_mul(8)
+            .and_then(|n| n.checked_add(4))
+            .unwrap_or(usize::MAX);
+        (0..count).map_while(move |i| {
+            let sizes = 4 + i * 8;
+            let (k, v) = (u32_at(sizes)?, u32_at(sizes + 4)?);
+            let key = b.get(data..data.checked_add(k)?)?;
+            let value_at = data.checked_add(k)?.checked_add(1)?;
+            let value = b.get(value_at..value_at.checked_add(v)?)?;
+            data = value_at.checked_add(v)?.checked_add(1)?;
+            Some((key, value))
+        })
+    }
 }
 
-/// A response header as text; `None` when absent or not UTF-8.
-pub fn response_header(name: &str) -> Option<String> {
-    let bytes = hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok()??;
-    String::from_utf8(bytes).ok()
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_header_map_pairs(
+        map_type: MapType,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
+}
+
+/// Every header of `map` in one call (the SDK's own `get_map` panics on a value that is not
+/// UTF-8, which a client can send).
+fn header_map(map: MapType) -> HeaderMap {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the host writes a pointer it allocated through this module's
+    // `proxy_on_memory_allocate` (the SDK's allocator: a `Vec<u8>` of capacity `size`, leaked)
+    // and its size, exactly as for the SDK's own `get_map`; ownership passes to the `Vec`.
+    unsafe {
+        match proxy_get_header_map_pairs(map, &mut data, &mut size) {
+            status if status == Status::Ok as u32 && !data.is_null() => {
+                HeaderMap(Vec::from_raw_parts(data, size, size))
+            }
+            _ => HeaderMap::default(),
+        }
+    }
+}
+
+/// Every request header, in one host call.
+pub fn request_headers() -> HeaderMap {
+    header_map(MapType::HttpRequestHeaders)
+}
+
+/// Every response header, in one host call.
+pub fn response_headers() -> HeaderMap {
+    header_map(MapType::HttpResponseHeaders)
 }
 
 /// Sets (replaces) a request header.
@@ -189,5 +264,69 @@ impl SharedStore for HostStore {
             Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
             Err(_) => Err(StoreError::Failed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::HeaderMap;
+
+    /// Serialises pairs the way the host does for `proxy_get_header_map_pairs`.
+    fn serialise(pairs: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = (pairs.len() as u32).to_le_bytes().to_vec();
+        for (k, v) in pairs {
+            out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        }
+        for (k, v) in pairs {
+            out.extend_from_slice(k.as_bytes());
+            out.push(0);
+            out.extend_from_slice(v);
+            out.push(0);
+        }
+        out
+    }
+
+    #[test]
+    fn headers_are_found_by_name_in_any_case_first_value_first() {
+        let map = HeaderMap(serialise(&[
+            (":path", b"/v1/chat/completions?x=1"),
+            (":method", b"POST"),
+            ("x-empty", b""),
+            ("x-priority", b"2"),
+            ("x-priority", b"9"),
+            ("x-binary", b"\xff\xfe"),
+        ]));
+        assert_eq!(map.get(":path"), Some("/v1/chat/completions?x=1"));
+        assert_eq!(map.get(":method"), Some("POST"));
+        assert_eq!(map.get("X-Priority"), Some("2"));
+        assert_eq!(map.get("x-empty"), Some(""));
+        assert!(map.contains("x-empty"));
+        // Present but not text: absent to `get` (as for a single-header read), present to
+        // `contains` (so a spoofed routing header is removed whatever its bytes).
+        assert_eq!(map.get("x-binary"), None);
+        assert!(map.contains("X-BINARY"));
+        assert_eq!(map.get("content-length"), None);
+        assert!(!map.contains("x-gateway-destination-endpoint"));
+    }
+
+    #[test]
+    fn a_map_that_does_not_decode_reads_as_empty_without_panicking() {
+        let good = serialise(&[("a", b"1"), ("bb", b"22")]);
+        for cut in 0..good.len() {
+            let map = HeaderMap(good[..cut].to_vec());
+            // What survives the cut is a whole pair or nothing, never a piece of one.
+            assert!(matches!(map.get("a"), None | Some("1")), "cut at {cut}");
+            assert!(matches!(map.get("bb"), None | Some("22")), "cut at {cut}");
+        }
+        // A count far beyond the bytes, sizes pointing past the end.
+        let mut lying = good.clone();
+        lying[0] = 0xff;
+        assert_eq!(HeaderMap(lying).get("zz"), None);
+        let mut huge = good.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(HeaderMap(huge).get("a"), None);
+        assert_eq!(HeaderMap::default().get("a"), None);
     }
 }

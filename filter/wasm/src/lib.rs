@@ -132,6 +132,7 @@ impl RootContext for Root {
             usage: None,
             scores: None,
             signature: None,
+            held: Held::default(),
         }))
     }
 
@@ -163,6 +164,11 @@ struct Routed {
     /// Whether the time to the first byte measures prefill: a streamed response or an
     /// embedding, answered by the pod that was chosen, with status 200.
     observe: bool,
+    /// Whether the response is streamed. An unstreamed reply's first byte comes when the
+    /// generation is done, just before its end: its pending tokens are released with the
+    /// in-flight count at the end (one load-table update instead of two) unless its timing
+    /// teaches a rate.
+    streamed: bool,
 }
 
 /// Where a routed request's token usage is counted, and the reader of its response body.
@@ -187,6 +193,20 @@ struct Http {
     scores: Option<String>,
     /// A push's signature header, kept from the request headers for the body.
     signature: Option<String>,
+    /// What the body's decision needs from the request headers (read once, with all the
+    /// others, at the headers).
+    held: Held,
+}
+
+/// Request header values kept from the headers to the body, so the body costs no header read
+/// (and the whole header map is not held while the body arrives).
+#[derive(Default)]
+struct Held {
+    /// The priority and objective headers, when the configuration trusts them.
+    priority: Option<String>,
+    objective: Option<String>,
+    /// Whether the request declared a `content-length` (a rewritten body gets its new one).
+    content_length: bool,
 }
 
 fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
@@ -338,15 +358,13 @@ impl Http {
                 return self.reject(&Rejection::bad_request(code, e.to_string()), "");
             }
         };
+        let held = std::mem::take(&mut self.held);
         let mut w = self.worker.borrow_mut();
         w.requests = w.requests.wrapping_add(1);
         let cfg = &w.router.config;
         // Client-set priority counts only where the configuration trusts it.
         let priority = if cfg.priority.trust_headers {
-            cfg.request_priority(
-                host::request_header(&cfg.priority_header).as_deref(),
-                host::request_header(&cfg.objective_header).as_deref(),
-            )
+            cfg.request_priority(held.priority.as_deref(), held.objective.as_deref())
         } else {
             0
         };
@@ -382,10 +400,9 @@ impl Http {
                 new_body.extend_from_slice(head);
                 new_body.extend_from_slice(quoted.as_bytes());
                 new_body.extend_from_slice(tail);
-                let had_length = host::request_header("content-length").is_some();
                 if host::replace_request_body(size, &new_body) {
                     // A chunked request stays chunked; a sized one gets its new size.
-                    if had_length {
+                    if held.content_length {
                         host::set_request_header("content-length", &new_body.len().to_string());
                     }
                     host::set_request_header(&cfg.rewrite_header, new_model);
@@ -450,6 +467,7 @@ impl Http {
                 work: routed.work_tokens,
                 sent_ns: now_ns,
                 observe: parsed.stream || kind == ApiKind::Embeddings,
+                streamed: parsed.stream,
             });
         }
         Action::Continue
@@ -460,7 +478,7 @@ impl Http {
         let Some(r) = &mut self.routed else {
             return;
         };
-        if r.pending == 0 && !r.observe {
+        if (r.pending == 0 || !r.streamed) && !r.observe {
             return;
         }
         // The clock is read only when the timing teaches something.
@@ -505,15 +523,21 @@ impl HttpContext for Http {
         let worker = Rc::clone(&self.worker);
         let w = worker.borrow();
         let c = &w.router.config;
-        // Routing headers come from this filter only, never from clients.
-        host::remove_request_header(&c.endpoint_header);
-        host::remove_request_header(&c.cluster_header);
-        let path = host::request_header(":path").unwrap_or_default();
+        // Every header in one call; the ones read below are looked up in this copy.
+        let headers = host::request_headers();
+        // Routing headers come from this filter only, never from clients (removed only when
+        // present: a removal is a host call too).
+        for name in [&c.endpoint_header, &c.cluster_header] {
+            if headers.contains(name) {
+                host::remove_request_header(name);
+            }
+        }
+        let path = headers.get(":path").unwrap_or_default();
         let path = path.split('?').next().unwrap_or_default();
         let (is_push, is_state) = (path == c.snapshot.push_path, path == c.snapshot.state_path);
         let (endpoints, max_body) = (c.snapshot.endpoints, c.max_body_bytes);
         drop(w);
-        let method = host::request_header(":method").unwrap_or_default();
+        let method = headers.get(":method").unwrap_or_default();
         if is_push || is_state {
             if !endpoints {
                 // Not this listener's business: the endpoints live on the internal listener.
@@ -529,7 +553,9 @@ impl HttpContext for Http {
             if end_of_stream {
                 return self.forbid_push("empty body");
             }
-            self.signature = host::request_header(llm_router_snapshot::SIGNATURE_HEADER);
+            self.signature = headers
+                .get(llm_router_snapshot::SIGNATURE_HEADER)
+                .map(str::to_string);
             self.kind = Kind::Push;
             return Action::Pause;
         }
@@ -539,11 +565,28 @@ impl HttpContext for Http {
         if method != "POST" || end_of_stream {
             return Action::Continue;
         }
-        let declared =
-            host::request_header("content-length").and_then(|v| v.trim().parse::<usize>().ok());
-        if declared.is_some_and(|n| n > max_body) {
+        let length = headers.get("content-length");
+        if length
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .is_some_and(|n| n > max_body)
+        {
             return self.reject(&Rejection::too_large(max_body), "");
         }
+        let w = worker.borrow();
+        let c = &w.router.config;
+        // Client-set priority is kept only where the configuration trusts it.
+        let trusted = |name: &str| {
+            c.priority
+                .trust_headers
+                .then(|| headers.get(name).map(str::to_string))
+                .flatten()
+        };
+        self.held = Held {
+            priority: trusted(&c.priority_header),
+            objective: trusted(&c.objective_header),
+            content_length: headers.contains("content-length"),
+        };
+        drop(w);
         self.kind = Kind::Api(kind);
         Action::Pause
     }
@@ -598,8 +641,8 @@ impl HttpContext for Http {
             let w = self.worker.borrow();
             host::set_response_header(&w.router.config.scores_header, &scores);
         }
-        // `:status`, read at most once.
-        let mut status: Option<Option<String>> = None;
+        // The response headers, read at most once (one host call for all of them).
+        let mut headers: Option<host::HeaderMap> = None;
         if let Some(r) = &mut self.routed {
             // Only a real upstream served the request (not, say, Envoy's own 503).
             if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
@@ -614,8 +657,8 @@ impl HttpContext for Http {
                     r.observe = false;
                 }
                 drop(w);
-                let s = status.get_or_insert_with(|| host::response_header(":status"));
-                if s.as_deref() != Some("200") {
+                let h = headers.get_or_insert_with(host::response_headers);
+                if h.get(":status") != Some("200") {
                     r.observe = false;
                 }
                 if end_of_stream {
@@ -624,13 +667,10 @@ impl HttpContext for Http {
             }
         }
         if let Some(u) = &mut self.usage {
-            let ok = status
-                .get_or_insert_with(|| host::response_header(":status"))
-                .as_deref()
-                == Some("200");
-            let readable = ok
+            let h = headers.get_or_insert_with(host::response_headers);
+            let readable = h.get(":status") == Some("200")
                 && !end_of_stream
-                && host::response_header("content-type").is_some_and(|t| {
+                && h.get("content-type").is_some_and(|t| {
                     let t = t.to_ascii_lowercase();
                     t.contains("json") || t.starts_with("text/event-stream")
                 });

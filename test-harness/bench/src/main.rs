@@ -84,6 +84,14 @@ enum Cmd {
         /// Sequential requests per arm (2 KB; the 200 KB case uses a quarter).
         #[arg(long, default_value_t = 1000)]
         requests: usize,
+        /// Closed-loop (maximum req/s) seconds per arm and size; 0 skips the closed loop, so
+        /// only the sequential phase (latency, CPU per request) runs and nothing saturates.
+        #[arg(long, default_value_t = 3.0)]
+        rps_secs: f64,
+        /// Send the requests to a path the filter does not route: its arm then measures the
+        /// Wasm mechanism's floor (callbacks only, no buffering, no decision).
+        #[arg(long)]
+        pass_through: bool,
     },
     /// Measure the sidecar's CPU scraping 100 metrics-only pods every 50 ms.
     SidecarCost {
@@ -259,11 +267,16 @@ fn main() -> ExitCode {
                 }
                 ExitCode::SUCCESS
             }
-            Cmd::Overhead { requests } => {
+            Cmd::Overhead {
+                requests,
+                rps_secs,
+                pass_through,
+            } => {
                 let opts = bench::overhead::OverheadOptions {
                     latency_requests: requests,
-                    rps_duration: std::time::Duration::from_secs(3),
+                    rps_duration: std::time::Duration::from_secs_f64(rps_secs.clamp(0.0, 600.0)),
                     concurrency: 16,
+                    pass_through,
                 };
                 match bench::overhead::run(opts).await {
                     Ok((cases, snapshot)) => {

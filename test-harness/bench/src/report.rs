@@ -243,6 +243,17 @@ pub struct OverheadCase {
     pub filter_max_rps: f64,
     /// filter / plain max requests/s.
     pub rps_ratio: f64,
+    /// Envoy CPU time (all threads) per request in the closed loop without the filter, µs.
+    pub plain_cpu_us: f64,
+    /// Same, with the filter.
+    pub filter_cpu_us: f64,
+    /// plain / filter CPU per request: the req/s ratio a CPU-bound Envoy would reach, measured
+    /// as CPU time, which other load on a shared machine disturbs far less than throughput.
+    pub cpu_ratio: f64,
+    /// Envoy CPU per sequential request (the latency phase) without the filter, µs.
+    pub plain_seq_cpu_us: f64,
+    /// Same, with the filter.
+    pub filter_seq_cpu_us: f64,
     /// Errors seen in either arm.
     pub errors: u64,
 }
@@ -1001,9 +1012,12 @@ pub fn markdown(rep: &Report) -> String {
         );
         let _ = writeln!(
             out,
-            "| body | plain p50 ms | filter p50 ms | added p50 ms | plain p99 ms | filter p99 ms | added p99 ms | max req/s plain | max req/s filter | req/s ratio | target (added p50) |"
+            "| body | plain p50 ms | filter p50 ms | added p50 ms | plain p99 ms | filter p99 ms | added p99 ms | max req/s plain | max req/s filter | req/s ratio | Envoy CPU µs/req plain | filter | CPU ratio | target (added p50) |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            out,
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         for c in &rep.overhead {
             let limit = if c.body_bytes <= 4096 { 0.1 } else { 1.0 };
             let verdict = if !c.added_p50_ms.is_finite() {
@@ -1015,7 +1029,7 @@ pub fn markdown(rep: &Report) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} KB | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {verdict} |",
+                "| {} KB | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.2}× | {verdict} |",
                 (c.body_bytes + 500) / 1000,
                 c.plain_p50_ms,
                 c.filter_p50_ms,
@@ -1025,7 +1039,10 @@ pub fn markdown(rep: &Report) -> String {
                 c.added_p99_ms,
                 c.plain_max_rps,
                 c.filter_max_rps,
-                c.rps_ratio
+                c.rps_ratio,
+                c.plain_cpu_us,
+                c.filter_cpu_us,
+                c.cpu_ratio
             );
         }
     }

@@ -1007,6 +1007,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             latency_requests: if cfg.mode.quick { 400 } else { 2000 },
             rps_duration: Duration::from_secs(if cfg.mode.quick { 2 } else { 5 }),
             concurrency: 16,
+            pass_through: false,
         };
         match crate::overhead::run(opts).await {
             Ok((c, snapshot)) => {

@@ -84,6 +84,7 @@ fn give(c: &mut C<'_>, bytes: &[u8], ptr_ptr: u32, size_ptr: u32) -> wasmtime::R
         let len = u32::try_from(bytes.len())
             .map_err(|_| wasmtime::Error::msg("value too large for wasm32"))?;
         ptr = alloc.call(&mut *c, len)?;
+        c.data_mut().count_allocation();
         if ptr == 0 {
             return Err(wasmtime::Error::msg(format!(
                 "module failed to allocate {len} bytes"

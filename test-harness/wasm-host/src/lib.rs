@@ -31,7 +31,7 @@ pub use abi::{decode_pairs, encode_pairs, Action, LogLevel, MetricType, PairsErr
 pub use error::HostError;
 pub use request::{Request, Response};
 pub use state::{
-    CallCount, ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, DEFAULT_START_NS,
+    CallCount, ForeignCall, HttpCall, LocalResponse, LogEntry, Metric, ALLOCATE, DEFAULT_START_NS,
 };
 #[cfg(test)]
 mod tests;

@@ -258,6 +258,10 @@ pub(crate) struct HostState {
     pub passthrough_output: bool,
 }
 
+/// The key under which [`crate::Vm::call_counts`] counts the host's calls into the module's
+/// allocator (each host call that returns data makes one).
+pub const ALLOCATE: &str = "proxy_on_memory_allocate";
+
 /// Host calls of one kind and the bytes they copied across the Wasm boundary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallCount {
@@ -279,6 +283,14 @@ impl HostState {
             c.calls += 1;
             c.bytes_in += pending;
             self.last_kind = Some(kind);
+        }
+    }
+
+    /// Counts one call into the module's `proxy_on_memory_allocate`, made to hand it data (a
+    /// crossing of the boundary like a host call, but the other way), when counting is on.
+    pub(crate) fn count_allocation(&mut self) {
+        if let Some(counts) = &mut self.call_counts {
+            counts.entry(ALLOCATE.to_string()).or_default().calls += 1;
         }
     }
 
