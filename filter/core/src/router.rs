@@ -393,11 +393,12 @@ impl Router {
         // long context's anchor home, and a conversation's home (its key's) for the history
         // its earlier turns left. The pods' own records are kept for the work accounting below.
         let key_home = prior::rendezvous(cands.iter().map(|c| c.address), hashes.key);
+        let prompt_chars = req.prompt_chars();
         let mut credited: Vec<(usize, u32)> = Vec::new();
         if full {
             let known = cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
             let block_chars = pool.prefix.block_chars.max(1);
-            let prompt_blocks = req.prompt_chars() / block_chars;
+            let prompt_blocks = prompt_chars / block_chars;
             let share = derived.map_or(1.0, |d| d.own_share);
             let n = hashes.blocks.len();
             let context = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
@@ -428,7 +429,7 @@ impl Router {
                 .map_or(c.prefix_blocks, |&(_, blocks)| blocks)
         };
         let chars_per_token = predict.chars_per_token.max(0.1);
-        let prompt_tokens = (req.prompt_chars() as f64 / chars_per_token).ceil();
+        let prompt_tokens = (prompt_chars as f64 / chars_per_token).ceil();
         let features = Features {
             adapter: adapter_name,
             prompt_tokens: prompt_tokens.min(f64::from(u32::MAX)) as u32,
@@ -476,9 +477,7 @@ impl Router {
             let known = recorded(i, c);
             prefix_hit = known > 0;
             lora_hit = adapter_name.is_some() && (c.lora.resident || c.lora.home);
-            let uncached = (f64::from(features.prompt_tokens)
-                - f64::from(known) * features.tokens_per_block)
-                .max(0.0);
+            let uncached = features.uncached_tokens(known);
             pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
             // When the pod was credited with a guess of what it holds, its timing says
             // nothing sure about its rate: no observation (NaN is ignored by the fit).

@@ -176,8 +176,7 @@ impl Candidate<'_> {
 
     /// Tokens of this request the pod would have to prefill (its cached prefix excluded).
     pub fn uncached_tokens(&self, f: &Features<'_>) -> f64 {
-        let prompt = f64::from(f.prompt_tokens);
-        (prompt - f64::from(self.prefix_blocks) * f.tokens_per_block).max(0.0)
+        f.uncached_tokens(self.prefix_blocks)
     }
 
     /// Predicted time to first token of this request on this pod (ms).
@@ -207,6 +206,14 @@ pub struct Features<'a> {
     pub priority: i32,
     /// Random bits to break exact ties.
     pub tie: u64,
+}
+
+impl Features<'_> {
+    /// Tokens of this request left to prefill on a pod that holds its first `cached_blocks`.
+    pub fn uncached_tokens(&self, cached_blocks: u32) -> f64 {
+        let prompt = f64::from(self.prompt_tokens);
+        (prompt - f64::from(cached_blocks) * self.tokens_per_block).max(0.0)
+    }
 }
 
 /// How much the ranking can trust the metrics.
