@@ -676,6 +676,21 @@ fn route_and_finish(r: &Router, s: &MemoryStore, fleet: &Fleet, body: &str, tie:
     out
 }
 
+/// Two replicas that each sent `tokens` of prompt since the snapshot, which the other does not
+/// know of: replica one to the first two pods, replica two to the last two.
+fn busy_apart(one: MemoryStore, two: MemoryStore, tokens: u32) -> (MemoryStore, MemoryStore) {
+    for (s, busy) in [(&one, [0, 1]), (&two, [2, 3])] {
+        inflight::update(s, "llama", |t| {
+            for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+                if busy.contains(&i) {
+                    load.pending_tokens = tokens;
+                }
+            }
+        });
+    }
+    (one, two)
+}
+
 #[test]
 fn replicas_agree_on_a_long_context_neither_has_seen() {
     let r = router(CONFIG);
@@ -686,15 +701,7 @@ fn replicas_agree_on_a_long_context_neither_has_seen() {
     // Since the snapshot each replica has sent prompts the other does not know of: replica one
     // to the first two pods, replica two to the last two. Left to what each sees, they would
     // put every new document on different pods.
-    for (s, busy) in [(&one, [0, 1]), (&two, [2, 3])] {
-        inflight::update(s, "llama", |t| {
-            for (i, (_, load)) in t.entries.iter_mut().enumerate() {
-                if busy.contains(&i) {
-                    load.pending_tokens = 600;
-                }
-            }
-        });
-    }
+    let (one, two) = busy_apart(one, two, 600);
     // Each replica has served the system prompt before (it is the only thing they know).
     for (i, s) in [&one, &two].into_iter().enumerate() {
         route_and_finish(&r, s, &fleet, &doc_question(99, i), 7);
@@ -776,15 +783,7 @@ fn replicas_keep_a_conversation_on_one_pod_when_its_turns_alternate() {
     let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
     let (_, two) = replica(&r, 4, Some(2), &[0.2; 4]);
     // Each replica has some work of its own in flight that the other does not see.
-    for (s, busy) in [(&one, [0, 1]), (&two, [2, 3])] {
-        inflight::update(s, "llama", |t| {
-            for (i, (_, load)) in t.entries.iter_mut().enumerate() {
-                if busy.contains(&i) {
-                    load.pending_tokens = 100;
-                }
-            }
-        });
-    }
+    let (one, two) = busy_apart(one, two, 100);
     for (i, s) in [&one, &two].into_iter().enumerate() {
         route_and_finish(&r, s, &fleet, &conversation_turn(99, 0), i as u64);
     }
