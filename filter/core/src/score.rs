@@ -344,7 +344,7 @@ pub fn rank(
     if cands.is_empty() {
         return Err(Rejection::no_endpoints(&pool.name, "the pool has no pods"));
     }
-    let mut scored = score_all(pool, cands, f, mode);
+    let scored = score_all(pool, cands, f, mode);
     if mode == Mode::Full {
         let least = scored
             .iter()
@@ -363,15 +363,31 @@ pub fn rank(
             }
         }
     }
-    let load = |s: &Scored| cands.get(s.index).map(Candidate::est_load).unwrap_or(0.0);
-    scored.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then(load(a).total_cmp(&load(b)))
-            .then(mix(f.tie, a.index as u64).cmp(&mix(f.tie, b.index as u64)))
-    });
-    scored.truncate(top_k.max(1));
-    Ok(scored)
+    // Best score first; among equals the lighter pod, then a per-request shuffle, then the
+    // index (a total order, so the unstable sort ranks exactly as a stable one would). The
+    // keys are computed once per pod, not once per comparison, and only the top `top_k` are
+    // sorted: a pool of hundreds of pods is partitioned in linear time.
+    let mut keyed: Vec<(Scored, f64, u64)> = scored
+        .into_iter()
+        .map(|s| {
+            let load = cands.get(s.index).map(Candidate::est_load).unwrap_or(0.0);
+            (s, load, mix(f.tie, s.index as u64))
+        })
+        .collect();
+    let order = |a: &(Scored, f64, u64), b: &(Scored, f64, u64)| {
+        b.0.score
+            .total_cmp(&a.0.score)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.0.index.cmp(&b.0.index))
+    };
+    let k = top_k.max(1);
+    if keyed.len() > k {
+        keyed.select_nth_unstable_by(k - 1, order);
+        keyed.truncate(k);
+    }
+    keyed.sort_unstable_by(order);
+    Ok(keyed.into_iter().map(|(s, ..)| s).collect())
 }
 
 #[cfg(test)]
