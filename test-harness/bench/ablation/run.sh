@@ -74,7 +74,7 @@ import re, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     v = line.split()[0]
-    vals = [float(x) for x in re.findall(r"added_cpu_us=(-?[\d.]+)", line)]
+    vals = [float(x) for x in re.findall(r"\badded_cpu_us=(-?[\d.]+)", line)]
     ratios = [float(x) for x in re.findall(r"rps_ratio=([\d.]+)", line)]
     rows.setdefault(v, []).append(vals + ratios)
 print("\nmedians over rounds: variant | added Envoy CPU µs/request 2 KB, 200 KB | req/s ratio 2 KB, 200 KB")
