@@ -130,24 +130,25 @@ impl BlockChain<'_> {
     }
 
     fn feed(&mut self, mut bytes: &[u8]) {
-        // Whole blocks inside this piece are hashed in one call each: the same hash as the
-        // streaming hasher's (xxHash64 is defined on the bytes, not on how they are fed), at a
-        // fraction of its buffering cost.
-        if self.filled == 0 {
-            let mut whole = false;
-            while bytes.len() >= self.block_chars && !self.full() {
+        // A whole block inside this piece is hashed in one call: the same hash as the streaming
+        // hasher's (xxHash64 is defined on the bytes, not on how they are fed), at a fraction of
+        // its buffering cost. Only a block that spans pieces goes through `hasher`, which is
+        // re-seeded lazily after one-call blocks.
+        let mut synced = true;
+        while !bytes.is_empty() && !self.full() {
+            if self.filled == 0 && bytes.len() >= self.block_chars {
                 let (block, rest) = bytes.split_at(self.block_chars);
                 let h = xxh64(block, self.seed);
                 self.out.push(h);
                 self.seed = h;
                 bytes = rest;
-                whole = true;
+                synced = false;
+                continue;
             }
-            if whole {
+            if !synced {
                 self.hasher = Xxh64::new(self.seed);
+                synced = true;
             }
-        }
-        while !bytes.is_empty() && !self.full() {
             let take = (self.block_chars - self.filled).min(bytes.len());
             let (head, rest) = bytes.split_at(take);
             self.hasher.update(head);
@@ -156,10 +157,13 @@ impl BlockChain<'_> {
             if self.filled == self.block_chars {
                 let h = self.hasher.digest();
                 self.out.push(h);
-                self.hasher = Xxh64::new(h);
                 self.seed = h;
                 self.filled = 0;
+                synced = false;
             }
+        }
+        if !synced {
+            self.hasher = Xxh64::new(self.seed);
         }
     }
 }
