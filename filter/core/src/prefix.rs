@@ -114,7 +114,8 @@ pub fn block_hashes(
 }
 
 struct BlockChain<'o> {
-    /// The current block's hash so far (used only for a block that spans pieces).
+    /// The current partial block's hash state: what a block spanning pieces was fed so far, and
+    /// what the key and tail digests read.
     hasher: Xxh64,
     /// The current block's seed: the previous block's hash (the model's for the first).
     seed: u64,
