@@ -109,3 +109,66 @@ pub fn verify(
         .verify_slice(&tag)
         .map_err(|_| SignatureError::Mismatch)
 }
+
+/// The shortest secret accepted, in bytes: an HMAC-SHA256 key shorter than its 32-byte output
+/// is weaker than the tag it makes.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Secrets that ship in examples and documentation: anyone who read them knows them.
+pub const PLACEHOLDER_SECRETS: [&str; 6] = [
+    "change-me",
+    "changeme",
+    "change_me",
+    "secret",
+    "replace-me",
+    "CHANGE-ME-TO-32-OR-MORE-RANDOM-BYTES",
+];
+
+/// How to make a secret, for the messages that refuse one.
+pub const SECRET_HOWTO: &str = "make one with `openssl rand -hex 32` (or `head -c 32 /dev/urandom \
+     | base64`) and give it to the filter and the sidecar from one Kubernetes Secret";
+
+/// Why a configured secret is refused: a known placeholder, or too short. Both the filter and
+/// the sidecar call this, so neither accepts a secret the other would refuse. Surrounding
+/// whitespace is ignored for the check (a trailing newline from a mounted file is common).
+pub fn check_secret(secret: &str) -> Result<(), String> {
+    let s = secret.trim();
+    if PLACEHOLDER_SECRETS
+        .iter()
+        .any(|p| p.eq_ignore_ascii_case(s))
+    {
+        return Err(format!(
+            "the snapshot secret is the placeholder {s:?} from the examples; {SECRET_HOWTO}"
+        ));
+    }
+    if s.len() < MIN_SECRET_BYTES {
+        return Err(format!(
+            "the snapshot secret is {} bytes, shorter than {MIN_SECRET_BYTES}; {SECRET_HOWTO}",
+            s.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod secret_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn placeholders_and_short_secrets_are_refused() {
+        for p in PLACEHOLDER_SECRETS {
+            let e = check_secret(p).unwrap_err();
+            assert!(
+                e.contains("placeholder") && e.contains("openssl rand"),
+                "{e}"
+            );
+        }
+        assert!(check_secret(" Change-Me\n").is_err());
+        let e = check_secret("s3cret").unwrap_err();
+        assert!(e.contains("6 bytes") && e.contains("32"), "{e}");
+        assert!(check_secret(&"x".repeat(31)).is_err());
+        assert!(check_secret(&"x".repeat(32)).is_ok());
+        assert!(check_secret("3f1c9e0a7b5d2c4e8f6a1b3d5c7e9f0a2b4c6d8e").is_ok());
+    }
+}

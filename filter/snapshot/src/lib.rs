@@ -25,7 +25,7 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub mod auth;
-pub use auth::{sign, verify, SignatureError, SIGNATURE_HEADER};
+pub use auth::{check_secret, sign, verify, SignatureError, SIGNATURE_HEADER};
 
 /// First bytes of every snapshot.
 pub const MAGIC: [u8; 4] = *b"LRSN";
@@ -40,6 +40,13 @@ pub const MAX_MODELS_PER_POOL: usize = 1024;
 /// Per pod and list (running or waiting).
 pub const MAX_ADAPTERS: usize = 1024;
 /// KV use in basis points that means "unknown".
+/// How far a snapshot's `generation` may run ahead of the receiver's wall clock, in ms. The
+/// sidecar's generations are its clock in ms at start, then +1 per push (never faster than the
+/// clock), so an honest one is never ahead; a generation further ahead than this (a forged or
+/// corrupted `u64::MAX`) would make every later push stale until the proxy restarts, and is
+/// refused. Ten minutes leaves room for clocks that disagree between hosts.
+pub const MAX_GENERATION_LEAD_MS: u64 = 600_000;
+
 const KV_UNKNOWN: u16 = 0xFFFF;
 /// `max_loras` that means "no LoRA information".
 const LORA_UNKNOWN: u16 = 0xFFFF;
