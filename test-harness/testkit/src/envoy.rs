@@ -29,6 +29,11 @@ pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 pub const PUBLIC_LISTENER: &str = "llm_router";
 /// Name of the loopback listener serving the snapshot endpoints ([`Router::Filter`] only).
 pub const INTERNAL_LISTENER: &str = "llm_router_internal";
+/// The internal listener's `per_connection_buffer_limit_bytes`: the largest snapshot push Envoy
+/// buffers for the filter (a larger one is refused with 413 before the filter sees it). Equal to
+/// the filter's default `snapshot.max_bytes` and the sidecar's default total snapshot budget, as
+/// in every shipped configuration (Envoy's own default is 1 MiB).
+pub const INTERNAL_BUFFER_LIMIT_BYTES: u32 = 4 * 1024 * 1024;
 /// Timeout for one admin API call.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -342,6 +347,7 @@ impl EnvoySpec {
         Ok(json!({
             "name": INTERNAL_LISTENER,
             "address": socket_address("127.0.0.1", self.internal_port),
+            "per_connection_buffer_limit_bytes": INTERNAL_BUFFER_LIMIT_BYTES,
             "filter_chains": [{"filters": [{
                 "name": "envoy.filters.network.http_connection_manager",
                 "typed_config": hcm,
