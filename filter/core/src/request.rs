@@ -39,6 +39,12 @@ impl ApiKind {
     }
 }
 
+/// The paths [`ApiKind::from_path`] accepts, as one RE2 regex for Envoy's route `safe_regex`
+/// (which must match the whole path, query string excluded): the shipped configurations route
+/// only these to a pool, so a path the filter does not route cannot reach one.
+pub const API_PATH_REGEX: &str =
+    "/(v1/)?(chat/completions|completions|embeddings|responses)/?|/v1/messages/?";
+
 /// Why a body cannot be routed. The message is meant for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestError {

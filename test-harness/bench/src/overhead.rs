@@ -227,6 +227,12 @@ pub async fn run(opts: OverheadOptions) -> Result<(Vec<OverheadCase>, bool), Ove
         .pool(POOL, CLUSTER, eps)
         .plugin_config(plugin_config(&[], false));
     filt.name = "bench-overhead-filter".into();
+    if opts.pass_through {
+        // The shipped routes send only what the filter routed to a pool; this measurement-only
+        // route lets the untouched path through on both Envoys alike.
+        plain.pass_through_paths = vec![PASS_THROUGH_PATH.into()];
+        filt.pass_through_paths = vec![PASS_THROUGH_PATH.into()];
+    }
     let plain = plain
         .start()
         .await

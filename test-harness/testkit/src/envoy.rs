@@ -29,6 +29,10 @@ pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
 pub const PUBLIC_LISTENER: &str = "llm_router";
 /// Name of the loopback listener serving the snapshot endpoints ([`Router::Filter`] only).
 pub const INTERNAL_LISTENER: &str = "llm_router_internal";
+/// The public listener's `per_connection_buffer_limit_bytes`: what Envoy buffers of one request
+/// for the filter, which holds the whole body (Envoy answers 413 past it). 1 MiB: at least the
+/// filter's default `max_body_bytes` (1,000,000) plus headers, as in every shipped configuration.
+pub const PUBLIC_BUFFER_LIMIT_BYTES: u32 = 1024 * 1024;
 /// The internal listener's `per_connection_buffer_limit_bytes`: the largest snapshot push Envoy
 /// buffers for the filter (a larger one is refused with 413 before the filter sees it). Equal to
 /// the filter's default `snapshot.max_bytes` and the sidecar's default total snapshot budget, as
@@ -147,6 +151,10 @@ pub struct EnvoySpec {
     /// Endpoint `load_balancing_weight`s (e.g. a weighted round robin); endpoints not listed
     /// get none (Envoy's default weight 1).
     pub endpoint_weights: BTreeMap<SocketAddr, u32>,
+    /// Exact paths routed to the first pool without the filter's say (default none): only for
+    /// measurements of the Wasm mechanism's floor on a path the filter does not route. No
+    /// shipped configuration has such a route.
+    pub pass_through_paths: Vec<String>,
 }
 
 impl Default for EnvoySpec {
@@ -171,6 +179,7 @@ impl Default for EnvoySpec {
             extra_args: Vec::new(),
             cluster_lb_policy: None,
             endpoint_weights: BTreeMap::new(),
+            pass_through_paths: Vec::new(),
         }
     }
 }
@@ -274,16 +283,15 @@ impl EnvoySpec {
             "num_retries": self.num_retries,
             "per_try_idle_timeout": format!("{}s", self.per_try_idle_timeout.as_secs_f64()),
         });
-        let routes = json!([
-            {
-                "match": {"prefix": "/", "headers": [{"name": self.cluster_header(), "present_match": true}]},
-                "route": {"cluster_header": self.cluster_header(), "timeout": "0s", "retry_policy": retry},
-            },
-            {
-                "match": {"prefix": "/"},
-                "route": {"cluster": first.cluster, "timeout": "0s", "retry_policy": retry},
-            },
-        ]);
+        let mut routes = public_routes(self.router, &self.cluster_header(), &first.cluster, &retry);
+        if let Some(list) = routes.as_array_mut() {
+            for (i, path) in self.pass_through_paths.iter().enumerate() {
+                list.insert(
+                    i,
+                    json!({"match": {"path": path}, "route": {"cluster": first.cluster, "timeout": "0s"}}),
+                );
+            }
+        }
         let mut http_filters = Vec::new();
         if self.router == Router::Filter {
             http_filters.push(wasm_http_filter(wasm, &self.effective_plugin_config())?);
@@ -292,7 +300,7 @@ impl EnvoySpec {
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
         }));
-        let hcm = json!({
+        let mut hcm = json!({
             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
             "stat_prefix": "ingress",
             "codec_type": "AUTO",
@@ -303,10 +311,14 @@ impl EnvoySpec {
             },
             "http_filters": http_filters,
         });
+        if let (Some(h), Value::Object(edge)) = (hcm.as_object_mut(), edge_hcm_settings()) {
+            h.extend(edge);
+        }
         let clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
         let mut listeners = vec![json!({
             "name": PUBLIC_LISTENER,
             "address": socket_address(&self.listen_ip.to_string(), self.listen_port),
+            "per_connection_buffer_limit_bytes": PUBLIC_BUFFER_LIMIT_BYTES,
             "filter_chains": [{"filters": [{
                 "name": "envoy.filters.network.http_connection_manager",
                 "typed_config": hcm,
@@ -318,6 +330,7 @@ impl EnvoySpec {
         Ok(json!({
             "admin": {"address": socket_address("127.0.0.1", self.admin_port)},
             "stats_config": stats_config(),
+            "overload_manager": overload_manager(),
             "static_resources": {"listeners": listeners, "clusters": clusters},
         }))
     }
@@ -503,6 +516,125 @@ fn socket_address(address: &str, port: u16) -> Value {
     json!({"socket_address": {"address": address, "port_value": port}})
 }
 
+/// The body of the gateway's own 404, in the OpenAI error shape clients parse.
+pub const NOT_ROUTED_BODY: &str = r#"{"error":{"message":"no such API path on this gateway","type":"invalid_request_error","param":null,"code":"not_found"}}"#;
+
+/// The public listener's routes, as the shipped configurations have them: an explicit allowlist.
+/// Only the API paths the filter routes ([`llm_router_core::request::API_PATH_REGEX`]) reach a
+/// pool, and only once the filter has named the pool's cluster in `cluster_header` (it strips
+/// that header from clients); every other request gets the gateway's own 404 in the OpenAI error
+/// shape. A trailing slash is dropped on the way to the pod. With the filter there is no
+/// catch-all to a pool: a request the filter did not route (an unknown path, a VM that failed
+/// open) cannot reach a pod. The baselines (no filter) send the API paths to the first pool, or
+/// to the pool a client names in `cluster_header` (tests of Envoy's side alone).
+pub fn public_routes(
+    router: Router,
+    cluster_header: &str,
+    first_cluster: &str,
+    retry: &Value,
+) -> Value {
+    let api = json!({"safe_regex": {"regex": llm_router_core::request::API_PATH_REGEX}});
+    let to = |mut action: Value| {
+        action["timeout"] = json!("0s");
+        action["retry_policy"] = retry.clone();
+        action["regex_rewrite"] = json!({"pattern": {"regex": "^(.+)/$"}, "substitution": "\\1"});
+        action
+    };
+    let mut tagged = api.clone();
+    tagged["headers"] = json!([{"name": cluster_header, "present_match": true}]);
+    let mut routes = vec![json!({
+        "name": "api",
+        "match": tagged,
+        "route": to(json!({"cluster_header": cluster_header})),
+    })];
+    if router != Router::Filter {
+        routes.push(json!({
+            "name": "api_first_pool",
+            "match": api,
+            "route": to(json!({"cluster": first_cluster})),
+        }));
+    }
+    routes.push(json!({
+        "name": "not_routed",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 404, "body": {"inline_string": NOT_ROUTED_BODY}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}],
+    }));
+    Value::Array(routes)
+}
+
+/// The public HTTP connection manager's edge settings, as in every shipped configuration
+/// (Envoy's edge best practices, with the limits a body-holding LLM gateway needs): paths
+/// normalised (RFC 3986, percent-decoded unreserved characters, dot segments) and slashes merged
+/// before any filter or route sees them, escaped slashes refused; bounded header and body
+/// reception; HTTP/2 stream limits; client addresses from the connection, not headers.
+pub fn edge_hcm_settings() -> Value {
+    json!({
+        "normalize_path": true,
+        "merge_slashes": true,
+        "path_with_escaped_slashes_action": "REJECT_REQUEST",
+        "use_remote_address": true,
+        "request_headers_timeout": "10s",
+        // The whole request (headers and a body of up to max_body_bytes) within 60 s; the
+        // response (a long stream) is not bounded here but by the route's idle timeouts.
+        "request_timeout": "60s",
+        "stream_idle_timeout": "300s",
+        "common_http_protocol_options": {
+            "idle_timeout": "3600s",
+            "headers_with_underscores_action": "REJECT_REQUEST",
+            "max_headers_count": 100,
+        },
+        "http2_protocol_options": {
+            "max_concurrent_streams": 100,
+            "initial_stream_window_size": 65536,
+            "initial_connection_window_size": 1048576,
+        },
+    })
+}
+
+/// The overload manager of every shipped configuration: a heap bound (shrink the heap at 95 %,
+/// stop accepting requests at 98 %, reset the streams holding the most buffered bytes from 90 %)
+/// and a global bound on downstream connections.
+pub fn overload_manager() -> Value {
+    let heap = |value: f64| json!([{"name": "envoy.resource_monitors.fixed_heap", "threshold": {"value": value}}]);
+    json!({
+        "refresh_interval": "0.25s",
+        // Per-stream memory accounts, which reset_high_memory_stream needs: streams that
+        // buffer 1 MiB (2^20 bytes) or more are tracked.
+        "buffer_factory_config": {"minimum_account_to_track_power_of_two": 20},
+        "resource_monitors": [
+            {
+                "name": "envoy.resource_monitors.fixed_heap",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.fixed_heap.v3.FixedHeapConfig",
+                    "max_heap_size_bytes": MAX_HEAP_BYTES,
+                },
+            },
+            {
+                "name": "envoy.resource_monitors.global_downstream_max_connections",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                    "max_active_downstream_connections": MAX_DOWNSTREAM_CONNECTIONS,
+                },
+            },
+        ],
+        "actions": [
+            {"name": "envoy.overload_actions.shrink_heap", "triggers": heap(0.95)},
+            {"name": "envoy.overload_actions.stop_accepting_requests", "triggers": heap(0.98)},
+            {
+                "name": "envoy.overload_actions.reset_high_memory_stream",
+                "triggers": [{"name": "envoy.resource_monitors.fixed_heap",
+                    "scaled": {"scaling_threshold": 0.90, "saturation_threshold": 0.98}}],
+            },
+        ],
+    })
+}
+
+/// The overload manager's heap bound (2 GiB; the shipped Deployment's memory limit is above it).
+pub const MAX_HEAP_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// The overload manager's bound on downstream connections, over all listeners.
+pub const MAX_DOWNSTREAM_CONNECTIONS: u64 = 50_000;
+
 /// Envoy's least-request policy with `selection_method: FULL_SCAN`: every pick compares all
 /// endpoints (ties broken at random), unlike the default two random choices. For
 /// [`EnvoySpec::cluster_lb_policy`].
@@ -545,6 +677,10 @@ pub fn wasm_http_filter(wasm: &Path, plugin_config: &Value) -> Result<Value> {
                 "name": "llm-router",
                 "root_id": "llm-router",
                 "allow_on_headers_stop_iteration": true,
+                // A VM that traps is reloaded (after a backoff) instead of leaving the worker
+                // answering 503 for good; while it reloads, requests fail closed.
+                "failure_policy": "FAIL_RELOAD",
+                "reload_config": {"backoff": {"base_interval": "0.5s", "max_interval": "10s"}},
                 "vm_config": {
                     "vm_id": "llm-router",
                     "runtime": "envoy.wasm.runtime.v8",
@@ -559,7 +695,7 @@ pub fn wasm_http_filter(wasm: &Path, plugin_config: &Value) -> Result<Value> {
     }))
 }
 
-fn access_log_config(path: &Path) -> Value {
+pub(crate) fn access_log_config(path: &Path) -> Value {
     json!({
         "name": "envoy.access_loggers.file",
         "typed_config": {
@@ -588,8 +724,15 @@ fn access_log_config(path: &Path) -> Value {
 
 /// Runs `envoy --mode validate -c FILE`; returns Envoy's output on success.
 pub fn validate_config(path: &Path) -> Result<String> {
+    validate_config_env(path, &[])
+}
+
+/// [`validate_config`] with `env` added to Envoy's environment (validation runs the filter's
+/// configuration, which may read a variable such as the snapshot secret).
+pub fn validate_config_env(path: &Path, env: &[(&str, &str)]) -> Result<String> {
     let envoy = envoy_binary()?;
     let output = Command::new(&envoy)
+        .envs(env.iter().copied())
         .arg("--mode")
         .arg("validate")
         .arg("-c")
@@ -695,7 +838,11 @@ pub struct EnvoyProcess {
 }
 
 impl EnvoyProcess {
-    fn wait_ready(&mut self, admin_address_path: &Path, timeout: Duration) -> Result<()> {
+    pub(crate) fn wait_ready(
+        &mut self,
+        admin_address_path: &Path,
+        timeout: Duration,
+    ) -> Result<()> {
         let start = Instant::now();
         let mut reason = String::from("admin address file not written yet");
         while start.elapsed() < timeout {
@@ -844,7 +991,7 @@ pub fn stats_config() -> Value {
     json!({"stats_tags": tags})
 }
 
-fn listener_address(json_text: &str, name: &str) -> Option<SocketAddr> {
+pub(crate) fn listener_address(json_text: &str, name: &str) -> Option<SocketAddr> {
     let doc: Value = serde_json::from_str(json_text).ok()?;
     let socket = doc
         .get("listener_statuses")?
@@ -963,7 +1110,18 @@ mod tests {
         assert_eq!(plugin["pools"][1]["cluster"], json!("pool_b"));
         let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
         assert_eq!(routes[0]["route"]["cluster_header"], json!(CLUSTER_HEADER));
-        assert_eq!(routes[1]["route"]["cluster"], json!("pool_a"));
+        assert_eq!(
+            routes[0]["match"]["headers"][0]["name"],
+            json!(CLUSTER_HEADER)
+        );
+        // No catch-all to a pool: the last route is the gateway's own 404.
+        assert_eq!(routes[1]["direct_response"]["status"], json!(404));
+        assert!(routes[1].get("route").is_none());
+        assert_eq!(
+            hcm["path_with_escaped_slashes_action"],
+            json!("REJECT_REQUEST")
+        );
+        assert_eq!(wasm["failure_policy"], json!("FAIL_RELOAD"));
         let internal = &doc["static_resources"]["listeners"][1];
         assert_eq!(internal["name"], json!(INTERNAL_LISTENER));
         assert_eq!(

@@ -8,6 +8,8 @@
 //!   access log), [`validate_config`].
 //! - HTTP: [`post_json`], [`post_bytes`], [`get`], [`request`] and the in-process
 //!   [`EchoBackend`].
+//! - The shipped configurations under `envoy/`: [`shipped`] (documents, bootstraps, Wasm
+//!   configs, and running a shipped bootstrap for real on loopback).
 
 mod echo;
 mod envoy;
@@ -16,13 +18,14 @@ mod http;
 mod paths;
 mod process;
 mod server;
+pub mod shipped;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
     least_request_full_scan_policy, override_host_policy, parse_host_rq_totals, parse_stats,
-    stats_config, validate_config, wasm_http_filter, AccessLogEntry, EnvoyProcess, EnvoySpec,
-    PoolSpec, Router, CLUSTER_HEADER, ENDPOINT_HEADER, INTERNAL_BUFFER_LIMIT_BYTES,
-    PER_TRY_IDLE_TIMEOUT, RETRY_ON,
+    stats_config, validate_config, validate_config_env, wasm_http_filter, AccessLogEntry,
+    EnvoyProcess, EnvoySpec, PoolSpec, Router, CLUSTER_HEADER, ENDPOINT_HEADER,
+    INTERNAL_BUFFER_LIMIT_BYTES, PER_TRY_IDLE_TIMEOUT, RETRY_ON,
 };
 pub use error::{Error, Result};
 pub use http::{

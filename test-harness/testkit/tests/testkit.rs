@@ -351,7 +351,8 @@ async fn several_envoys_run_side_by_side() {
     listeners.dedup();
     assert_eq!(listeners.len(), 3);
     for envoy in &envoys {
-        assert_eq!(get(envoy.listen_addr, "/x", &[]).await.unwrap().status, 200);
+        let r = post_json(envoy.listen_addr, "/v1/completions", &[], &json!({}));
+        assert_eq!(r.await.unwrap().status, 200);
     }
     assert_eq!(echo.request_count(), 3);
 }
