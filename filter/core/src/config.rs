@@ -74,8 +74,9 @@ pub struct Saturation {
     pub queue_threshold: f64,
     /// KV-cache use at which a pod is saturated (GAIE: 0.8).
     pub kv_threshold: f64,
-    /// Standard-priority requests are rejected only when every pod is this many times past
-    /// saturation (0 = never reject standard requests). Sheddable ones go at 1×.
+    /// Standard-priority requests are rejected only when the pool (the pods holding most of
+    /// its capacity, `trust::pool_saturation`) is this many times past saturation (0 = never
+    /// reject standard requests). Sheddable ones go at 1×.
     pub critical_factor: f64,
 }
 

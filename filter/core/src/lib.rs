@@ -13,6 +13,7 @@
 //! - [`predict`]: time to first token per pod, learned from the proxy's own traffic.
 //! - [`lora`]: adapter homes (bounded-load rendezvous) and inferred residency.
 //! - [`score`]: scorers (one per file), saturation and ranking.
+//! - [`trust`]: bounds on what one pod's reports and timing can claim.
 //! - [`router`]: the decision for one request.
 //! - [`reject`]: OpenAI-style error replies.
 //! - [`metrics`]: metric names and their labels as Envoy stat names.
@@ -30,6 +31,7 @@ pub mod request;
 pub mod router;
 pub mod score;
 pub mod store;
+pub mod trust;
 pub mod usage;
 mod wire;
 

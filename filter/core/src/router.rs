@@ -15,6 +15,7 @@ use crate::reject::Rejection;
 use crate::request::ParsedRequest;
 use crate::score::{self, Candidate, Features, Mode};
 use crate::store::SharedStore;
+use crate::trust;
 use llm_router_snapshot::{Health, Snapshot};
 use std::collections::HashMap;
 
@@ -308,9 +309,20 @@ impl Router {
         let addrs = || sp.pods.iter().map(|p| p.address.as_str());
         let loads = live.get_all(addrs());
         let baselines = baseline.get_all(addrs());
-        // Each pod's fit is solved once per decision.
+        // Each pod's fit is solved once per decision; no pod is believed much faster than the
+        // pool's median pod (`trust::cost_floor`: a pod answering before it did the work).
         let rates: Vec<Option<Rate>> = loads.iter().map(|l| l.fit.rate()).collect();
         let pool_rate = predict::pool_rate(rates.iter().flatten().copied(), prior);
+        let floor = trust::cost_floor(pool_rate.cost_ms_per_token);
+        let rates: Vec<Option<Rate>> = rates
+            .into_iter()
+            .map(|r| {
+                r.map(|r| Rate {
+                    cost_ms_per_token: r.cost_ms_per_token.max(floor),
+                    ..r
+                })
+            })
+            .collect();
 
         let adapter_name = adapter.then_some(model);
         let recent = match adapter_name {
@@ -377,7 +389,11 @@ impl Router {
                 prefix_blocks: found.blocks_for(id),
                 lora: placement,
                 adapter_ms,
+                contradicted: false,
             });
+        }
+        if full {
+            trust::distrust(&mut cands);
         }
         if cands.is_empty() {
             let why = if sp.pods.is_empty() {
@@ -556,5 +572,7 @@ impl Router {
     }
 }
 
+#[cfg(test)]
+mod lying;
 #[cfg(test)]
 mod tests;

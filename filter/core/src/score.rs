@@ -20,6 +20,7 @@ use crate::config::PoolConfig;
 use crate::lora::Placement;
 use crate::predict::Rate;
 use crate::reject::Rejection;
+use crate::trust;
 
 /// One scorer: writes `out[i]` for candidate `i` and returns whether it applies to this
 /// request (a scorer that does not apply is left out of the weighted mean).
@@ -147,6 +148,10 @@ pub struct Candidate<'a> {
     /// What the adapter costs on this pod, in ms: a load where it is not resident, and the
     /// price of leaving its home (an eviction and a reload later) elsewhere.
     pub adapter_ms: f64,
+    /// The pod's report contradicts this proxy's own count ([`crate::trust::contradicted`]):
+    /// its gauges were replaced by its peers' and it may hold no more than a fair share of
+    /// this proxy's in-flight requests ahead of pods that are not contradicted.
+    pub contradicted: bool,
 }
 
 impl Candidate<'_> {
@@ -159,9 +164,11 @@ impl Candidate<'_> {
         (i64::from(self.waiting) + self.delta()).max(0) as f64
     }
 
-    /// Running + waiting, corrected the same way.
+    /// Running + waiting, corrected the same way, and never below this proxy's own requests
+    /// in flight there (which the engine holds, whatever it reports).
     pub fn est_load(&self) -> f64 {
-        (i64::from(self.waiting) + i64::from(self.running) + self.delta()).max(0) as f64
+        let reported = (i64::from(self.waiting) + i64::from(self.running) + self.delta()).max(0);
+        reported.max(i64::from(self.in_flight)) as f64
     }
 
     /// Prefill work queued on the pod, in tokens: this proxy's pending prompts, or the engine's
@@ -346,10 +353,13 @@ pub fn rank(
     }
     let scored = score_all(pool, cands, f, mode);
     if mode == Mode::Full {
-        let least = scored
+        // Judged on the pool, not its best pod: the pods holding most of its capacity.
+        let weights = trust::capacity_weights(cands);
+        let pods: Vec<(f64, f64)> = scored
             .iter()
-            .map(|s| s.saturation)
-            .fold(f64::INFINITY, f64::min);
+            .map(|s| (s.saturation, weights.get(s.index).copied().unwrap_or(1.0)))
+            .collect();
+        let least = trust::pool_saturation(&pods);
         let limit = match f.priority {
             p if p < 0 => Some(1.0),
             0 if pool.saturation.critical_factor > 0.0 => Some(pool.saturation.critical_factor),
@@ -363,20 +373,23 @@ pub fn rank(
             }
         }
     }
-    // Best score first; among equals the lighter pod, then a per-request shuffle, then the
-    // index (a total order, so the unstable sort ranks exactly as a stable one would). The
-    // keys are computed once per pod, not once per comparison, and only the top `top_k` are
-    // sorted: a pool of hundreds of pods is partitioned in linear time.
-    let mut keyed: Vec<(Scored, f64, u64)> = scored
+    // A contradicted pod holding more than its share of this proxy's requests goes after the
+    // rest ([`trust::over_share`]). Then best score first; among equals the lighter pod, then
+    // a per-request shuffle, then the index (a total order, so the unstable sort ranks exactly
+    // as a stable one would). The keys are computed once per pod, not once per comparison,
+    // and only the top `top_k` are sorted: a pool of hundreds of pods is partitioned in
+    // linear time.
+    let mut keyed: Vec<(Scored, f64, u64, bool)> = scored
         .into_iter()
         .map(|s| {
             let load = cands.get(s.index).map(Candidate::est_load).unwrap_or(0.0);
-            (s, load, mix(f.tie, s.index as u64))
+            let over = trust::over_share(cands, s.index);
+            (s, load, mix(f.tie, s.index as u64), over)
         })
         .collect();
-    let order = |a: &(Scored, f64, u64), b: &(Scored, f64, u64)| {
-        b.0.score
-            .total_cmp(&a.0.score)
+    let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
+        a.3.cmp(&b.3)
+            .then(b.0.score.total_cmp(&a.0.score))
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
             .then(a.0.index.cmp(&b.0.index))

@@ -177,6 +177,8 @@ pub struct PodSpec {
     pub max_cpu_loras: Option<u32>,
     /// Output length mode (`--output-len max|uniform|lognormal`), if not the default (max).
     pub output_len: Option<&'static str>,
+    /// A lying pod (`--lie-metrics`): `/metrics` reports an empty engine whatever its state.
+    pub lie_metrics: bool,
 }
 
 impl PodSpec {
@@ -298,6 +300,9 @@ pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
         }
         if let Some(m) = p.output_len {
             cmd.arg("--output-len").arg(m);
+        }
+        if p.lie_metrics {
+            cmd.arg("--lie-metrics");
         }
         let g = ChildGuard::spawn(&format!("model-sim-{i}-{}", p.profile), cmd)
             .map_err(tk("start model-sim"))?;

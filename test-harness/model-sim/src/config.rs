@@ -89,6 +89,10 @@ pub struct PodArgs {
     /// Serve only synthetic, slowly varying metrics (cheap; for 100+ pods).
     #[arg(long)]
     pub metrics_only: bool,
+    /// Lie in `/metrics`: report waiting 0, running 0 and KV use 0 whatever the real state
+    /// (a broken or hostile pod; inference is served as usual).
+    #[arg(long)]
+    pub lie_metrics: bool,
     /// `max_tokens` for requests that give none.
     #[arg(long, default_value_t = 128)]
     pub default_max_tokens: u32,
@@ -142,6 +146,8 @@ pub struct PodSpec {
     pub kv_metric: Option<String>,
     /// Synthetic metrics only.
     pub metrics_only: Option<bool>,
+    /// Report an empty engine in `/metrics`.
+    pub lie_metrics: Option<bool>,
     /// Default max_tokens.
     pub default_max_tokens: Option<u32>,
     /// max | uniform | lognormal.
@@ -266,6 +272,7 @@ impl PodArgs {
             host: Some(self.host),
             kv_metric: Some(self.kv_metric.clone()),
             metrics_only: Some(self.metrics_only),
+            lie_metrics: Some(self.lie_metrics),
             default_max_tokens: Some(self.default_max_tokens),
             output_len: Some(self.output_len.clone()),
             num_gpu_blocks: self.num_gpu_blocks,
@@ -291,6 +298,7 @@ impl PodSpec {
             host: self.host.or(base.host),
             kv_metric: self.kv_metric.clone().or_else(|| base.kv_metric.clone()),
             metrics_only: self.metrics_only.or(base.metrics_only),
+            lie_metrics: self.lie_metrics.or(base.lie_metrics),
             default_max_tokens: self.default_max_tokens.or(base.default_max_tokens),
             output_len: self.output_len.clone().or_else(|| base.output_len.clone()),
             num_gpu_blocks: self.num_gpu_blocks.or(base.num_gpu_blocks),
@@ -327,6 +335,7 @@ impl PodSpec {
         }
         cfg.kv_metric = kv_metric(self.kv_metric.as_deref().unwrap_or("new"))?;
         cfg.metrics_only = self.metrics_only.unwrap_or(false);
+        cfg.lie_metrics = self.lie_metrics.unwrap_or(false);
         cfg.default_max_tokens = self.default_max_tokens.unwrap_or(128).max(1);
         cfg.output_len = output_len(self.output_len.as_deref().unwrap_or("max"))?;
         Ok(cfg)

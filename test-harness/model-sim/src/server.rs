@@ -91,6 +91,9 @@ pub struct PodConfig {
     pub kv_metric: KvMetricName,
     /// Serve synthetic metrics only, without an engine.
     pub metrics_only: bool,
+    /// A lying pod: `/metrics` reports an empty engine (no waiting or running requests, KV
+    /// cache unused) whatever its real state; inference is served as usual.
+    pub lie_metrics: bool,
     /// `max_tokens` when the request has none.
     pub default_max_tokens: u32,
     /// Output length distribution.
@@ -112,6 +115,7 @@ impl PodConfig {
             model: DEFAULT_MODEL.to_string(),
             kv_metric: KvMetricName::New,
             metrics_only: false,
+            lie_metrics: false,
             default_max_tokens: 128,
             output_len: OutputLen::Max,
         }
@@ -472,6 +476,11 @@ impl Pod {
         }
         if let Some(v) = ov.kv_usage {
             view.kv_usage = v;
+        }
+        if self.cfg.lie_metrics {
+            view.waiting = 0.0;
+            view.running = 0.0;
+            view.kv_usage = 0.0;
         }
         if ov.running_adapters.is_some() || ov.waiting_adapters.is_some() {
             let (run, wait) = view

@@ -41,6 +41,7 @@ fn pod(address: &str) -> Candidate<'_> {
         prefix_blocks: 0,
         lora: Placement::default(),
         adapter_ms: 0.0,
+        contradicted: false,
     }
 }
 
