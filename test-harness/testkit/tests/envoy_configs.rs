@@ -199,7 +199,7 @@ fn every_shipped_route_has_the_tested_retry_policy() {
     for (origin, bootstrap) in envoy_bootstraps(&docs) {
         let mut policies = Vec::new();
         retry_policies(&bootstrap, &mut policies);
-        assert!(policies.len() >= 2, "{origin}: {policies:?}");
+        assert!(!policies.is_empty(), "{origin}: {policies:?}");
         for p in policies {
             routes += 1;
             assert_eq!(p["retry_on"], json!(testkit::RETRY_ON), "{origin}");
@@ -341,7 +341,7 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
                         }
                         Some("CLUSTER") => lb_policies
                             .push((doc.origin.clone(), value["load_balancing_policy"].clone())),
-                        Some("LISTENER") => {
+                        Some("LISTENER") if patch["patch"]["operation"] == "ADD" => {
                             added_listeners.push((doc.origin.clone(), value.clone()))
                         }
                         _ => {}

@@ -351,8 +351,9 @@ async fn several_envoys_run_side_by_side() {
     listeners.dedup();
     assert_eq!(listeners.len(), 3);
     for envoy in &envoys {
-        let r = post_json(envoy.listen_addr, "/v1/completions", &[], &json!({}));
-        assert_eq!(r.await.unwrap().status, 200);
+        let body = json!({});
+        let r = post_json(envoy.listen_addr, "/v1/completions", &[], &body).await;
+        assert_eq!(r.unwrap().status, 200);
     }
     assert_eq!(echo.request_count(), 3);
 }
