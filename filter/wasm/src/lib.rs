@@ -526,8 +526,9 @@ impl HttpContext for Http {
         // Every header in one call; the ones read below are looked up in this copy.
         let headers = host::request_headers();
         // Routing headers come from this filter only, never from clients (removed only when
-        // present: a removal is a host call too).
-        for name in [&c.endpoint_header, &c.cluster_header] {
+        // present: a removal is a host call too). The rewrite header tells the pod which model
+        // name the filter substituted; a client's own would pass for the filter's.
+        for name in [&c.endpoint_header, &c.cluster_header, &c.rewrite_header] {
             if headers.contains(name) {
                 host::remove_request_header(name);
             }

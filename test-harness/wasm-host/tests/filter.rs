@@ -188,15 +188,24 @@ fn client_routing_headers_are_never_trusted() {
     // No snapshot yet: the default is to keep serving through Envoy's fallback policy.
     let body = chat_body(LLAMA, "x");
     let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.headers(&[(ENDPOINT, "6.6.6.6:1"), (CLUSTER, "evil_cluster")])
-        .body(&body)
-        .send()
-        .unwrap();
+    r.headers(&[
+        (ENDPOINT, "6.6.6.6:1"),
+        (CLUSTER, "evil_cluster"),
+        (REWRITE, "someone-else/model"),
+    ])
+    .body(&body)
+    .send()
+    .unwrap();
     assert_routed(&r);
     assert_eq!(
         r.upstream_header(ENDPOINT),
         None,
         "a spoofed endpoint must be removed"
+    );
+    assert_eq!(
+        r.upstream_header(REWRITE),
+        None,
+        "a client's rewrite header must not reach the pod as if the filter had set it"
     );
     assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
     assert_eq!(
@@ -212,8 +221,9 @@ fn client_routing_headers_are_never_trusted() {
     let mut g = vm.request();
     g.headers(&[
         (":method", "GET"),
-        (":path", "/v1/models"),
+        (":path", "/healthz"),
         (ENDPOINT, "6.6.6.6:1"),
+        (REWRITE, "x"),
     ])
     .send()
     .unwrap();
@@ -223,6 +233,7 @@ fn client_routing_headers_are_never_trusted() {
     );
     assert!(g.forwarded_complete());
     assert_eq!(g.upstream_header(ENDPOINT), None);
+    assert_eq!(g.upstream_header(REWRITE), None);
 }
 
 #[test]
