@@ -328,6 +328,15 @@ impl Http {
                 });
                 self.answer(409, &body.to_string())
             }
+            PushOutcome::GenerationAhead { generation, limit } => self.refuse_push(
+                400,
+                &format!(
+                    "generation {generation} is more than {} ms ahead of this proxy's clock \
+                     (at most {limit}); the sidecar's generations follow its clock in ms",
+                    llm_router_snapshot::MAX_GENERATION_LEAD_MS
+                ),
+                "generation_ahead",
+            ),
             PushOutcome::StoreFailed => {
                 self.refuse_push(500, "shared data write failed", "internal_error")
             }

@@ -1143,6 +1143,53 @@ fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot()
     );
 }
 
+/// A signed push whose generation is far ahead of the proxy's clock (`u64::MAX`) would make
+/// every later push stale until Envoy restarts: it is refused with 400, counted as refused, and
+/// the sidecar's next honest push is still accepted.
+#[test]
+fn a_signed_push_far_ahead_of_the_clock_is_refused_and_does_not_freeze_the_snapshot() {
+    let host = host();
+    let vm = vm(&host);
+    let pods = || vec![pod("10.0.0.1:8000", 0, 0, 0.1)];
+    let now = host.now_ms();
+    push_ok(
+        &vm,
+        &snapshot(&host, now, vec![pool("llama", "pool_llama", &[LLAMA], pods())]),
+    );
+    let ahead = now + llm_router_snapshot::MAX_GENERATION_LEAD_MS + 1;
+    for far in [u64::MAX, ahead] {
+        let bytes = snapshot(&host, far, vec![pool("llama", "pool_llama", &[LLAMA], pods())]);
+        let mut r = push_request(&vm, &bytes);
+        r.send().unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            Some(400),
+            "{}",
+            r.explain()
+        );
+        let j = json_of(&r);
+        assert_eq!(j["accepted"], false);
+        assert_eq!(j["error"]["code"], "generation_ahead", "{j}");
+        assert!(
+            j["error"]["message"].as_str().unwrap().contains("ahead"),
+            "{j}"
+        );
+    }
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_snapshot_pushes_total",
+            &[("result", "refused")]
+        ),
+        2
+    );
+    // The next honest push (a generation later) is accepted: nothing froze.
+    push_ok(
+        &vm,
+        &snapshot(&host, now + 1, vec![pool("llama", "pool_llama", &[LLAMA], pods())]),
+    );
+}
+
 #[test]
 fn a_snapshot_pushed_through_one_worker_is_used_by_the_other() {
     let host = host();
