@@ -206,6 +206,18 @@ pub struct Config {
     /// default: it tells clients about the fleet).
     pub debug_scores: bool,
     pub scores_header: String,
+    /// What clients are told about the fleet.
+    pub disclose: Disclose,
+}
+
+/// What the filter tells clients about the pods and pools behind it. Both off by default: a
+/// public listener should not hand strangers pod addresses or the health of its pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Disclose {
+    /// Set `served_header` (the `ip:port` of the pod that served) on routed responses.
+    pub served_pod: bool,
+    /// Name the pool and say why it has no usable pod in 429 / 503 error bodies.
+    pub pool_detail: bool,
 }
 
 /// Who may set a request's priority.
@@ -251,6 +263,14 @@ struct RawConfig {
     priority: Option<RawPriority>,
     debug_scores: Option<bool>,
     scores_header: Option<String>,
+    disclose: Option<RawDisclose>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDisclose {
+    served_pod: Option<bool>,
+    pool_detail: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -597,6 +617,7 @@ impl Config {
             priority: PriorityConfig::default(),
             debug_scores: false,
             scores_header: "x-llm-router-scores".into(),
+            disclose: Disclose::default(),
         }
     }
 
@@ -801,6 +822,13 @@ impl Config {
             },
             debug_scores: raw.debug_scores.unwrap_or(base.debug_scores),
             scores_header: header_name("scores_header", raw.scores_header, &base.scores_header)?,
+            disclose: {
+                let d = raw.disclose.unwrap_or_default();
+                Disclose {
+                    served_pod: d.served_pod.unwrap_or(base.disclose.served_pod),
+                    pool_detail: d.pool_detail.unwrap_or(base.disclose.pool_detail),
+                }
+            },
         })
     }
 
@@ -888,6 +916,19 @@ mod tests {
         assert!(e.contains("snapshot.secret: must be set"), "{e}");
         let e = error_of(r#"{"snapshot":{"secret":"k","secret_header":"x-s"}}"#);
         assert!(e.contains("snapshot.secret_header: no longer used"), "{e}");
+    }
+
+    #[test]
+    fn nothing_about_the_fleet_is_disclosed_by_default() {
+        let c = Config::parse(b"{}").unwrap();
+        assert_eq!(c.disclose, Disclose::default());
+        assert!(!c.disclose.served_pod && !c.disclose.pool_detail);
+        let c = Config::parse(br#"{"disclose":{"served_pod":true}}"#).unwrap();
+        assert!(c.disclose.served_pod && !c.disclose.pool_detail);
+        let c = Config::parse(br#"{"disclose":{"pool_detail":true}}"#).unwrap();
+        assert!(!c.disclose.served_pod && c.disclose.pool_detail);
+        let e = error_of(r#"{"disclose":{"served":true}}"#);
+        assert!(e.contains("unknown field `served`"), "{e}");
     }
 
     #[test]

@@ -118,6 +118,25 @@ impl Rejection {
         }
     }
 
+    /// This rejection as told to a client that should not learn about the fleet
+    /// (`disclose.pool_detail` off): 429 and 503 say that no endpoint is available for the
+    /// model, without the pool's name or why its pods are unusable. Everything else (status,
+    /// code, reason header, `Retry-After`, the pool for metrics) is kept; other rejections
+    /// name no pool and are returned as they are.
+    pub fn without_pool_detail(mut self) -> Self {
+        self.message = match self.status {
+            429 => match self.retry_after_s {
+                Some(s) => format!(
+                    "No endpoint available for this model: every server is busy; retry after {s} s."
+                ),
+                None => "No endpoint available for this model: every server is busy.".into(),
+            },
+            503 => "No endpoint available for this model; retry later.".into(),
+            _ => return self,
+        };
+        self
+    }
+
     /// The `outcome` label of `llm_router_requests_total` for this rejection: `shed` (429),
     /// `no_endpoints` (503), `unknown_model` (404), `too_large` (413), `bad_request` (400).
     pub fn outcome(&self) -> &'static str {
@@ -170,5 +189,25 @@ mod tests {
             r.message,
             "The model `gpt-9` does not exist or is not served by this gateway."
         );
+    }
+
+    #[test]
+    fn without_pool_detail_names_no_pool_and_no_health() {
+        let r = Rejection::no_endpoints("secret-pool", "every pod is failing").without_pool_detail();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.code, "no_endpoints");
+        assert_eq!(r.pool, "secret-pool", "kept for the metrics");
+        assert_eq!(r.retry_after_s, Some(1));
+        for text in [r.message.as_str(), &r.body()] {
+            assert!(!text.contains("secret-pool") && !text.contains("failing"), "{text}");
+        }
+        assert!(r.message.contains("No endpoint available for this model"));
+        let r = Rejection::saturated("secret-pool", 7).without_pool_detail();
+        assert_eq!((r.status, r.code, r.retry_after_s), (429, "pool_saturated", Some(7)));
+        assert!(!r.body().contains("secret-pool"), "{}", r.body());
+        assert!(r.message.contains("retry after 7 s"), "{}", r.message);
+        // Nothing else changes.
+        let m = Rejection::model_not_found("x");
+        assert_eq!(m.clone().without_pool_detail(), m);
     }
 }

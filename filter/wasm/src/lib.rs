@@ -231,8 +231,17 @@ impl Http {
         self.worker.borrow().debug
     }
 
-    /// Answers with `r`; `model` is the request's model when it resolved to `r.pool`.
+    /// Answers with `r`; `model` is the request's model when it resolved to `r.pool`. Pool
+    /// names and health stay out of the body unless `disclose.pool_detail` is on.
     fn reject(&mut self, r: &Rejection, model: &str) -> Action {
+        if !self.worker.borrow().router.config.disclose.pool_detail && !r.pool.is_empty() {
+            let redacted = r.clone().without_pool_detail();
+            return self.send_rejection(&redacted, model);
+        }
+        self.send_rejection(r, model)
+    }
+
+    fn send_rejection(&mut self, r: &Rejection, model: &str) -> Action {
         if self.debug() {
             self.log(
                 LogLevel::Debug,
@@ -658,7 +667,9 @@ impl HttpContext for Http {
             if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
             {
                 let w = self.worker.borrow();
-                host::set_response_header(&w.router.config.served_header, &served);
+                if w.router.config.disclose.served_pod {
+                    host::set_response_header(&w.router.config.served_header, &served);
+                }
                 if served != r.pod {
                     // A retry went elsewhere: the work measured was another pod's, learn nothing.
                     w.router

@@ -90,13 +90,45 @@ fn routes_to_the_pod_the_snapshot_favours_with_fallbacks_in_order() {
     )
     .unwrap();
     assert_eq!(
-        r.response_header("x-gateway-destination-endpoint-served")
-            .as_deref(),
-        Some("10.0.0.2:8000")
+        r.response_header(SERVED),
+        None,
+        "the served pod is not disclosed by default"
     );
     r.finish().unwrap();
     assert_eq!(inflight_of(&host, "llama", "10.0.0.2:8000"), 0);
     assert!(r.violations().is_empty(), "{:?}", r.violations());
+}
+
+/// `disclose.served_pod` (off by default) puts the serving pod's `ip:port` on the response.
+#[test]
+fn the_served_pod_header_is_set_only_when_disclosed() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "disclose": {"served_pod": true}"#))
+        .unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.2:8000", 0, 2, 0.1)],
+            )],
+        ),
+    );
+    let mut r = chat(&vm, LLAMA, "hi");
+    assert_routed(&r);
+    r.property("upstream.address", "10.0.0.2:8000");
+    r.respond(
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[b"{}"],
+    )
+    .unwrap();
+    assert_eq!(r.response_header(SERVED).as_deref(), Some("10.0.0.2:8000"));
+    r.finish().unwrap();
 }
 
 #[test]
@@ -552,7 +584,33 @@ fn a_pool_without_usable_pods_is_503() {
     assert_eq!(lr.status, 503);
     assert_eq!(lr.header(REASON), Some("rejected-no-endpoints"));
     assert_eq!(lr.header("retry-after"), Some("1"));
-    assert_eq!(json_of(&r)["error"]["code"], "no_endpoints");
+    let j = json_of(&r);
+    assert_eq!(j["error"]["code"], "no_endpoints");
+    // Strangers learn neither the pool's name nor its health (`disclose.pool_detail` off).
+    let body = lr.body_text();
+    assert!(
+        !body.contains("llama") && !body.contains("pool") && !body.contains("fail"),
+        "{body}"
+    );
+    assert!(
+        j["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("No endpoint available for this model"),
+        "{j}"
+    );
+    // With `disclose.pool_detail` the body names the pool and why.
+    let open = proxy_wasm_host::Host::new(host.module())
+        .vm(&config_with(r#", "disclose": {"pool_detail": true}"#))
+        .unwrap();
+    let mut failing = vec![pod("10.0.0.1:8000", 0, 0, 0.1)];
+    failing[0].health = llm_router_snapshot::Health::Failing;
+    failing[0].failures = 3;
+    let open_host_snapshot = snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], failing)]);
+    push_ok(&open, &open_host_snapshot);
+    let d = chat(&open, LLAMA, "hi");
+    let text = d.local_response().map(|l| l.body_text()).unwrap_or_default();
+    assert!(text.contains("`llama`"), "{text}");
 
     // on_missing = reject: 503 before any snapshot.
     let strict = config().replace(
@@ -707,11 +765,7 @@ fn a_retry_to_a_fallback_endpoint_moves_the_in_flight_count() {
             .chunk("data: 1\n\n"),
     )
     .unwrap();
-    assert_eq!(
-        r.response_header("x-gateway-destination-endpoint-served")
-            .as_deref(),
-        Some(b)
-    );
+    assert_eq!(r.response_header(SERVED), None, "not disclosed by default");
     assert_eq!(inflight(&host, "llama"), vec![(b.to_string(), 1)]);
     r.finish().unwrap();
     assert_eq!(inflight(&host, "llama"), vec![]);

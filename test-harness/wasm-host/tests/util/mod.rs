@@ -12,6 +12,7 @@ pub const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
 pub const CLUSTER: &str = "x-llm-router-cluster";
 pub const REASON: &str = "x-llm-router-dropped-reason";
+pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 pub const REWRITE: &str = "x-gateway-model-name-rewrite";
 
 /// The real request bodies kept in the repository (`test-harness/fixtures/bodies`); a missing
