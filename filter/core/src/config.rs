@@ -208,6 +208,21 @@ pub struct Config {
     pub scores_header: String,
     /// What clients are told about the fleet.
     pub disclose: Disclose,
+    /// What happens to a request on a path the filter does not route.
+    pub unknown_paths: UnknownPaths,
+}
+
+/// What the filter does with a request on a path that is neither an API path it routes, the
+/// model list, nor a snapshot path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownPaths {
+    /// Let it through untouched (routing headers stripped): for a filter that shares its
+    /// listener with other routes.
+    #[default]
+    Pass,
+    /// Answer 404 `not_found`: for a filter that is the last word on its listener, so nothing
+    /// reaches a pool unrouted.
+    Reject,
 }
 
 /// What the filter tells clients about the pods and pools behind it. Both off by default: a
@@ -264,6 +279,7 @@ struct RawConfig {
     debug_scores: Option<bool>,
     scores_header: Option<String>,
     disclose: Option<RawDisclose>,
+    unknown_paths: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -618,6 +634,7 @@ impl Config {
             debug_scores: false,
             scores_header: "x-llm-router-scores".into(),
             disclose: Disclose::default(),
+            unknown_paths: UnknownPaths::Pass,
         }
     }
 
@@ -719,6 +736,12 @@ impl Config {
                 "retry_after_max_s: {retry_after_max_s} must be >= retry_after_s ({retry_after_s})"
             ));
         }
+        let unknown_paths = match raw.unknown_paths.as_deref() {
+            None => base.unknown_paths,
+            Some("pass") => UnknownPaths::Pass,
+            Some("reject") => UnknownPaths::Reject,
+            Some(o) => return err(format!("unknown_paths: {o:?} is not one of pass, reject")),
+        };
         let s = raw.snapshot.unwrap_or_default();
         let path_ok = |p: &str| p.starts_with('/') && !p.contains(['?', '#', ' ']);
         let push_path = s.push_path.unwrap_or(base.snapshot.push_path.clone());
@@ -829,6 +852,7 @@ impl Config {
                     pool_detail: d.pool_detail.unwrap_or(base.disclose.pool_detail),
                 }
             },
+            unknown_paths,
         })
     }
 
@@ -916,6 +940,23 @@ mod tests {
         assert!(e.contains("snapshot.secret: must be set"), "{e}");
         let e = error_of(r#"{"snapshot":{"secret":"k","secret_header":"x-s"}}"#);
         assert!(e.contains("snapshot.secret_header: no longer used"), "{e}");
+    }
+
+    #[test]
+    fn unknown_paths_pass_by_default_and_reject_when_asked() {
+        assert_eq!(
+            Config::parse(b"{}").unwrap().unknown_paths,
+            UnknownPaths::Pass
+        );
+        let c = Config::parse(br#"{"unknown_paths":"reject"}"#).unwrap();
+        assert_eq!(c.unknown_paths, UnknownPaths::Reject);
+        let c = Config::parse(br#"{"unknown_paths":"pass"}"#).unwrap();
+        assert_eq!(c.unknown_paths, UnknownPaths::Pass);
+        let e = error_of(r#"{"unknown_paths":"drop"}"#);
+        assert!(
+            e.contains("unknown_paths: \"drop\" is not one of pass, reject"),
+            "{e}"
+        );
     }
 
     #[test]

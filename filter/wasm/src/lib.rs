@@ -18,7 +18,8 @@ mod metrics;
 
 use fleet::{Cache, PushOutcome};
 use host::HostStore;
-use llm_router_core::request::{self, ApiKind, RequestError};
+use llm_router_core::config::UnknownPaths;
+use llm_router_core::request::{self, ApiKind, Entry, RequestError};
 use llm_router_core::usage::Scanner;
 use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
 use metrics::Metrics;
@@ -242,29 +243,50 @@ impl Http {
     }
 
     fn send_rejection(&mut self, r: &Rejection, model: &str) -> Action {
+        // Only a resolved model is a label value: client text never becomes a stat name.
+        let model = if r.pool.is_empty() { "" } else { model };
+        self.worker
+            .borrow_mut()
+            .metrics
+            .request(&r.pool, model, r.outcome());
+        self.send(r)
+    }
+
+    /// Sends `r` as the local reply (uncounted: [`Http::reject`] counts API requests).
+    fn send(&mut self, r: &Rejection) -> Action {
         if self.debug() {
             self.log(
                 LogLevel::Debug,
                 &format!("rejected {}: {}", r.status, r.message),
             );
         }
-        let worker = Rc::clone(&self.worker);
-        // Only a resolved model is a label value: client text never becomes a stat name.
-        let model = if r.pool.is_empty() { "" } else { model };
-        worker
-            .borrow_mut()
-            .metrics
-            .request(&r.pool, model, r.outcome());
-        let w = worker.borrow();
+        let w = self.worker.borrow();
         let retry = r.retry_after_s.map(|s| s.to_string());
         let mut headers = vec![(w.router.config.reason_header.as_str(), r.reason)];
         if let Some(s) = &retry {
             headers.push(("retry-after", s.as_str()));
         }
+        if let Some(allow) = r.allow {
+            headers.push(("allow", allow.as_str()));
+        }
         host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
         drop(w);
         self.kind = Kind::Done;
         Action::Pause
+    }
+
+    /// `GET /v1/models`: the configured model names (with aliases and adapters) and those of
+    /// the current snapshot's pools, in OpenAI's list shape.
+    fn model_list(&self) -> String {
+        let mut w = self.worker.borrow_mut();
+        let Worker { cache, router, .. } = &mut *w;
+        let fleet = cache.current(&HostStore, &router.config);
+        let configured = router.config.models.keys().map(String::as_str);
+        let reported = fleet
+            .iter()
+            .flat_map(|f| f.snapshot.pools.iter())
+            .flat_map(|p| p.models.iter().map(String::as_str));
+        request::model_list_json(configured.chain(reported))
     }
 
     /// Refuses a push that has not proven it holds the secret: 403 `forbidden`, always the
@@ -578,12 +600,27 @@ impl HttpContext for Http {
             self.kind = Kind::Push;
             return Action::Pause;
         }
-        let Some(kind) = ApiKind::from_path(path) else {
-            return Action::Continue;
+        // An API path the filter owns never passes unrouted: a wrong method is 405, a POST
+        // without a body 400; the model list is answered here; other paths pass, or are 404
+        // with `unknown_paths: reject`.
+        let kind = match Entry::of(method, path, end_of_stream) {
+            Entry::Api(kind) => kind,
+            Entry::Models => {
+                let json = self.model_list();
+                return self.answer(200, &json);
+            }
+            Entry::WrongMethod { allow } => {
+                return self.reject(&Rejection::method_not_allowed(method, allow), "");
+            }
+            Entry::NoBody => return self.reject(&Rejection::missing_body(), ""),
+            Entry::Unknown => {
+                let reject = worker.borrow().router.config.unknown_paths == UnknownPaths::Reject;
+                if reject {
+                    return self.send(&Rejection::path_not_found());
+                }
+                return Action::Continue;
+            }
         };
-        if method != "POST" || end_of_stream {
-            return Action::Continue;
-        }
         let length = headers.get("content-length");
         if length
             .and_then(|v| v.trim().parse::<usize>().ok())

@@ -281,11 +281,178 @@ fn other_paths_and_methods_pass_through_untouched() {
     );
     assert_eq!(r.upstream_body(), b"ping");
     assert_eq!(r.upstream_header(CLUSTER), None);
-    let mut g = vm.request();
-    g.headers(&[(":method", "GET"), (":path", "/v1/chat/completions")])
+}
+
+/// An API path the filter owns never reaches the pool unrouted: before, a `GET` or a bodiless
+/// `POST` on `/v1/chat/completions` passed untouched to the catch-all route.
+#[test]
+fn an_api_path_with_another_method_or_no_body_is_refused_not_passed() {
+    let host = host();
+    let vm = vm(&host);
+    for method in ["GET", "PUT", "DELETE", "OPTIONS"] {
+        let mut g = vm.request();
+        g.headers(&[(":method", method), (":path", "/v1/chat/completions")])
+            .send()
+            .unwrap();
+        let lr = g
+            .local_response()
+            .unwrap_or_else(|| panic!("{method} passed unrouted\n{}", g.explain()));
+        assert_eq!(lr.status, 405, "{method}");
+        assert_eq!(lr.header("allow"), Some("POST"));
+        assert_eq!(lr.header("content-type"), Some("application/json"));
+        let j = json_of(&g);
+        assert_eq!(j["error"]["type"], "invalid_request_error");
+        assert_eq!(j["error"]["code"], "method_not_allowed");
+        assert!(!g.forwarded(), "{method}");
+    }
+    let mut e = vm.request();
+    e.headers(&[(":method", "POST"), (":path", "/v1/embeddings")])
         .send()
         .unwrap();
-    assert!(g.forwarded_complete() && g.local_response().is_none());
+    assert_eq!(
+        e.local_response().map(|l| l.status),
+        Some(400),
+        "{}",
+        e.explain()
+    );
+    assert_eq!(json_of(&e)["error"]["code"], "missing_body");
+    assert!(!e.forwarded());
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("outcome", "bad_request")]
+        ),
+        5
+    );
+}
+
+/// `GET /v1/models` is answered by the filter in OpenAI's list shape: every configured name,
+/// alias and adapter, and the models of the snapshot's pools.
+#[test]
+fn the_model_list_is_answered_by_the_filter() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "extra",
+                "pool_extra",
+                &["snapshot-only-model"],
+                vec![pod("10.0.9.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    for path in ["/v1/models", "/models"] {
+        let mut g = vm.request();
+        g.headers(&[(":method", "GET"), (":path", path)])
+            .send()
+            .unwrap();
+        let lr = g
+            .local_response()
+            .unwrap_or_else(|| panic!("{path} passed\n{}", g.explain()));
+        assert_eq!(lr.status, 200);
+        assert!(!g.forwarded());
+        let j = json_of(&g);
+        assert_eq!(j["object"], "list");
+        let ids: Vec<&str> = j["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        let mut want = vec![
+            LLAMA,
+            "llama-8b",
+            "sql-lora",
+            "chat-lora",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "snapshot-only-model",
+        ];
+        want.sort();
+        assert_eq!(ids, want);
+    }
+    let mut p = post(&vm, "/v1/models", b"{}");
+    p.body(b"{}").send().unwrap();
+    assert_eq!(p.local_response().map(|l| l.status), Some(405));
+    assert_eq!(p.local_response().unwrap().header("allow"), Some("GET"));
+}
+
+/// `unknown_paths: reject`: every path the filter neither routes nor serves is 404 with an
+/// OpenAI-style body, never passed to the pool; `pass` (the default) lets them through.
+#[test]
+fn unknown_paths_are_404_when_configured_to_reject() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "unknown_paths": "reject""#))
+        .unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let body = chat_body(LLAMA, "hi");
+    for (method, path) in [
+        ("GET", "/metrics"),
+        ("POST", "//v1/chat/completions"),
+        ("POST", "/v1//chat/completions"),
+        ("POST", "/V1/chat/completions"),
+        ("POST", "/v1/%63hat/completions"),
+        ("POST", "/invocations"),
+        ("POST", "/tokenize"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("GET", "/healthz"),
+    ] {
+        let mut r = vm.request();
+        r.headers(&[
+            (":method", method),
+            (":path", path),
+            ("content-length", &body.len().to_string()),
+        ])
+        .body(&body)
+        .send()
+        .unwrap();
+        let lr = r
+            .local_response()
+            .unwrap_or_else(|| panic!("{method} {path} passed\n{}", r.explain()));
+        assert_eq!(lr.status, 404, "{method} {path}");
+        assert_eq!(lr.header(REASON), Some("rejected-unknown-path"));
+        let j = json_of(&r);
+        assert_eq!(j["error"]["type"], "invalid_request_error");
+        assert_eq!(j["error"]["code"], "not_found");
+        assert!(!lr.body_text().contains(path), "the path is not echoed");
+        assert!(!r.forwarded(), "{method} {path}");
+    }
+    // The API paths still route, with a query string or a trailing slash too.
+    for path in [
+        "/v1/chat/completions",
+        "/v1/chat/completions?x=1",
+        "/v1/chat/completions/",
+    ] {
+        let mut r = post(&vm, path, &body);
+        r.body(&body).send().unwrap();
+        assert_routed(&r);
+        assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+        r.finish().unwrap();
+    }
+    // The default passes them.
+    let open = proxy_wasm_host::Host::new(host.module())
+        .vm(&config())
+        .unwrap();
+    let mut r = post(&open, "/invocations", &body);
+    r.body(&body).send().unwrap();
+    assert!(r.local_response().is_none() && r.forwarded_complete());
 }
 
 #[test]
@@ -606,10 +773,17 @@ fn a_pool_without_usable_pods_is_503() {
     let mut failing = vec![pod("10.0.0.1:8000", 0, 0, 0.1)];
     failing[0].health = llm_router_snapshot::Health::Failing;
     failing[0].failures = 3;
-    let open_host_snapshot = snapshot(&host, 1, vec![pool("llama", "pool_llama", &[LLAMA], failing)]);
+    let open_host_snapshot = snapshot(
+        &host,
+        1,
+        vec![pool("llama", "pool_llama", &[LLAMA], failing)],
+    );
     push_ok(&open, &open_host_snapshot);
     let d = chat(&open, LLAMA, "hi");
-    let text = d.local_response().map(|l| l.body_text()).unwrap_or_default();
+    let text = d
+        .local_response()
+        .map(|l| l.body_text())
+        .unwrap_or_default();
     assert!(text.contains("`llama`"), "{text}");
 
     // on_missing = reject: 503 before any snapshot.
@@ -1208,11 +1382,19 @@ fn a_signed_push_far_ahead_of_the_clock_is_refused_and_does_not_freeze_the_snaps
     let now = host.now_ms();
     push_ok(
         &vm,
-        &snapshot(&host, now, vec![pool("llama", "pool_llama", &[LLAMA], pods())]),
+        &snapshot(
+            &host,
+            now,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        ),
     );
     let ahead = now + llm_router_snapshot::MAX_GENERATION_LEAD_MS + 1;
     for far in [u64::MAX, ahead] {
-        let bytes = snapshot(&host, far, vec![pool("llama", "pool_llama", &[LLAMA], pods())]);
+        let bytes = snapshot(
+            &host,
+            far,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        );
         let mut r = push_request(&vm, &bytes);
         r.send().unwrap();
         assert_eq!(
@@ -1240,7 +1422,11 @@ fn a_signed_push_far_ahead_of_the_clock_is_refused_and_does_not_freeze_the_snaps
     // The next honest push (a generation later) is accepted: nothing froze.
     push_ok(
         &vm,
-        &snapshot(&host, now + 1, vec![pool("llama", "pool_llama", &[LLAMA], pods())]),
+        &snapshot(
+            &host,
+            now + 1,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        ),
     );
 }
 
