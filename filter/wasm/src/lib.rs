@@ -44,6 +44,8 @@ struct Worker {
     router: Router,
     cache: Cache,
     metrics: Metrics,
+    /// In-flight decrements that lost every compare-and-swap, paid on the tick.
+    ledger: inflight::Ledger,
     requests: u64,
     /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
     /// per-request debug lines are not even formatted otherwise.
@@ -75,6 +77,7 @@ impl RootContext for Root {
                     router: Router::new(config),
                     cache: Cache::default(),
                     metrics: Metrics::define(),
+                    ledger: inflight::Ledger::default(),
                     requests: 0,
                     debug: host::log_enabled(LogLevel::Debug),
                 })));
@@ -99,8 +102,11 @@ impl RootContext for Root {
             router,
             cache,
             metrics,
+            ledger,
             ..
         } = &mut *w;
+        // Decrements lost to contention since the last tick are paid now (one update per pool).
+        ledger.settle(&HostStore);
         let fleet = cache.current(&HostStore, &router.config);
         metrics.begin_tick();
         match &fleet {
@@ -526,20 +532,25 @@ impl Http {
             let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
             (r.work, ttft_ms)
         });
-        self.worker
-            .borrow()
+        let mut w = self.worker.borrow_mut();
+        if !w
             .router
-            .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed);
+            .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed)
+        {
+            w.ledger.owe(&r.pool, &r.pod, 0, r.pending);
+        }
+        drop(w);
         r.pending = 0;
         r.observe = false;
     }
 
     fn release(&mut self) {
         if let Some(r) = self.routed.take() {
-            self.worker
-                .borrow()
-                .router
-                .finished(&HostStore, &r.pool, &r.pod, r.pending);
+            let mut w = self.worker.borrow_mut();
+            if !w.router.finished(&HostStore, &r.pool, &r.pod, r.pending) {
+                // Lost to contention: paid on the next tick rather than leaked.
+                w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+            }
         }
         if let Some(u) = self.usage.take() {
             let usage = u.scanner.usage();
@@ -703,14 +714,22 @@ impl HttpContext for Http {
             // Only a real upstream served the request (not, say, Envoy's own 503).
             if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
             {
-                let w = self.worker.borrow();
+                let mut w = self.worker.borrow_mut();
                 if w.router.config.disclose.served_pod {
                     host::set_response_header(&w.router.config.served_header, &served);
                 }
                 if served != r.pod {
                     // A retry went elsewhere: the work measured was another pod's, learn nothing.
-                    w.router
-                        .moved(&HostStore, &r.pool, &r.pod, &served, r.pending);
+                    if !w
+                        .router
+                        .moved(&HostStore, &r.pool, &r.pod, &served, r.pending)
+                    {
+                        // The chosen pod is owed its count and pending work. The served one was
+                        // not raised: its count is one low until this request ends (and its end,
+                        // saturating at zero, heals it), never one high for good.
+                        w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+                        r.pending = 0;
+                    }
                     r.pod = served;
                     r.observe = false;
                 }
