@@ -167,7 +167,8 @@ pub struct SnapshotConfig {
     /// This filter instance serves `push_path` and `state_path` (meant for the instance on a
     /// loopback-bound internal listener). Off (the default), both paths answer 404.
     pub endpoints: bool,
-    /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on.
+    /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on. From
+    /// `secret`, or read from the environment variable `secret_env` names at load time.
     pub secret: String,
     pub stale_after_ms: u64,
     pub on_stale: OnStale,
@@ -248,7 +249,8 @@ pub struct PriorityConfig {
 impl Default for Config {
     fn default() -> Self {
         // An empty object is a valid configuration; this cannot fail.
-        Config::from_raw(RawConfig::default()).unwrap_or_else(|_| Config::fallback_defaults())
+        Config::from_raw(RawConfig::default(), &|_| None)
+            .unwrap_or_else(|_| Config::fallback_defaults())
     }
 }
 
@@ -407,6 +409,9 @@ struct RawSnapshot {
     state_path: Option<String>,
     endpoints: Option<bool>,
     secret: Option<String>,
+    /// The name of an environment variable holding the secret (Envoy passes it into the VM with
+    /// `vm_config.environment_variables.host_env_keys`).
+    secret_env: Option<String>,
     /// Removed (pushes are signed now); kept only to say so when a configuration sets it.
     secret_header: Option<String>,
     stale_after_ms: Option<u64>,
@@ -581,14 +586,24 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
 
 impl Config {
     /// Parses the plugin configuration. Empty input (no configuration) means all defaults.
+    /// `snapshot.secret_env` is read from the process environment (in Envoy: the variables
+    /// `vm_config.environment_variables` passes into the VM).
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        Config::parse_with_env(bytes, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with `env` as the environment.
+    pub fn parse_with_env(
+        bytes: &[u8],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let trimmed = bytes.iter().position(|b| !b.is_ascii_whitespace());
         if trimmed.is_none() {
-            return Config::from_raw(RawConfig::default());
+            return Config::from_raw(RawConfig::default(), env);
         }
         let raw: RawConfig = serde_json::from_slice(bytes)
             .map_err(|e| ConfigError(format!("not valid configuration JSON: {e}")))?;
-        Config::from_raw(raw)
+        Config::from_raw(raw, env)
     }
 
     fn fallback_defaults() -> Config {
@@ -638,7 +653,10 @@ impl Config {
         }
     }
 
-    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn from_raw(
+        raw: RawConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let base = Config::fallback_defaults();
         let default_pool = match &raw.defaults {
             Some(t) => tuning("defaults", &base.default_pool, t)?,
@@ -786,9 +804,53 @@ impl Config {
             );
         }
         let endpoints = s.endpoints.unwrap_or(base.snapshot.endpoints);
-        let secret = s.secret.unwrap_or_default();
+        let secret =
+            match (s.secret, s.secret_env) {
+                (Some(_), Some(_)) => return err(
+                    "snapshot.secret, snapshot.secret_env: set one of them, not both (secret_env \
+                     names the environment variable holding the secret)",
+                ),
+                (Some(literal), None) => {
+                    if !literal.is_empty() {
+                        if let Err(why) = llm_router_snapshot::check_secret(&literal) {
+                            return err(format!("snapshot.secret: {why}"));
+                        }
+                    }
+                    literal
+                }
+                (None, Some(name)) => {
+                    // A portable variable name (letters, digits, `_`): nothing that could
+                    // trouble the host's environment lookup, no `=` or NUL.
+                    let portable = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                    if name.is_empty() || !portable {
+                        return err(format!(
+                            "snapshot.secret_env: {name:?} must name an environment variable \
+                             (letters, digits and _)"
+                        ));
+                    }
+                    let value = env(&name).unwrap_or_default();
+                    if value.is_empty() {
+                        return err(format!(
+                        "snapshot.secret_env: environment variable {name} is not set or empty in \
+                         the Wasm VM (Envoy passes it only when it is listed in \
+                         vm_config.environment_variables.host_env_keys and set in Envoy's own \
+                         environment, e.g. from a Kubernetes Secret)"
+                    ));
+                    }
+                    if let Err(why) = llm_router_snapshot::check_secret(&value) {
+                        return err(format!(
+                            "snapshot.secret_env: environment variable {name}: {why}"
+                        ));
+                    }
+                    value
+                }
+                (None, None) => String::new(),
+            };
         if endpoints && secret.is_empty() {
-            return err("snapshot.secret: must be set when snapshot.endpoints is true");
+            return err(
+                "snapshot.secret: must be set (or snapshot.secret_env) when snapshot.endpoints \
+                 is true",
+            );
         }
         let snapshot = SnapshotConfig {
             push_path,
@@ -929,17 +991,91 @@ mod tests {
         assert_eq!(c.models["x"].rewrite, None);
     }
 
+    /// 40 bytes, not a placeholder: a secret the policy accepts.
+    const KEY: &str = "config-test-secret-0123456789abcdef-0123";
+
     #[test]
     fn snapshot_endpoints_are_off_by_default_and_need_a_secret() {
         let c = Config::parse(b"{}").unwrap();
         assert!(!c.snapshot.endpoints);
-        let c = Config::parse(br#"{"snapshot":{"endpoints":true,"secret":"k"}}"#).unwrap();
+        let c = Config::parse(
+            format!(r#"{{"snapshot":{{"endpoints":true,"secret":"{KEY}"}}}}"#).as_bytes(),
+        )
+        .unwrap();
         assert!(c.snapshot.endpoints);
-        assert_eq!(c.snapshot.secret, "k");
+        assert_eq!(c.snapshot.secret, KEY);
         let e = error_of(r#"{"snapshot":{"endpoints":true}}"#);
         assert!(e.contains("snapshot.secret: must be set"), "{e}");
-        let e = error_of(r#"{"snapshot":{"secret":"k","secret_header":"x-s"}}"#);
+        let e = error_of(&format!(
+            r#"{{"snapshot":{{"secret":"{KEY}","secret_header":"x-s"}}}}"#
+        ));
         assert!(e.contains("snapshot.secret_header: no longer used"), "{e}");
+    }
+
+    /// The shipped `change-me` and short keys were accepted; now any configured secret goes
+    /// through the shared policy, with how to make a good one.
+    #[test]
+    fn a_placeholder_or_short_secret_is_a_configuration_error() {
+        for bad in ["change-me", "k", "s3cret-for-tests"] {
+            let e = error_of(&format!(
+                r#"{{"snapshot":{{"endpoints":true,"secret":"{bad}"}}}}"#
+            ));
+            assert!(
+                e.contains("snapshot.secret:") && e.contains("openssl rand"),
+                "{bad}: {e}"
+            );
+        }
+        // Also where endpoints are off (the public listener's copy of the section).
+        let e = error_of(r#"{"snapshot":{"secret":"change-me"}}"#);
+        assert!(e.contains("placeholder"), "{e}");
+    }
+
+    #[test]
+    fn the_secret_can_come_from_an_environment_variable() {
+        let env = |name: &str| match name {
+            "LLM_ROUTER_SNAPSHOT_SECRET" => Some(KEY.to_string()),
+            "SHORT" => Some("abc".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        let parse = |json: &str| Config::parse_with_env(json.as_bytes(), &env);
+        let c =
+            parse(r#"{"snapshot":{"endpoints":true,"secret_env":"LLM_ROUTER_SNAPSHOT_SECRET"}}"#)
+                .unwrap();
+        assert_eq!(c.snapshot.secret, KEY);
+        for (var, needle) in [
+            ("UNSET", "environment variable UNSET is not set or empty"),
+            ("EMPTY", "environment variable EMPTY is not set or empty"),
+            (
+                "SHORT",
+                "environment variable SHORT: the snapshot secret is 3 bytes",
+            ),
+        ] {
+            let e = parse(&format!(
+                r#"{{"snapshot":{{"endpoints":true,"secret_env":"{var}"}}}}"#
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("snapshot.secret_env:") && e.contains(needle),
+                "{e}"
+            );
+        }
+        for bad in ["", "A=B", "has space", "X\\u0000"] {
+            let e = parse(&format!(r#"{{"snapshot":{{"secret_env":"{bad}"}}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("must name an environment variable"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&format!(
+            r#"{{"snapshot":{{"secret":"{KEY}","secret_env":"LLM_ROUTER_SNAPSHOT_SECRET"}}}}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not both"), "{e}");
     }
 
     #[test]

@@ -1516,6 +1516,82 @@ fn a_bad_configuration_fails_at_load_with_a_log_line_that_says_why() {
     assert!(vm.logged("snapshot endpoints off"), "{}", vm.log_text());
 }
 
+/// The filter refuses the examples' placeholder and short secrets at load, and takes the secret
+/// from an environment variable Envoy passes into the VM (`snapshot.secret_env`): a push signed
+/// with that secret is accepted, one signed with another refused.
+#[test]
+fn the_secret_comes_from_the_environment_and_placeholders_are_refused() {
+    let host = host();
+    for bad in ["change-me", "short-secret"] {
+        match host.vm(&format!(
+            r#"{{"snapshot": {{"secret": "{bad}", "endpoints": true}}}}"#
+        )) {
+            Err(HostError::ConfigureRejected { logs }) => {
+                assert!(
+                    logs.contains("snapshot.secret:") && logs.contains("openssl rand"),
+                    "{logs}"
+                )
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("secret {bad:?} accepted"),
+        }
+    }
+    let from_env =
+        r#"{"snapshot": {"secret_env": "LLM_ROUTER_SNAPSHOT_SECRET", "endpoints": true}}"#;
+    // The variable is missing in the VM (not listed in host_env_keys): a configuration error
+    // naming it.
+    match host.vm(from_env) {
+        Err(HostError::ConfigureRejected { logs }) => assert!(
+            logs.contains("LLM_ROUTER_SNAPSHOT_SECRET is not set or empty"),
+            "{logs}"
+        ),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a missing secret_env variable was accepted"),
+    }
+    match host
+        .builder()
+        .plugin_config(from_env)
+        .env("LLM_ROUTER_SNAPSHOT_SECRET", "change-me")
+        .start()
+    {
+        Err(HostError::ConfigureRejected { logs }) => {
+            assert!(logs.contains("placeholder"), "{logs}")
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a placeholder from the environment was accepted"),
+    }
+    let env_secret = "secret-from-a-kubernetes-secret-0123456789";
+    let vm = host
+        .builder()
+        .plugin_config(from_env)
+        .env("OTHER", "x")
+        .env("LLM_ROUTER_SNAPSHOT_SECRET", env_secret)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = snapshot(
+        &host,
+        1,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+        )],
+    );
+    let mut wrong = push_signed(&vm, &bytes, Some(&signature(&bytes)));
+    wrong.send().unwrap();
+    assert_eq!(wrong.local_response().map(|l| l.status), Some(403));
+    let good = llm_router_snapshot::sign(env_secret.as_bytes(), &bytes);
+    let mut right = push_signed(&vm, &bytes, Some(&good));
+    right.send().unwrap();
+    assert_eq!(
+        right.local_response().map(|l| l.status),
+        Some(200),
+        "{}",
+        right.explain()
+    );
+}
+
 #[test]
 fn pools_may_come_from_the_snapshot_alone() {
     let host = host();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use testkit::{EchoBackend, EchoConfig, EnvoyProcess, EnvoySpec, HttpResponse, Router};
 
-pub const SECRET: &str = "e2e-secret";
+pub const SECRET: &str = "e2e-test-secret-0123456789abcdef-0123";
 pub const PUSH: &str = "/__llm_router/snapshot";
 pub const STATE: &str = "/__llm_router/state";
 

@@ -5,7 +5,7 @@
 use llm_router_snapshot::{Health, LoraState, Pod, Pool, Snapshot};
 use proxy_wasm_host::{Host, Request, Vm};
 
-pub const SECRET: &str = "s3cret-for-tests";
+pub const SECRET: &str = "wasm-host-test-secret-0123456789abcdef";
 pub const PUSH_PATH: &str = "/__llm_router/snapshot";
 pub const STATE_PATH: &str = "/__llm_router/state";
 pub const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
