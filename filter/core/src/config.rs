@@ -168,7 +168,8 @@ pub struct SnapshotConfig {
     /// This filter instance serves `push_path` and `state_path` (meant for the instance on a
     /// loopback-bound internal listener). Off (the default), both paths answer 404.
     pub endpoints: bool,
-    /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on.
+    /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on. From
+    /// `secret`, or read from the environment variable `secret_env` names at load time.
     pub secret: String,
     pub stale_after_ms: u64,
     pub on_stale: OnStale,
@@ -207,6 +208,33 @@ pub struct Config {
     /// default: it tells clients about the fleet).
     pub debug_scores: bool,
     pub scores_header: String,
+    /// What clients are told about the fleet.
+    pub disclose: Disclose,
+    /// What happens to a request on a path the filter does not route.
+    pub unknown_paths: UnknownPaths,
+}
+
+/// What the filter does with a request on a path that is neither an API path it routes, the
+/// model list, nor a snapshot path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownPaths {
+    /// Let it through untouched (routing headers stripped): for a filter that shares its
+    /// listener with other routes.
+    #[default]
+    Pass,
+    /// Answer 404 `not_found`: for a filter that is the last word on its listener, so nothing
+    /// reaches a pool unrouted.
+    Reject,
+}
+
+/// What the filter tells clients about the pods and pools behind it. Both off by default: a
+/// public listener should not hand strangers pod addresses or the health of its pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Disclose {
+    /// Set `served_header` (the `ip:port` of the pod that served) on routed responses.
+    pub served_pod: bool,
+    /// Name the pool and say why it has no usable pod in 429 / 503 error bodies.
+    pub pool_detail: bool,
 }
 
 /// Who may set a request's priority.
@@ -222,7 +250,8 @@ pub struct PriorityConfig {
 impl Default for Config {
     fn default() -> Self {
         // An empty object is a valid configuration; this cannot fail.
-        Config::from_raw(RawConfig::default()).unwrap_or_else(|_| Config::fallback_defaults())
+        Config::from_raw(RawConfig::default(), &|_| None)
+            .unwrap_or_else(|_| Config::fallback_defaults())
     }
 }
 
@@ -252,6 +281,15 @@ struct RawConfig {
     priority: Option<RawPriority>,
     debug_scores: Option<bool>,
     scores_header: Option<String>,
+    disclose: Option<RawDisclose>,
+    unknown_paths: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawDisclose {
+    served_pod: Option<bool>,
+    pool_detail: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -372,6 +410,9 @@ struct RawSnapshot {
     state_path: Option<String>,
     endpoints: Option<bool>,
     secret: Option<String>,
+    /// The name of an environment variable holding the secret (Envoy passes it into the VM with
+    /// `vm_config.environment_variables.host_env_keys`).
+    secret_env: Option<String>,
     /// Removed (pushes are signed now); kept only to say so when a configuration sets it.
     secret_header: Option<String>,
     stale_after_ms: Option<u64>,
@@ -546,14 +587,24 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
 
 impl Config {
     /// Parses the plugin configuration. Empty input (no configuration) means all defaults.
+    /// `snapshot.secret_env` is read from the process environment (in Envoy: the variables
+    /// `vm_config.environment_variables` passes into the VM).
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        Config::parse_with_env(bytes, &|name| std::env::var(name).ok())
+    }
+
+    /// [`Config::parse`] with `env` as the environment.
+    pub fn parse_with_env(
+        bytes: &[u8],
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let trimmed = bytes.iter().position(|b| !b.is_ascii_whitespace());
         if trimmed.is_none() {
-            return Config::from_raw(RawConfig::default());
+            return Config::from_raw(RawConfig::default(), env);
         }
         let raw: RawConfig = serde_json::from_slice(bytes)
             .map_err(|e| ConfigError(format!("not valid configuration JSON: {e}")))?;
-        Config::from_raw(raw)
+        Config::from_raw(raw, env)
     }
 
     fn fallback_defaults() -> Config {
@@ -598,10 +649,15 @@ impl Config {
             priority: PriorityConfig::default(),
             debug_scores: false,
             scores_header: "x-llm-router-scores".into(),
+            disclose: Disclose::default(),
+            unknown_paths: UnknownPaths::Pass,
         }
     }
 
-    fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn from_raw(
+        raw: RawConfig,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let base = Config::fallback_defaults();
         let default_pool = match &raw.defaults {
             Some(t) => tuning("defaults", &base.default_pool, t)?,
@@ -699,6 +755,12 @@ impl Config {
                 "retry_after_max_s: {retry_after_max_s} must be >= retry_after_s ({retry_after_s})"
             ));
         }
+        let unknown_paths = match raw.unknown_paths.as_deref() {
+            None => base.unknown_paths,
+            Some("pass") => UnknownPaths::Pass,
+            Some("reject") => UnknownPaths::Reject,
+            Some(o) => return err(format!("unknown_paths: {o:?} is not one of pass, reject")),
+        };
         let s = raw.snapshot.unwrap_or_default();
         let path_ok = |p: &str| p.starts_with('/') && !p.contains(['?', '#', ' ']);
         let push_path = s.push_path.unwrap_or(base.snapshot.push_path.clone());
@@ -743,9 +805,53 @@ impl Config {
             );
         }
         let endpoints = s.endpoints.unwrap_or(base.snapshot.endpoints);
-        let secret = s.secret.unwrap_or_default();
+        let secret =
+            match (s.secret, s.secret_env) {
+                (Some(_), Some(_)) => return err(
+                    "snapshot.secret, snapshot.secret_env: set one of them, not both (secret_env \
+                     names the environment variable holding the secret)",
+                ),
+                (Some(literal), None) => {
+                    if !literal.is_empty() {
+                        if let Err(why) = llm_router_snapshot::check_secret(&literal) {
+                            return err(format!("snapshot.secret: {why}"));
+                        }
+                    }
+                    literal
+                }
+                (None, Some(name)) => {
+                    // A portable variable name (letters, digits, `_`): nothing that could
+                    // trouble the host's environment lookup, no `=` or NUL.
+                    let portable = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                    if name.is_empty() || !portable {
+                        return err(format!(
+                            "snapshot.secret_env: {name:?} must name an environment variable \
+                             (letters, digits and _)"
+                        ));
+                    }
+                    let value = env(&name).unwrap_or_default();
+                    if value.is_empty() {
+                        return err(format!(
+                        "snapshot.secret_env: environment variable {name} is not set or empty in \
+                         the Wasm VM (Envoy passes it only when it is listed in \
+                         vm_config.environment_variables.host_env_keys and set in Envoy's own \
+                         environment, e.g. from a Kubernetes Secret)"
+                    ));
+                    }
+                    if let Err(why) = llm_router_snapshot::check_secret(&value) {
+                        return err(format!(
+                            "snapshot.secret_env: environment variable {name}: {why}"
+                        ));
+                    }
+                    value
+                }
+                (None, None) => String::new(),
+            };
         if endpoints && secret.is_empty() {
-            return err("snapshot.secret: must be set when snapshot.endpoints is true");
+            return err(
+                "snapshot.secret: must be set (or snapshot.secret_env) when snapshot.endpoints \
+                 is true",
+            );
         }
         let snapshot = SnapshotConfig {
             push_path,
@@ -802,6 +908,14 @@ impl Config {
             },
             debug_scores: raw.debug_scores.unwrap_or(base.debug_scores),
             scores_header: header_name("scores_header", raw.scores_header, &base.scores_header)?,
+            disclose: {
+                let d = raw.disclose.unwrap_or_default();
+                Disclose {
+                    served_pod: d.served_pod.unwrap_or(base.disclose.served_pod),
+                    pool_detail: d.pool_detail.unwrap_or(base.disclose.pool_detail),
+                }
+            },
+            unknown_paths,
         })
     }
 
@@ -878,17 +992,121 @@ mod tests {
         assert_eq!(c.models["x"].rewrite, None);
     }
 
+    /// 40 bytes, not a placeholder: a secret the policy accepts.
+    const KEY: &str = "config-test-secret-0123456789abcdef-0123";
+
     #[test]
     fn snapshot_endpoints_are_off_by_default_and_need_a_secret() {
         let c = Config::parse(b"{}").unwrap();
         assert!(!c.snapshot.endpoints);
-        let c = Config::parse(br#"{"snapshot":{"endpoints":true,"secret":"k"}}"#).unwrap();
+        let c = Config::parse(
+            format!(r#"{{"snapshot":{{"endpoints":true,"secret":"{KEY}"}}}}"#).as_bytes(),
+        )
+        .unwrap();
         assert!(c.snapshot.endpoints);
-        assert_eq!(c.snapshot.secret, "k");
+        assert_eq!(c.snapshot.secret, KEY);
         let e = error_of(r#"{"snapshot":{"endpoints":true}}"#);
         assert!(e.contains("snapshot.secret: must be set"), "{e}");
-        let e = error_of(r#"{"snapshot":{"secret":"k","secret_header":"x-s"}}"#);
+        let e = error_of(&format!(
+            r#"{{"snapshot":{{"secret":"{KEY}","secret_header":"x-s"}}}}"#
+        ));
         assert!(e.contains("snapshot.secret_header: no longer used"), "{e}");
+    }
+
+    /// The shipped `change-me` and short keys were accepted; now any configured secret goes
+    /// through the shared policy, with how to make a good one.
+    #[test]
+    fn a_placeholder_or_short_secret_is_a_configuration_error() {
+        for bad in ["change-me", "k", "s3cret-for-tests"] {
+            let e = error_of(&format!(
+                r#"{{"snapshot":{{"endpoints":true,"secret":"{bad}"}}}}"#
+            ));
+            assert!(
+                e.contains("snapshot.secret:") && e.contains("openssl rand"),
+                "{bad}: {e}"
+            );
+        }
+        // Also where endpoints are off (the public listener's copy of the section).
+        let e = error_of(r#"{"snapshot":{"secret":"change-me"}}"#);
+        assert!(e.contains("placeholder"), "{e}");
+    }
+
+    #[test]
+    fn the_secret_can_come_from_an_environment_variable() {
+        let env = |name: &str| match name {
+            "LLM_ROUTER_SNAPSHOT_SECRET" => Some(KEY.to_string()),
+            "SHORT" => Some("abc".to_string()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        };
+        let parse = |json: &str| Config::parse_with_env(json.as_bytes(), &env);
+        let c =
+            parse(r#"{"snapshot":{"endpoints":true,"secret_env":"LLM_ROUTER_SNAPSHOT_SECRET"}}"#)
+                .unwrap();
+        assert_eq!(c.snapshot.secret, KEY);
+        for (var, needle) in [
+            ("UNSET", "environment variable UNSET is not set or empty"),
+            ("EMPTY", "environment variable EMPTY is not set or empty"),
+            (
+                "SHORT",
+                "environment variable SHORT: the snapshot secret is 3 bytes",
+            ),
+        ] {
+            let e = parse(&format!(
+                r#"{{"snapshot":{{"endpoints":true,"secret_env":"{var}"}}}}"#
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("snapshot.secret_env:") && e.contains(needle),
+                "{e}"
+            );
+        }
+        for bad in ["", "A=B", "has space", "X\\u0000"] {
+            let e = parse(&format!(r#"{{"snapshot":{{"secret_env":"{bad}"}}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("must name an environment variable"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&format!(
+            r#"{{"snapshot":{{"secret":"{KEY}","secret_env":"LLM_ROUTER_SNAPSHOT_SECRET"}}}}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not both"), "{e}");
+    }
+
+    #[test]
+    fn unknown_paths_pass_by_default_and_reject_when_asked() {
+        assert_eq!(
+            Config::parse(b"{}").unwrap().unknown_paths,
+            UnknownPaths::Pass
+        );
+        let c = Config::parse(br#"{"unknown_paths":"reject"}"#).unwrap();
+        assert_eq!(c.unknown_paths, UnknownPaths::Reject);
+        let c = Config::parse(br#"{"unknown_paths":"pass"}"#).unwrap();
+        assert_eq!(c.unknown_paths, UnknownPaths::Pass);
+        let e = error_of(r#"{"unknown_paths":"drop"}"#);
+        assert!(
+            e.contains("unknown_paths: \"drop\" is not one of pass, reject"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nothing_about_the_fleet_is_disclosed_by_default() {
+        let c = Config::parse(b"{}").unwrap();
+        assert_eq!(c.disclose, Disclose::default());
+        assert!(!c.disclose.served_pod && !c.disclose.pool_detail);
+        let c = Config::parse(br#"{"disclose":{"served_pod":true}}"#).unwrap();
+        assert!(c.disclose.served_pod && !c.disclose.pool_detail);
+        let c = Config::parse(br#"{"disclose":{"pool_detail":true}}"#).unwrap();
+        assert!(!c.disclose.served_pod && c.disclose.pool_detail);
+        let e = error_of(r#"{"disclose":{"served":true}}"#);
+        assert!(e.contains("unknown field `served`"), "{e}");
     }
 
     #[test]

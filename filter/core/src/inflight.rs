@@ -298,6 +298,99 @@ pub fn moved(store: &impl SharedStore, pool: &str, from: &str, to: &str, pending
     })
 }
 
+/// Most (pool, pod) entries a [`Ledger`] holds; past it new debts are dropped (and counted).
+pub const MAX_LEDGER_ENTRIES: usize = 1024;
+
+/// What one worker still owes a pod's entry: decrements whose compare-and-swap lost every one of
+/// its attempts under contention (see [`update`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owed {
+    pub in_flight: u32,
+    pub pending_tokens: u32,
+}
+
+/// A worker's ledger of decrements that did not land. Without it a lost `finished` would leave
+/// the pod one request busier for as long as the proxy runs; with it the debt is paid on the
+/// next [`Ledger::settle`] (the filter's once-a-second tick), in one update per pool.
+///
+/// Only decrements are kept: a count that is low for a while is an estimate that heals when its
+/// request ends (saturating at zero), a count that is high forever is not. So a lost
+/// [`moved`] owes its `from` entry and drops the `to` increment; a lost [`first_byte`] owes its
+/// pending tokens (its timing sample is dropped). Bounded by [`MAX_LEDGER_ENTRIES`].
+#[derive(Debug, Default)]
+pub struct Ledger {
+    owed: BTreeMap<(String, String), Owed>,
+    /// Debts not recorded because the ledger was full.
+    pub dropped: u64,
+}
+
+impl Ledger {
+    /// Records that `addr` in `pool` is owed these decrements.
+    pub fn owe(&mut self, pool: &str, addr: &str, in_flight: u32, pending_tokens: u32) {
+        if in_flight == 0 && pending_tokens == 0 {
+            return;
+        }
+        let key = (pool.to_string(), addr.to_string());
+        if !self.owed.contains_key(&key) && self.owed.len() >= MAX_LEDGER_ENTRIES {
+            self.dropped = self.dropped.saturating_add(1);
+            return;
+        }
+        let o = self.owed.entry(key).or_default();
+        o.in_flight = o.in_flight.saturating_add(in_flight);
+        o.pending_tokens = o.pending_tokens.saturating_add(pending_tokens);
+    }
+
+    /// Whether nothing is owed.
+    pub fn is_empty(&self) -> bool {
+        self.owed.is_empty()
+    }
+
+    /// What `addr` in `pool` is owed (zero when nothing).
+    pub fn owed(&self, pool: &str, addr: &str) -> Owed {
+        self.owed
+            .get(&(pool.to_string(), addr.to_string()))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Pays what is owed, one table update per pool; a pool whose update fails again stays
+    /// owed for the next call. Returns the number of entries settled.
+    pub fn settle(&mut self, store: &impl SharedStore) -> usize {
+        if self.owed.is_empty() {
+            return 0;
+        }
+        let pools: Vec<String> = {
+            let mut p: Vec<String> = self.owed.keys().map(|(pool, _)| pool.clone()).collect();
+            p.dedup();
+            p
+        };
+        let mut settled = 0;
+        for pool in pools {
+            let debts: Vec<(String, Owed)> = self
+                .owed
+                .iter()
+                .filter(|((p, _), _)| *p == pool)
+                .map(|((_, a), o)| (a.clone(), *o))
+                .collect();
+            let landed = update(store, &pool, |t| {
+                for (addr, o) in &debts {
+                    t.with(addr, |l| {
+                        l.in_flight = l.in_flight.saturating_sub(o.in_flight);
+                        l.pending_tokens = l.pending_tokens.saturating_sub(o.pending_tokens);
+                    });
+                }
+            });
+            if landed {
+                for (addr, _) in &debts {
+                    self.owed.remove(&(pool.clone(), addr.clone()));
+                }
+                settled += debts.len();
+            }
+        }
+        settled
+    }
+}
+
 /// Copies a pool's live table to its baseline (called when a snapshot is accepted).
 pub fn snapshot_baseline(store: &impl SharedStore, pool: &str) {
     let live = store
@@ -401,6 +494,86 @@ mod tests {
             Table::decode(&[1, 0, 3, b'a', b':', b'1', 1, 0, 0, 0]),
             Table::default()
         );
+    }
+
+    /// A store whose writes lose their compare-and-swap `fail` more times (as under heavy
+    /// contention from other workers), then behave.
+    struct ContendedStore {
+        inner: MemoryStore,
+        fail: std::cell::Cell<u32>,
+    }
+
+    impl SharedStore for ContendedStore {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.inner.get(key)
+        }
+
+        fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+            if self.fail.get() > 0 {
+                self.fail.set(self.fail.get() - 1);
+                return Err(StoreError::CasMismatch);
+            }
+            self.inner.set(key, value, cas)
+        }
+    }
+
+    /// A `finished` that loses 32 compare-and-swaps in a row used to be lost forever: the pod
+    /// stayed one request busier for the life of the proxy. The ledger pays it on the next
+    /// settle, and keeps it while the store still refuses.
+    #[test]
+    fn a_decrement_that_lost_every_cas_is_paid_later_from_the_ledger() {
+        let s = ContendedStore {
+            inner: MemoryStore::new(),
+            fail: std::cell::Cell::new(0),
+        };
+        let mut ledger = Ledger::default();
+        assert!(routed(&s, "p", "a:1", 100));
+        assert!(routed(&s, "p", "b:2", 10));
+        assert!(routed(&s, "p", "b:2", 10));
+        s.fail.set(1000);
+        assert!(!finished(&s, "p", "a:1", 100), "lost under contention");
+        ledger.owe("p", "a:1", 1, 100);
+        assert!(!moved(&s, "p", "b:2", "c:3", 10));
+        ledger.owe("p", "b:2", 1, 10);
+        assert!(!first_byte(&s, "p", "b:2", 10, None));
+        ledger.owe("p", "b:2", 0, 10);
+        assert_eq!(
+            ledger.owed("p", "b:2"),
+            Owed {
+                in_flight: 1,
+                pending_tokens: 20
+            }
+        );
+        // Still contended: nothing settles, nothing is forgotten.
+        assert_eq!(ledger.settle(&s), 0);
+        assert!(!ledger.is_empty());
+        assert_eq!(read(&s, "p").in_flight("a:1"), 1, "the leak");
+        // Contention over: the debts land in one update and the counts are right again.
+        s.fail.set(0);
+        assert_eq!(ledger.settle(&s), 2);
+        assert!(ledger.is_empty());
+        let t = read(&s, "p");
+        assert_eq!(t.get("a:1"), PodLoad::default());
+        assert_eq!(
+            (t.get("b:2").in_flight, t.get("b:2").pending_tokens),
+            (1, 0)
+        );
+        // The other request on b:2 ends normally.
+        assert!(finished(&s, "p", "b:2", 0));
+        assert_eq!(read(&s, "p").entries, vec![]);
+    }
+
+    #[test]
+    fn the_ledger_is_bounded() {
+        let mut ledger = Ledger::default();
+        for i in 0..MAX_LEDGER_ENTRIES + 10 {
+            ledger.owe("p", &format!("10.0.{}.{}:1", i / 256, i % 256), 1, 0);
+        }
+        ledger.owe("p", "10.0.0.0:1", 1, 0); // an existing entry still adds up
+        assert_eq!(ledger.owed("p", "10.0.0.0:1").in_flight, 2);
+        assert_eq!(ledger.dropped, 10);
+        let s = MemoryStore::new();
+        assert_eq!(ledger.settle(&s), MAX_LEDGER_ENTRIES);
     }
 
     /// Two "workers" interleaving read-modify-write: CAS keeps every update.

@@ -18,6 +18,24 @@ pub struct Rejection {
     pub reason: &'static str,
     /// The pool the request was for, when it was resolved (shed, no endpoints); else empty.
     pub pool: String,
+    /// The `allow` header (405 only).
+    pub allow: Option<Allow>,
+}
+
+/// The one method an endpoint serves, for a 405's `allow` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allow {
+    Post,
+    Get,
+}
+
+impl Allow {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allow::Post => "POST",
+            Allow::Get => "GET",
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -62,6 +80,7 @@ impl Rejection {
             retry_after_s: None,
             reason: "rejected-invalid-request",
             pool: String::new(),
+            allow: None,
         }
     }
 
@@ -77,6 +96,7 @@ impl Rejection {
             retry_after_s: None,
             reason: "rejected-unknown-model",
             pool: String::new(),
+            allow: None,
         }
     }
 
@@ -89,6 +109,7 @@ impl Rejection {
             retry_after_s: None,
             reason: "rejected-too-large",
             pool: String::new(),
+            allow: None,
         }
     }
 
@@ -103,6 +124,7 @@ impl Rejection {
             retry_after_s: Some(retry_after_s),
             reason: "rejected-saturated",
             pool: pool.to_string(),
+            allow: None,
         }
     }
 
@@ -115,7 +137,68 @@ impl Rejection {
             retry_after_s: Some(1),
             reason: "rejected-no-endpoints",
             pool: pool.to_string(),
+            allow: None,
         }
+    }
+
+    /// A request on a path the filter does not serve, with `unknown_paths: reject`. The path is
+    /// not repeated.
+    pub fn path_not_found() -> Self {
+        Rejection {
+            status: 404,
+            kind: "invalid_request_error",
+            code: "not_found",
+            message: "No such endpoint on this gateway.".into(),
+            retry_after_s: None,
+            reason: "rejected-unknown-path",
+            pool: String::new(),
+            allow: None,
+        }
+    }
+
+    /// An API path with a method it does not serve (`allow` lists the one it does).
+    pub fn method_not_allowed(method: &str, allow: Allow) -> Self {
+        Rejection {
+            status: 405,
+            kind: "invalid_request_error",
+            code: "method_not_allowed",
+            message: format!(
+                "Method {} is not allowed on this endpoint; use {}.",
+                clip(method.to_owned()),
+                allow.as_str()
+            ),
+            retry_after_s: None,
+            reason: "rejected-method-not-allowed",
+            pool: String::new(),
+            allow: Some(allow),
+        }
+    }
+
+    /// A `POST` on an API path without a body: there is no model to route on.
+    pub fn missing_body() -> Self {
+        Rejection::bad_request(
+            "missing_body",
+            "The request has no body; send a JSON object with `model`.",
+        )
+    }
+
+    /// This rejection as told to a client that should not learn about the fleet
+    /// (`disclose.pool_detail` off): 429 and 503 say that no endpoint is available for the
+    /// model, without the pool's name or why its pods are unusable. Everything else (status,
+    /// code, reason header, `Retry-After`, the pool for metrics) is kept; other rejections
+    /// name no pool and are returned as they are.
+    pub fn without_pool_detail(mut self) -> Self {
+        self.message = match self.status {
+            429 => match self.retry_after_s {
+                Some(s) => format!(
+                    "No endpoint available for this model: every server is busy; retry after {s} s."
+                ),
+                None => "No endpoint available for this model: every server is busy.".into(),
+            },
+            503 => "No endpoint available for this model; retry later.".into(),
+            _ => return self,
+        };
+        self
     }
 
     /// The `outcome` label of `llm_router_requests_total` for this rejection: `shed` (429),
@@ -170,5 +253,32 @@ mod tests {
             r.message,
             "The model `gpt-9` does not exist or is not served by this gateway."
         );
+    }
+
+    #[test]
+    fn without_pool_detail_names_no_pool_and_no_health() {
+        let r =
+            Rejection::no_endpoints("secret-pool", "every pod is failing").without_pool_detail();
+        assert_eq!(r.status, 503);
+        assert_eq!(r.code, "no_endpoints");
+        assert_eq!(r.pool, "secret-pool", "kept for the metrics");
+        assert_eq!(r.retry_after_s, Some(1));
+        for text in [r.message.as_str(), &r.body()] {
+            assert!(
+                !text.contains("secret-pool") && !text.contains("failing"),
+                "{text}"
+            );
+        }
+        assert!(r.message.contains("No endpoint available for this model"));
+        let r = Rejection::saturated("secret-pool", 7).without_pool_detail();
+        assert_eq!(
+            (r.status, r.code, r.retry_after_s),
+            (429, "pool_saturated", Some(7))
+        );
+        assert!(!r.body().contains("secret-pool"), "{}", r.body());
+        assert!(r.message.contains("retry after 7 s"), "{}", r.message);
+        // Nothing else changes.
+        let m = Rejection::model_not_found("x");
+        assert_eq!(m.clone().without_pool_detail(), m);
     }
 }

@@ -6,6 +6,7 @@
 //! ordered pieces of text a prefix cache would see (system, tools, every message's role and
 //! content, prompt strings or token ids, `input` items). Everything else is skipped.
 
+use crate::reject::Allow;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -44,6 +45,62 @@ impl ApiKind {
 /// only these to a pool, so a path the filter does not route cannot reach one.
 pub const API_PATH_REGEX: &str =
     "/(v1/)?(chat/completions|completions|embeddings|responses)/?|/v1/messages/?";
+
+/// Whether `path` (query string ignored, one trailing slash allowed) is OpenAI's model list,
+/// `/v1/models` or `/models`.
+pub fn is_models_path(path: &str) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    let path = path.strip_suffix('/').unwrap_or(path);
+    matches!(path, "/v1/models" | "/models")
+}
+
+/// What the filter does with a request, judged from its method and path at the headers (the
+/// snapshot paths are handled before this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// A `POST` with a body on an API path: read the body and route it.
+    Api(ApiKind),
+    /// `GET` on the model list: answered by the filter itself.
+    Models,
+    /// An API path (or the model list) with a method it does not serve: 405 with this `allow`.
+    WrongMethod { allow: Allow },
+    /// A `POST` on an API path without a body: 400 (there is no model to route on).
+    NoBody,
+    /// A path the filter does not route (`unknown_paths` decides).
+    Unknown,
+}
+
+impl Entry {
+    /// `end_of_stream` is the headers' end-of-stream flag: true when no body follows.
+    pub fn of(method: &str, path: &str, end_of_stream: bool) -> Entry {
+        if let Some(kind) = ApiKind::from_path(path) {
+            return match (method, end_of_stream) {
+                ("POST", false) => Entry::Api(kind),
+                ("POST", true) => Entry::NoBody,
+                _ => Entry::WrongMethod { allow: Allow::Post },
+            };
+        }
+        if is_models_path(path) {
+            return if method == "GET" {
+                Entry::Models
+            } else {
+                Entry::WrongMethod { allow: Allow::Get }
+            };
+        }
+        Entry::Unknown
+    }
+}
+
+/// OpenAI's model list (`GET /v1/models`) of these names: `{"object":"list","data":[{"id",
+/// "object":"model","created":0,"owned_by":"llm-router"}, …]}`, sorted, each name once.
+pub fn model_list_json<'a>(names: impl IntoIterator<Item = &'a str>) -> String {
+    let names: std::collections::BTreeSet<&str> = names.into_iter().collect();
+    let data: Vec<serde_json::Value> = names
+        .into_iter()
+        .map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "llm-router"}))
+        .collect();
+    serde_json::json!({"object": "list", "data": data}).to_string()
+}
 
 /// Why a body cannot be routed. The message is meant for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -546,14 +546,15 @@ impl Router {
         pod: &str,
         pending: u32,
         observed: Option<(f64, f64)>,
-    ) {
-        inflight::first_byte(store, pool, pod, pending, observed);
+    ) -> bool {
+        inflight::first_byte(store, pool, pod, pending, observed)
     }
 
     /// The stream of a routed request ended: its pod has one request less in flight, and the
-    /// `pending` tokens it still had (no first byte came) are released.
-    pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) {
-        inflight::finished(store, pool, pod, pending);
+    /// `pending` tokens it still had (no first byte came) are released. False when the update
+    /// did not land (the caller owes it: [`inflight::Ledger`]).
+    pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) -> bool {
+        inflight::finished(store, pool, pod, pending)
     }
 
     /// The request was served by `served` although `chosen` was counted (an Envoy retry went to
@@ -565,10 +566,8 @@ impl Router {
         chosen: &str,
         served: &str,
         pending: u32,
-    ) {
-        if chosen != served {
-            inflight::moved(store, pool, chosen, served, pending);
-        }
+    ) -> bool {
+        chosen == served || inflight::moved(store, pool, chosen, served, pending)
     }
 }
 

@@ -17,7 +17,7 @@
 use llm_router_core::inflight;
 use llm_router_core::store::{SharedStore, StoreError};
 use llm_router_core::{Config, Fleet};
-use llm_router_snapshot::Snapshot;
+use llm_router_snapshot::{Snapshot, MAX_GENERATION_LEAD_MS};
 use std::rc::Rc;
 
 pub const SNAPSHOT_KEY: &str = "llmr/snapshot";
@@ -66,6 +66,12 @@ pub enum PushOutcome {
         generation: u64,
         current: u64,
     },
+    /// The generation is more than [`MAX_GENERATION_LEAD_MS`] ahead of this proxy's clock:
+    /// stored, it would make every honest push stale until the proxy restarts.
+    GenerationAhead {
+        generation: u64,
+        limit: u64,
+    },
     StoreFailed,
 }
 
@@ -73,12 +79,22 @@ pub enum PushOutcome {
 /// another push was accepted meanwhile, so this bounds nothing a real fleet reaches).
 const CAS_ATTEMPTS: usize = 8;
 
-/// Validates and stores a pushed snapshot. A bad, stale or losing push changes nothing.
+/// Validates and stores a pushed snapshot. A bad, stale, far-ahead or losing push changes
+/// nothing.
 pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcome {
     let snap = match Snapshot::decode(bytes) {
         Ok(s) => s,
         Err(e) => return PushOutcome::Invalid(e.to_string()),
     };
+    // Generations only grow: one far in the future (a signed `u64::MAX`) would freeze the
+    // snapshot. The sidecar's generations follow its clock in ms, never ahead of it.
+    let limit = now_ms.saturating_add(MAX_GENERATION_LEAD_MS);
+    if snap.generation > limit {
+        return PushOutcome::GenerationAhead {
+            generation: snap.generation,
+            limit,
+        };
+    }
     for _ in 0..CAS_ATTEMPTS {
         let current = store.get(SNAPSHOT_KEY);
         let cas = current.as_ref().map(|(_, c)| *c);
@@ -335,6 +351,42 @@ mod tests {
             },
             "the change signal must name the stored generation"
         );
+    }
+
+    /// A signed `u64::MAX` would make every later push stale until Envoy restarts: a generation
+    /// more than `MAX_GENERATION_LEAD_MS` ahead of the clock is refused and stores nothing.
+    #[test]
+    fn a_generation_far_ahead_of_the_clock_is_refused() {
+        let s = MemoryStore::new();
+        let now = 1_700_000_000_000;
+        assert!(matches!(
+            accept(&s, &snap(now), now),
+            PushOutcome::Accepted { .. }
+        ));
+        for far in [u64::MAX, now + MAX_GENERATION_LEAD_MS + 1] {
+            assert_eq!(
+                accept(&s, &snap(far), now),
+                PushOutcome::GenerationAhead {
+                    generation: far,
+                    limit: now + MAX_GENERATION_LEAD_MS
+                }
+            );
+        }
+        assert_eq!(Meta::read(&s).unwrap().generation, now);
+        assert_eq!(stored(&s).0, now);
+        // At the bound it is still accepted (clocks of two hosts may disagree), and the next
+        // honest push is judged against it as usual.
+        let edge = now + MAX_GENERATION_LEAD_MS;
+        assert!(matches!(
+            accept(&s, &snap(edge), now),
+            PushOutcome::Accepted { .. }
+        ));
+        // Near the end of u64 the bound saturates instead of wrapping.
+        let s = MemoryStore::new();
+        assert!(matches!(
+            accept(&s, &snap(u64::MAX), u64::MAX - 5),
+            PushOutcome::Accepted { .. }
+        ));
     }
 
     #[test]

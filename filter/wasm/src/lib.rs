@@ -18,7 +18,8 @@ mod metrics;
 
 use fleet::{Cache, PushOutcome};
 use host::HostStore;
-use llm_router_core::request::{self, ApiKind, RequestError};
+use llm_router_core::config::UnknownPaths;
+use llm_router_core::request::{self, ApiKind, Entry, RequestError};
 use llm_router_core::usage::Scanner;
 use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
 use metrics::Metrics;
@@ -43,6 +44,8 @@ struct Worker {
     router: Router,
     cache: Cache,
     metrics: Metrics,
+    /// In-flight decrements that lost every compare-and-swap, paid on the tick.
+    ledger: inflight::Ledger,
     requests: u64,
     /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
     /// per-request debug lines are not even formatted otherwise.
@@ -74,6 +77,7 @@ impl RootContext for Root {
                     router: Router::new(config),
                     cache: Cache::default(),
                     metrics: Metrics::define(),
+                    ledger: inflight::Ledger::default(),
                     requests: 0,
                     debug: host::log_enabled(LogLevel::Debug),
                 })));
@@ -98,8 +102,11 @@ impl RootContext for Root {
             router,
             cache,
             metrics,
+            ledger,
             ..
         } = &mut *w;
+        // Decrements lost to contention since the last tick are paid now (one update per pool).
+        ledger.settle(&HostStore);
         let fleet = cache.current(&HostStore, &router.config);
         metrics.begin_tick();
         match &fleet {
@@ -231,31 +238,61 @@ impl Http {
         self.worker.borrow().debug
     }
 
-    /// Answers with `r`; `model` is the request's model when it resolved to `r.pool`.
+    /// Answers with `r`; `model` is the request's model when it resolved to `r.pool`. Pool
+    /// names and health stay out of the body unless `disclose.pool_detail` is on.
     fn reject(&mut self, r: &Rejection, model: &str) -> Action {
+        if !self.worker.borrow().router.config.disclose.pool_detail && !r.pool.is_empty() {
+            let redacted = r.clone().without_pool_detail();
+            return self.send_rejection(&redacted, model);
+        }
+        self.send_rejection(r, model)
+    }
+
+    fn send_rejection(&mut self, r: &Rejection, model: &str) -> Action {
+        // Only a resolved model is a label value: client text never becomes a stat name.
+        let model = if r.pool.is_empty() { "" } else { model };
+        self.worker
+            .borrow_mut()
+            .metrics
+            .request(&r.pool, model, r.outcome());
+        self.send(r)
+    }
+
+    /// Sends `r` as the local reply (uncounted: [`Http::reject`] counts API requests).
+    fn send(&mut self, r: &Rejection) -> Action {
         if self.debug() {
             self.log(
                 LogLevel::Debug,
                 &format!("rejected {}: {}", r.status, r.message),
             );
         }
-        let worker = Rc::clone(&self.worker);
-        // Only a resolved model is a label value: client text never becomes a stat name.
-        let model = if r.pool.is_empty() { "" } else { model };
-        worker
-            .borrow_mut()
-            .metrics
-            .request(&r.pool, model, r.outcome());
-        let w = worker.borrow();
+        let w = self.worker.borrow();
         let retry = r.retry_after_s.map(|s| s.to_string());
         let mut headers = vec![(w.router.config.reason_header.as_str(), r.reason)];
         if let Some(s) = &retry {
             headers.push(("retry-after", s.as_str()));
         }
+        if let Some(allow) = r.allow {
+            headers.push(("allow", allow.as_str()));
+        }
         host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
         drop(w);
         self.kind = Kind::Done;
         Action::Pause
+    }
+
+    /// `GET /v1/models`: the configured model names (with aliases and adapters) and those of
+    /// the current snapshot's pools, in OpenAI's list shape.
+    fn model_list(&self) -> String {
+        let mut w = self.worker.borrow_mut();
+        let Worker { cache, router, .. } = &mut *w;
+        let fleet = cache.current(&HostStore, &router.config);
+        let configured = router.config.models.keys().map(String::as_str);
+        let reported = fleet
+            .iter()
+            .flat_map(|f| f.snapshot.pools.iter())
+            .flat_map(|p| p.models.iter().map(String::as_str));
+        request::model_list_json(configured.chain(reported))
     }
 
     /// Refuses a push that has not proven it holds the secret: 403 `forbidden`, always the
@@ -328,6 +365,15 @@ impl Http {
                 });
                 self.answer(409, &body.to_string())
             }
+            PushOutcome::GenerationAhead { generation, limit } => self.refuse_push(
+                400,
+                &format!(
+                    "generation {generation} is more than {} ms ahead of this proxy's clock \
+                     (at most {limit}); the sidecar's generations follow its clock in ms",
+                    llm_router_snapshot::MAX_GENERATION_LEAD_MS
+                ),
+                "generation_ahead",
+            ),
             PushOutcome::StoreFailed => {
                 self.refuse_push(500, "shared data write failed", "internal_error")
             }
@@ -486,20 +532,25 @@ impl Http {
             let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
             (r.work, ttft_ms)
         });
-        self.worker
-            .borrow()
+        let mut w = self.worker.borrow_mut();
+        if !w
             .router
-            .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed);
+            .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed)
+        {
+            w.ledger.owe(&r.pool, &r.pod, 0, r.pending);
+        }
+        drop(w);
         r.pending = 0;
         r.observe = false;
     }
 
     fn release(&mut self) {
         if let Some(r) = self.routed.take() {
-            self.worker
-                .borrow()
-                .router
-                .finished(&HostStore, &r.pool, &r.pod, r.pending);
+            let mut w = self.worker.borrow_mut();
+            if !w.router.finished(&HostStore, &r.pool, &r.pod, r.pending) {
+                // Lost to contention: paid on the next tick rather than leaked.
+                w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+            }
         }
         if let Some(u) = self.usage.take() {
             let usage = u.scanner.usage();
@@ -526,8 +577,9 @@ impl HttpContext for Http {
         // Every header in one call; the ones read below are looked up in this copy.
         let headers = host::request_headers();
         // Routing headers come from this filter only, never from clients (removed only when
-        // present: a removal is a host call too).
-        for name in [&c.endpoint_header, &c.cluster_header] {
+        // present: a removal is a host call too). The rewrite header tells the pod which model
+        // name the filter substituted; a client's own would pass for the filter's.
+        for name in [&c.endpoint_header, &c.cluster_header, &c.rewrite_header] {
             if headers.contains(name) {
                 host::remove_request_header(name);
             }
@@ -559,12 +611,27 @@ impl HttpContext for Http {
             self.kind = Kind::Push;
             return Action::Pause;
         }
-        let Some(kind) = ApiKind::from_path(path) else {
-            return Action::Continue;
+        // An API path the filter owns never passes unrouted: a wrong method is 405, a POST
+        // without a body 400; the model list is answered here; other paths pass, or are 404
+        // with `unknown_paths: reject`.
+        let kind = match Entry::of(method, path, end_of_stream) {
+            Entry::Api(kind) => kind,
+            Entry::Models => {
+                let json = self.model_list();
+                return self.answer(200, &json);
+            }
+            Entry::WrongMethod { allow } => {
+                return self.reject(&Rejection::method_not_allowed(method, allow), "");
+            }
+            Entry::NoBody => return self.reject(&Rejection::missing_body(), ""),
+            Entry::Unknown => {
+                let reject = worker.borrow().router.config.unknown_paths == UnknownPaths::Reject;
+                if reject {
+                    return self.send(&Rejection::path_not_found());
+                }
+                return Action::Continue;
+            }
         };
-        if method != "POST" || end_of_stream {
-            return Action::Continue;
-        }
         let length = headers.get("content-length");
         if length
             .and_then(|v| v.trim().parse::<usize>().ok())
@@ -647,12 +714,22 @@ impl HttpContext for Http {
             // Only a real upstream served the request (not, say, Envoy's own 503).
             if let Some(served) = host::property(&["upstream", "address"]).filter(|a| !a.is_empty())
             {
-                let w = self.worker.borrow();
-                host::set_response_header(&w.router.config.served_header, &served);
+                let mut w = self.worker.borrow_mut();
+                if w.router.config.disclose.served_pod {
+                    host::set_response_header(&w.router.config.served_header, &served);
+                }
                 if served != r.pod {
                     // A retry went elsewhere: the work measured was another pod's, learn nothing.
-                    w.router
-                        .moved(&HostStore, &r.pool, &r.pod, &served, r.pending);
+                    if !w
+                        .router
+                        .moved(&HostStore, &r.pool, &r.pod, &served, r.pending)
+                    {
+                        // The chosen pod is owed its count and pending work. The served one was
+                        // not raised: its count is one low until this request ends (and its end,
+                        // saturating at zero, heals it), never one high for good.
+                        w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+                        r.pending = 0;
+                    }
                     r.pod = served;
                     r.observe = false;
                 }

@@ -28,7 +28,8 @@ pub fn http_client() -> HttpClient {
         .build(conn)
 }
 
-/// Response headers that name the pod which served a request, in order of preference.
+/// Response headers that name the pod which served a request, in order of preference. Every
+/// model-sim pod sets the first; the filter sets the second only with `disclose.served_pod`.
 pub const POD_HEADERS: [&str; 2] = ["x-model-sim-pod", "x-gateway-destination-endpoint-served"];
 
 /// What one request measured.

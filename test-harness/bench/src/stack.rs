@@ -18,7 +18,7 @@ pub const POOL: &str = "llama";
 /// Envoy cluster of the pool.
 pub const CLUSTER: &str = "pool_llama";
 /// The snapshot secret shared by the sidecar (signing) and the filter (verifying).
-pub const SECRET: &str = "bench-secret";
+pub const SECRET: &str = "bench-stack-secret-0123456789abcdef-0123";
 
 /// Who picks the pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -136,6 +136,8 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
         .plugin_config(json!({
             "pools": [{"name": "llama", "cluster": "pool_llama", "models": [MODEL]}],
             "snapshot": {"secret": SECRET},
+            // Which pod served is read from the served-pod header below (off by default).
+            "disclose": {"served_pod": true},
         }))
         .pool("llama", "pool_llama", vec![a.addr, b.addr]);
     spec.wasm_path = Some(testkit::filter_wasm().unwrap_or_else(|e| panic!("{e}")));

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router, ServerProcess};
 
-const SECRET: &str = "e2e-prometheus-secret";
+const SECRET: &str = "e2e-prometheus-secret-0123456789abcdef";
 const MODEL: &str = "llama-model";
 const ADAPTER: &str = "sql-lora";
 const DASHBOARD: &str = "envoy/observability/grafana-dashboard.json";

@@ -17,7 +17,13 @@ async fn requests_go_to_the_pod_the_snapshot_favours() {
         EchoConfig::default(),
     )
     .await;
-    let envoy = envoy(&[&a], plugin_config(&[&a], json!({}))).await;
+    // The served-pod header is off by default (it tells clients pod addresses); this test
+    // checks that it reports the pod that served, through a real Envoy.
+    let envoy = envoy(
+        &[&a],
+        plugin_config(&[&a], json!({"disclose": {"served_pod": true}})),
+    )
+    .await;
     // Pod 0 and 1 are busy; pod 2 is idle.
     push_ok(
         &envoy,

@@ -135,3 +135,47 @@ async fn pushes_need_the_internal_listener_a_valid_signature_and_a_newer_snapsho
         a.addr(0)
     );
 }
+
+/// The secret as the manifests give it: not in the plugin configuration but in an environment
+/// variable of Envoy (filled from a Kubernetes Secret), passed into the Wasm VM through
+/// `vm_config.environment_variables.host_env_keys` and named by `snapshot.secret_env`. A push
+/// signed with it is accepted; one signed with another secret (the e2e literal) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_secret_can_come_from_envoys_environment() {
+    const VAR: &str = "LLM_ROUTER_SNAPSHOT_SECRET";
+    let env_secret = "e2e-secret-from-the-environment-0123456789abcdef";
+    let a = TestPool::start("llama", "llama-model", 1, EchoConfig::default()).await;
+    let mut cfg = plugin_config(&[&a], json!({}));
+    cfg["snapshot"] = json!({"secret_env": VAR});
+    let mut spec = testkit::EnvoySpec::new(testkit::Router::Filter)
+        .concurrency(2)
+        .plugin_config(cfg)
+        .pool(a.name, a.cluster, a.addrs());
+    spec.wasm_path = Some(testkit::filter_wasm().unwrap_or_else(|e| panic!("{e}")));
+    spec.env.insert(VAR.into(), env_secret.into());
+    let envoy = spec
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("envoy did not start: {e}"));
+    let internal = envoy.internal_addr.expect("the internal listener");
+    let snap = snapshot(vec![(&a, vec![pod(&a.addr(0), 0, 0.1)])]);
+    let bytes = snap.encode().unwrap();
+
+    let (name, other) = signed(&bytes);
+    let r = testkit::post_bytes(internal, PUSH, &[(name, &other)], bytes.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 403, "signed with another secret: {}", r.text());
+    assert!(state(&envoy).await["generation"].is_null());
+
+    let good = llm_router_snapshot::sign(env_secret.as_bytes(), &bytes);
+    let r = testkit::post_bytes(internal, PUSH, &[(name, &good)], bytes)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{} / {}", r.text(), envoy.log_tail(20));
+    assert_eq!(state(&envoy).await["generation"], json!(snap.generation));
+    // And the public listener routes with it.
+    let r = chat(&envoy, a.model, "hello", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(backend(&r), a.addr(0));
+}

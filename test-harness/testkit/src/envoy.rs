@@ -38,6 +38,9 @@ pub const PUBLIC_BUFFER_LIMIT_BYTES: u32 = 1024 * 1024;
 /// the filter's default `snapshot.max_bytes` and the sidecar's default total snapshot budget, as
 /// in every shipped configuration (Envoy's own default is 1 MiB).
 pub const INTERNAL_BUFFER_LIMIT_BYTES: u32 = 4 * 1024 * 1024;
+/// The snapshot secret of [`EnvoySpec::default_plugin_config`]: long enough for the filter's
+/// secret policy (`llm_router_snapshot::check_secret`), and only ever used in tests.
+pub const DEFAULT_SECRET: &str = "testkit-default-secret-0123456789abcdef";
 /// Timeout for one admin API call.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -155,6 +158,10 @@ pub struct EnvoySpec {
     /// measurements of the Wasm mechanism's floor on a path the filter does not route. No
     /// shipped configuration has such a route.
     pub pass_through_paths: Vec<String>,
+    /// Environment variables set on the Envoy process and passed into the filter's VM: every
+    /// key is listed in each filter copy's `vm_config.environment_variables.host_env_keys`
+    /// (e.g. the `snapshot.secret_env` variable, as a Kubernetes Secret would fill it).
+    pub env: BTreeMap<String, String>,
 }
 
 impl Default for EnvoySpec {
@@ -180,6 +187,7 @@ impl Default for EnvoySpec {
             cluster_lb_policy: None,
             endpoint_weights: BTreeMap::new(),
             pass_through_paths: Vec::new(),
+            env: BTreeMap::new(),
         }
     }
 }
@@ -218,14 +226,15 @@ impl EnvoySpec {
     }
 
     /// The plugin configuration used when none is given: every pool serves one model named
-    /// after the pool, snapshot secret `change-me`, everything else at the filter's defaults.
+    /// after the pool, snapshot secret [`DEFAULT_SECRET`], everything else at the filter's
+    /// defaults.
     pub fn default_plugin_config(&self) -> Value {
         let pools: Vec<Value> = self
             .pools
             .iter()
             .map(|p| json!({"name": p.name, "cluster": p.cluster, "models": [p.name]}))
             .collect();
-        json!({"pools": pools, "snapshot": {"secret": "change-me"}})
+        json!({"pools": pools, "snapshot": {"secret": DEFAULT_SECRET}})
     }
 
     /// The plugin configuration actually used (on the public listener).
@@ -248,6 +257,11 @@ impl EnvoySpec {
             .unwrap_or_else(|| json!({}));
         snapshot["endpoints"] = json!(true);
         json!({"snapshot": snapshot})
+    }
+
+    /// The keys of [`EnvoySpec::env`], as `host_env_keys` lists them.
+    pub fn env_keys(&self) -> Vec<&str> {
+        self.env.keys().map(String::as_str).collect()
     }
 
     /// The header the routes match on: the plugin configuration's `cluster_header` or
@@ -294,7 +308,11 @@ impl EnvoySpec {
         }
         let mut http_filters = Vec::new();
         if self.router == Router::Filter {
-            http_filters.push(wasm_http_filter(wasm, &self.effective_plugin_config())?);
+            http_filters.push(wasm_http_filter_with_env(
+                wasm,
+                &self.effective_plugin_config(),
+                &self.env_keys(),
+            )?);
         }
         http_filters.push(json!({
             "name": "envoy.filters.http.router",
@@ -350,7 +368,7 @@ impl EnvoySpec {
                 ]}],
             },
             "http_filters": [
-                wasm_http_filter(wasm, &self.internal_plugin_config())?,
+                wasm_http_filter_with_env(wasm, &self.internal_plugin_config(), &self.env_keys())?,
                 {
                     "name": "envoy.filters.http.router",
                     "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -472,6 +490,7 @@ impl EnvoySpec {
             cmd.arg("--component-log-level").arg(components);
         }
         cmd.args(&self.extra_args);
+        cmd.envs(&self.env);
         let guard = ChildGuard::spawn_logged(&self.name, cmd, &log_path)?;
         let mut process = EnvoyProcess {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -665,10 +684,28 @@ pub fn override_host_policy(header: &str) -> Value {
 
 /// The Wasm HTTP filter entry for the llm-router module at `wasm` with `plugin_config`.
 pub fn wasm_http_filter(wasm: &Path, plugin_config: &Value) -> Result<Value> {
+    wasm_http_filter_with_env(wasm, plugin_config, &[])
+}
+
+/// [`wasm_http_filter`] with these host environment variables passed into the VM
+/// (`vm_config.environment_variables.host_env_keys`; none: no `environment_variables`).
+pub fn wasm_http_filter_with_env(
+    wasm: &Path,
+    plugin_config: &Value,
+    env_keys: &[&str],
+) -> Result<Value> {
     let configuration = serde_json::to_string(plugin_config).map_err(|e| Error::Format {
         what: "plugin configuration".into(),
         reason: e.to_string(),
     })?;
+    let mut vm_config = json!({
+        "vm_id": "llm-router",
+        "runtime": "envoy.wasm.runtime.v8",
+        "code": {"local": {"filename": wasm.to_string_lossy()}},
+    });
+    if !env_keys.is_empty() {
+        vm_config["environment_variables"] = json!({"host_env_keys": env_keys});
+    }
     Ok(json!({
         "name": "envoy.filters.http.wasm",
         "typed_config": {
@@ -681,11 +718,7 @@ pub fn wasm_http_filter(wasm: &Path, plugin_config: &Value) -> Result<Value> {
                 // answering 503 for good; while it reloads, requests fail closed.
                 "failure_policy": "FAIL_RELOAD",
                 "reload_config": {"backoff": {"base_interval": "0.5s", "max_interval": "10s"}},
-                "vm_config": {
-                    "vm_id": "llm-router",
-                    "runtime": "envoy.wasm.runtime.v8",
-                    "code": {"local": {"filename": wasm.to_string_lossy()}},
-                },
+                "vm_config": vm_config,
                 "configuration": {
                     "@type": "type.googleapis.com/google.protobuf.StringValue",
                     "value": configuration,
@@ -1139,6 +1172,25 @@ mod tests {
         assert_eq!(iplugin["snapshot"]["endpoints"], json!(true));
         assert_eq!(iplugin["snapshot"]["secret"], plugin["snapshot"]["secret"]);
         assert!(plugin["snapshot"].get("endpoints").is_none());
+        assert!(wasm["vm_config"].get("environment_variables").is_none());
+        // Environment variables go to the process and are listed in both copies' vm_config.
+        let mut with_env = spec.clone();
+        with_env
+            .env
+            .insert("LLM_ROUTER_SNAPSHOT_SECRET".into(), "x".into());
+        let doc = with_env
+            .bootstrap(Path::new("/x/f.wasm"), Path::new("/x/access.log"))
+            .unwrap();
+        let listeners = &doc["static_resources"]["listeners"];
+        for l in 0..2 {
+            let vm = &listeners[l]["filter_chains"][0]["filters"][0]["typed_config"]
+                ["http_filters"][0]["typed_config"]["config"]["vm_config"];
+            assert_eq!(
+                vm["environment_variables"]["host_env_keys"],
+                json!(["LLM_ROUTER_SNAPSHOT_SECRET"]),
+                "listener {l}"
+            );
+        }
         let cluster = &doc["static_resources"]["clusters"][1];
         let policy = &cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"];
         assert_eq!(

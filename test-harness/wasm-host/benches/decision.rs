@@ -16,7 +16,7 @@ use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
 use proxy_wasm_host::{Host, Module, Vm};
 
 const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
-const SECRET: &str = "bench-secret";
+const SECRET: &str = "wasm-host-bench-secret-0123456789abcdef";
 const CHUNK: usize = 16 * 1024;
 
 fn config() -> String {

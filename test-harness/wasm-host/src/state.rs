@@ -254,6 +254,9 @@ pub(crate) struct HostState {
     pub last_kind: Option<String>,
     /// WASI command-line arguments (command modules only).
     pub args: Vec<Vec<u8>>,
+    /// The environment the module sees through WASI `environ_get` (`KEY=VALUE` each), as
+    /// Envoy passes `vm_config.environment_variables` into the VM.
+    pub env: Vec<Vec<u8>>,
     /// Write stdout/stderr through to this process instead of capturing them.
     pub passthrough_output: bool,
 }

@@ -267,6 +267,7 @@ impl Host {
             log_before_done: false,
             local_reply_through_filter: true,
             buffer_limit: Some(DEFAULT_BUFFER_LIMIT),
+            env: Vec::new(),
         }
     }
 
@@ -343,6 +344,7 @@ pub struct VmBuilder<'h> {
     log_before_done: bool,
     local_reply_through_filter: bool,
     buffer_limit: Option<usize>,
+    env: Vec<Vec<u8>>,
 }
 
 /// Envoy's default `per_connection_buffer_limit_bytes` (1 MiB), which also bounds a request
@@ -357,6 +359,13 @@ impl VmBuilder<'_> {
 
     pub fn vm_config(mut self, config: impl AsRef<[u8]>) -> Self {
         self.vm_config = config.as_ref().to_vec();
+        self
+    }
+
+    /// An environment variable the module sees (WASI `environ_get`), as Envoy passes the ones
+    /// listed in `vm_config.environment_variables` (`host_env_keys`, `key_values`).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push(format!("{key}={value}").into_bytes());
         self
     }
 
@@ -456,6 +465,7 @@ impl VmBuilder<'_> {
             pending_in: std::cell::Cell::new(0),
             last_kind: None,
             args: Vec::new(),
+            env: self.env,
             passthrough_output: false,
         };
         let mut store = Store::new(&host.module.engine, state);

@@ -67,6 +67,30 @@ fn fd_write(mut c: C<'_>, fd: u32, iovs: u32, iovs_len: u32, nwritten: u32) -> R
     Ok(errno)
 }
 
+/// `args_sizes_get` / `environ_sizes_get`: how many strings, and their bytes with NULs.
+fn sizes_of(mut c: C<'_>, strings: &[Vec<u8>], count: u32, size: u32) -> R {
+    let n = u32::try_from(strings.len()).unwrap_or(u32::MAX);
+    let bytes =
+        u32::try_from(strings.iter().map(|a| a.len() + 1).sum::<usize>()).unwrap_or(u32::MAX);
+    write_u32(&mut c, count, n)?;
+    write_u32(&mut c, size, bytes)?;
+    Ok(ESUCCESS)
+}
+
+/// `args_get` / `environ_get`: the pointer table at `table`, the NUL-terminated strings at `buf`.
+fn strings_get(mut c: C<'_>, strings: &[Vec<u8>], table: u32, buf: u32) -> R {
+    let mut at = buf;
+    for (i, a) in strings.iter().enumerate() {
+        let slot = table.wrapping_add(u32::try_from(4 * i).unwrap_or(u32::MAX));
+        write_u32(&mut c, slot, at)?;
+        let mut z = a.clone();
+        z.push(0);
+        write(&mut c, at, &z)?;
+        at = at.wrapping_add(u32::try_from(z.len()).unwrap_or(u32::MAX));
+    }
+    Ok(ESUCCESS)
+}
+
 fn args_sizes_get(mut c: C<'_>, count: u32, size: u32) -> R {
     let args = &c.data().args;
     let n = u32::try_from(args.len()).unwrap_or(u32::MAX);
@@ -140,16 +164,16 @@ pub(crate) fn define(linker: &mut Linker<HostState>) -> wasmtime::Result<Vec<&'s
                                  _p: u32,
                                  _l: u32|
      -> R { Ok(EBADF) });
-    def!("environ_sizes_get", |mut c: C<'_>,
+    def!("environ_sizes_get", |c: C<'_>,
                                count: u32,
                                size: u32|
      -> R {
-        write_u32(&mut c, count, 0)?;
-        write_u32(&mut c, size, 0)?;
-        Ok(ESUCCESS)
+        let env = c.data().env.clone();
+        sizes_of(c, &env, count, size)
     });
-    def!("environ_get", |_c: C<'_>, _env: u32, _buf: u32| -> R {
-        Ok(ESUCCESS)
+    def!("environ_get", |c: C<'_>, table: u32, buf: u32| -> R {
+        let env = c.data().env.clone();
+        strings_get(c, &env, table, buf)
     });
     def!("args_sizes_get", args_sizes_get);
     def!("args_get", args_get);

@@ -90,13 +90,45 @@ fn routes_to_the_pod_the_snapshot_favours_with_fallbacks_in_order() {
     )
     .unwrap();
     assert_eq!(
-        r.response_header("x-gateway-destination-endpoint-served")
-            .as_deref(),
-        Some("10.0.0.2:8000")
+        r.response_header(SERVED),
+        None,
+        "the served pod is not disclosed by default"
     );
     r.finish().unwrap();
     assert_eq!(inflight_of(&host, "llama", "10.0.0.2:8000"), 0);
     assert!(r.violations().is_empty(), "{:?}", r.violations());
+}
+
+/// `disclose.served_pod` (off by default) puts the serving pod's `ip:port` on the response.
+#[test]
+fn the_served_pod_header_is_set_only_when_disclosed() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "disclose": {"served_pod": true}"#))
+        .unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.2:8000", 0, 2, 0.1)],
+            )],
+        ),
+    );
+    let mut r = chat(&vm, LLAMA, "hi");
+    assert_routed(&r);
+    r.property("upstream.address", "10.0.0.2:8000");
+    r.respond(
+        &[(":status", "200"), ("content-type", "application/json")],
+        &[b"{}"],
+    )
+    .unwrap();
+    assert_eq!(r.response_header(SERVED).as_deref(), Some("10.0.0.2:8000"));
+    r.finish().unwrap();
 }
 
 #[test]
@@ -188,15 +220,24 @@ fn client_routing_headers_are_never_trusted() {
     // No snapshot yet: the default is to keep serving through Envoy's fallback policy.
     let body = chat_body(LLAMA, "x");
     let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.headers(&[(ENDPOINT, "6.6.6.6:1"), (CLUSTER, "evil_cluster")])
-        .body(&body)
-        .send()
-        .unwrap();
+    r.headers(&[
+        (ENDPOINT, "6.6.6.6:1"),
+        (CLUSTER, "evil_cluster"),
+        (REWRITE, "someone-else/model"),
+    ])
+    .body(&body)
+    .send()
+    .unwrap();
     assert_routed(&r);
     assert_eq!(
         r.upstream_header(ENDPOINT),
         None,
         "a spoofed endpoint must be removed"
+    );
+    assert_eq!(
+        r.upstream_header(REWRITE),
+        None,
+        "a client's rewrite header must not reach the pod as if the filter had set it"
     );
     assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
     assert_eq!(
@@ -212,8 +253,9 @@ fn client_routing_headers_are_never_trusted() {
     let mut g = vm.request();
     g.headers(&[
         (":method", "GET"),
-        (":path", "/v1/models"),
+        (":path", "/healthz"),
         (ENDPOINT, "6.6.6.6:1"),
+        (REWRITE, "x"),
     ])
     .send()
     .unwrap();
@@ -223,6 +265,7 @@ fn client_routing_headers_are_never_trusted() {
     );
     assert!(g.forwarded_complete());
     assert_eq!(g.upstream_header(ENDPOINT), None);
+    assert_eq!(g.upstream_header(REWRITE), None);
 }
 
 #[test]
@@ -238,11 +281,178 @@ fn other_paths_and_methods_pass_through_untouched() {
     );
     assert_eq!(r.upstream_body(), b"ping");
     assert_eq!(r.upstream_header(CLUSTER), None);
-    let mut g = vm.request();
-    g.headers(&[(":method", "GET"), (":path", "/v1/chat/completions")])
+}
+
+/// An API path the filter owns never reaches the pool unrouted: before, a `GET` or a bodiless
+/// `POST` on `/v1/chat/completions` passed untouched to the catch-all route.
+#[test]
+fn an_api_path_with_another_method_or_no_body_is_refused_not_passed() {
+    let host = host();
+    let vm = vm(&host);
+    for method in ["GET", "PUT", "DELETE", "OPTIONS"] {
+        let mut g = vm.request();
+        g.headers(&[(":method", method), (":path", "/v1/chat/completions")])
+            .send()
+            .unwrap();
+        let lr = g
+            .local_response()
+            .unwrap_or_else(|| panic!("{method} passed unrouted\n{}", g.explain()));
+        assert_eq!(lr.status, 405, "{method}");
+        assert_eq!(lr.header("allow"), Some("POST"));
+        assert_eq!(lr.header("content-type"), Some("application/json"));
+        let j = json_of(&g);
+        assert_eq!(j["error"]["type"], "invalid_request_error");
+        assert_eq!(j["error"]["code"], "method_not_allowed");
+        assert!(!g.forwarded(), "{method}");
+    }
+    let mut e = vm.request();
+    e.headers(&[(":method", "POST"), (":path", "/v1/embeddings")])
         .send()
         .unwrap();
-    assert!(g.forwarded_complete() && g.local_response().is_none());
+    assert_eq!(
+        e.local_response().map(|l| l.status),
+        Some(400),
+        "{}",
+        e.explain()
+    );
+    assert_eq!(json_of(&e)["error"]["code"], "missing_body");
+    assert!(!e.forwarded());
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_requests_total",
+            &[("outcome", "bad_request")]
+        ),
+        5
+    );
+}
+
+/// `GET /v1/models` is answered by the filter in OpenAI's list shape: every configured name,
+/// alias and adapter, and the models of the snapshot's pools.
+#[test]
+fn the_model_list_is_answered_by_the_filter() {
+    let host = host();
+    let vm = vm(&host);
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "extra",
+                "pool_extra",
+                &["snapshot-only-model"],
+                vec![pod("10.0.9.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    for path in ["/v1/models", "/models"] {
+        let mut g = vm.request();
+        g.headers(&[(":method", "GET"), (":path", path)])
+            .send()
+            .unwrap();
+        let lr = g
+            .local_response()
+            .unwrap_or_else(|| panic!("{path} passed\n{}", g.explain()));
+        assert_eq!(lr.status, 200);
+        assert!(!g.forwarded());
+        let j = json_of(&g);
+        assert_eq!(j["object"], "list");
+        let ids: Vec<&str> = j["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        let mut want = vec![
+            LLAMA,
+            "llama-8b",
+            "sql-lora",
+            "chat-lora",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "snapshot-only-model",
+        ];
+        want.sort();
+        assert_eq!(ids, want);
+    }
+    let mut p = post(&vm, "/v1/models", b"{}");
+    p.body(b"{}").send().unwrap();
+    assert_eq!(p.local_response().map(|l| l.status), Some(405));
+    assert_eq!(p.local_response().unwrap().header("allow"), Some("GET"));
+}
+
+/// `unknown_paths: reject`: every path the filter neither routes nor serves is 404 with an
+/// OpenAI-style body, never passed to the pool; `pass` (the default) lets them through.
+#[test]
+fn unknown_paths_are_404_when_configured_to_reject() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(r#", "unknown_paths": "reject""#))
+        .unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+            )],
+        ),
+    );
+    let body = chat_body(LLAMA, "hi");
+    for (method, path) in [
+        ("GET", "/metrics"),
+        ("POST", "//v1/chat/completions"),
+        ("POST", "/v1//chat/completions"),
+        ("POST", "/V1/chat/completions"),
+        ("POST", "/v1/%63hat/completions"),
+        ("POST", "/invocations"),
+        ("POST", "/tokenize"),
+        ("POST", "/v1/load_lora_adapter"),
+        ("GET", "/healthz"),
+    ] {
+        let mut r = vm.request();
+        r.headers(&[
+            (":method", method),
+            (":path", path),
+            ("content-length", &body.len().to_string()),
+        ])
+        .body(&body)
+        .send()
+        .unwrap();
+        let lr = r
+            .local_response()
+            .unwrap_or_else(|| panic!("{method} {path} passed\n{}", r.explain()));
+        assert_eq!(lr.status, 404, "{method} {path}");
+        assert_eq!(lr.header(REASON), Some("rejected-unknown-path"));
+        let j = json_of(&r);
+        assert_eq!(j["error"]["type"], "invalid_request_error");
+        assert_eq!(j["error"]["code"], "not_found");
+        assert!(!lr.body_text().contains(path), "the path is not echoed");
+        assert!(!r.forwarded(), "{method} {path}");
+    }
+    // The API paths still route, with a query string or a trailing slash too.
+    for path in [
+        "/v1/chat/completions",
+        "/v1/chat/completions?x=1",
+        "/v1/chat/completions/",
+    ] {
+        let mut r = post(&vm, path, &body);
+        r.body(&body).send().unwrap();
+        assert_routed(&r);
+        assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+        r.finish().unwrap();
+    }
+    // The default passes them.
+    let open = proxy_wasm_host::Host::new(host.module())
+        .vm(&config())
+        .unwrap();
+    let mut r = post(&open, "/invocations", &body);
+    r.body(&body).send().unwrap();
+    assert!(r.local_response().is_none() && r.forwarded_complete());
 }
 
 #[test]
@@ -541,7 +751,40 @@ fn a_pool_without_usable_pods_is_503() {
     assert_eq!(lr.status, 503);
     assert_eq!(lr.header(REASON), Some("rejected-no-endpoints"));
     assert_eq!(lr.header("retry-after"), Some("1"));
-    assert_eq!(json_of(&r)["error"]["code"], "no_endpoints");
+    let j = json_of(&r);
+    assert_eq!(j["error"]["code"], "no_endpoints");
+    // Strangers learn neither the pool's name nor its health (`disclose.pool_detail` off).
+    let body = lr.body_text();
+    assert!(
+        !body.contains("llama") && !body.contains("pool") && !body.contains("fail"),
+        "{body}"
+    );
+    assert!(
+        j["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("No endpoint available for this model"),
+        "{j}"
+    );
+    // With `disclose.pool_detail` the body names the pool and why.
+    let open = proxy_wasm_host::Host::new(host.module())
+        .vm(&config_with(r#", "disclose": {"pool_detail": true}"#))
+        .unwrap();
+    let mut failing = vec![pod("10.0.0.1:8000", 0, 0, 0.1)];
+    failing[0].health = llm_router_snapshot::Health::Failing;
+    failing[0].failures = 3;
+    let open_host_snapshot = snapshot(
+        &host,
+        1,
+        vec![pool("llama", "pool_llama", &[LLAMA], failing)],
+    );
+    push_ok(&open, &open_host_snapshot);
+    let d = chat(&open, LLAMA, "hi");
+    let text = d
+        .local_response()
+        .map(|l| l.body_text())
+        .unwrap_or_default();
+    assert!(text.contains("`llama`"), "{text}");
 
     // on_missing = reject: 503 before any snapshot.
     let strict = config().replace(
@@ -696,11 +939,7 @@ fn a_retry_to_a_fallback_endpoint_moves_the_in_flight_count() {
             .chunk("data: 1\n\n"),
     )
     .unwrap();
-    assert_eq!(
-        r.response_header("x-gateway-destination-endpoint-served")
-            .as_deref(),
-        Some(b)
-    );
+    assert_eq!(r.response_header(SERVED), None, "not disclosed by default");
     assert_eq!(inflight(&host, "llama"), vec![(b.to_string(), 1)]);
     r.finish().unwrap();
     assert_eq!(inflight(&host, "llama"), vec![]);
@@ -1132,6 +1371,65 @@ fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot()
     );
 }
 
+/// A signed push whose generation is far ahead of the proxy's clock (`u64::MAX`) would make
+/// every later push stale until Envoy restarts: it is refused with 400, counted as refused, and
+/// the sidecar's next honest push is still accepted.
+#[test]
+fn a_signed_push_far_ahead_of_the_clock_is_refused_and_does_not_freeze_the_snapshot() {
+    let host = host();
+    let vm = vm(&host);
+    let pods = || vec![pod("10.0.0.1:8000", 0, 0, 0.1)];
+    let now = host.now_ms();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            now,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        ),
+    );
+    let ahead = now + llm_router_snapshot::MAX_GENERATION_LEAD_MS + 1;
+    for far in [u64::MAX, ahead] {
+        let bytes = snapshot(
+            &host,
+            far,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        );
+        let mut r = push_request(&vm, &bytes);
+        r.send().unwrap();
+        assert_eq!(
+            r.local_response().map(|l| l.status),
+            Some(400),
+            "{}",
+            r.explain()
+        );
+        let j = json_of(&r);
+        assert_eq!(j["accepted"], false);
+        assert_eq!(j["error"]["code"], "generation_ahead", "{j}");
+        assert!(
+            j["error"]["message"].as_str().unwrap().contains("ahead"),
+            "{j}"
+        );
+    }
+    assert_eq!(
+        metric_sum(
+            &host,
+            "llm_router_snapshot_pushes_total",
+            &[("result", "refused")]
+        ),
+        2
+    );
+    // The next honest push (a generation later) is accepted: nothing froze.
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            now + 1,
+            vec![pool("llama", "pool_llama", &[LLAMA], pods())],
+        ),
+    );
+}
+
 #[test]
 fn a_snapshot_pushed_through_one_worker_is_used_by_the_other() {
     let host = host();
@@ -1216,6 +1514,82 @@ fn a_bad_configuration_fails_at_load_with_a_log_line_that_says_why() {
     // No configuration at all is valid (pools come from the snapshot; no endpoints).
     let vm = host.builder().log_level(LogLevel::Debug).start().unwrap();
     assert!(vm.logged("snapshot endpoints off"), "{}", vm.log_text());
+}
+
+/// The filter refuses the examples' placeholder and short secrets at load, and takes the secret
+/// from an environment variable Envoy passes into the VM (`snapshot.secret_env`): a push signed
+/// with that secret is accepted, one signed with another refused.
+#[test]
+fn the_secret_comes_from_the_environment_and_placeholders_are_refused() {
+    let host = host();
+    for bad in ["change-me", "short-secret"] {
+        match host.vm(&format!(
+            r#"{{"snapshot": {{"secret": "{bad}", "endpoints": true}}}}"#
+        )) {
+            Err(HostError::ConfigureRejected { logs }) => {
+                assert!(
+                    logs.contains("snapshot.secret:") && logs.contains("openssl rand"),
+                    "{logs}"
+                )
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("secret {bad:?} accepted"),
+        }
+    }
+    let from_env =
+        r#"{"snapshot": {"secret_env": "LLM_ROUTER_SNAPSHOT_SECRET", "endpoints": true}}"#;
+    // The variable is missing in the VM (not listed in host_env_keys): a configuration error
+    // naming it.
+    match host.vm(from_env) {
+        Err(HostError::ConfigureRejected { logs }) => assert!(
+            logs.contains("LLM_ROUTER_SNAPSHOT_SECRET is not set or empty"),
+            "{logs}"
+        ),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a missing secret_env variable was accepted"),
+    }
+    match host
+        .builder()
+        .plugin_config(from_env)
+        .env("LLM_ROUTER_SNAPSHOT_SECRET", "change-me")
+        .start()
+    {
+        Err(HostError::ConfigureRejected { logs }) => {
+            assert!(logs.contains("placeholder"), "{logs}")
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a placeholder from the environment was accepted"),
+    }
+    let env_secret = "secret-from-a-kubernetes-secret-0123456789";
+    let vm = host
+        .builder()
+        .plugin_config(from_env)
+        .env("OTHER", "x")
+        .env("LLM_ROUTER_SNAPSHOT_SECRET", env_secret)
+        .start()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = snapshot(
+        &host,
+        1,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.1:8000", 0, 0, 0.1)],
+        )],
+    );
+    let mut wrong = push_signed(&vm, &bytes, Some(&signature(&bytes)));
+    wrong.send().unwrap();
+    assert_eq!(wrong.local_response().map(|l| l.status), Some(403));
+    let good = llm_router_snapshot::sign(env_secret.as_bytes(), &bytes);
+    let mut right = push_signed(&vm, &bytes, Some(&good));
+    right.send().unwrap();
+    assert_eq!(
+        right.local_response().map(|l| l.status),
+        Some(200),
+        "{}",
+        right.explain()
+    );
 }
 
 #[test]

@@ -23,7 +23,7 @@ const MAX_RUNS: usize = 50;
 fn config() -> String {
     format!(
         r#"{{"pools": [{{"name": "llama", "cluster": "pool_llama", "models": ["{LLAMA}"], "adapters": ["sql-lora"]}}],
-            "snapshot": {{"secret": "guard", "stale_after_ms": 3600000}}}}"#
+            "snapshot": {{"secret": "decision-guard-secret-0123456789abcdef", "stale_after_ms": 3600000}}}}"#
     )
 }
 

@@ -388,3 +388,73 @@ fn a_conversation_s_history_ends_before_its_last_user_message() {
         assert_eq!(r.history_bytes(), None);
     }
 }
+
+#[test]
+fn an_api_path_is_routed_only_as_a_post_with_a_body() {
+    use crate::request::Entry;
+    let chat = ApiKind::ChatCompletions;
+    assert_eq!(
+        Entry::of("POST", "/v1/chat/completions", false),
+        Entry::Api(chat)
+    );
+    assert_eq!(
+        Entry::of("POST", "/v1/chat/completions?x=1", false),
+        Entry::Api(chat)
+    );
+    // Today's pass-throughs that reached the pool's catch-all route unrouted:
+    assert_eq!(
+        Entry::of("GET", "/v1/chat/completions", true),
+        Entry::WrongMethod {
+            allow: crate::reject::Allow::Post
+        }
+    );
+    assert_eq!(
+        Entry::of("PUT", "/v1/embeddings", false),
+        Entry::WrongMethod {
+            allow: crate::reject::Allow::Post
+        }
+    );
+    assert_eq!(Entry::of("POST", "/v1/messages", true), Entry::NoBody);
+    // The model list is the filter's own.
+    assert_eq!(Entry::of("GET", "/v1/models", true), Entry::Models);
+    assert_eq!(Entry::of("GET", "/models/?a", true), Entry::Models);
+    assert_eq!(
+        Entry::of("POST", "/v1/models", false),
+        Entry::WrongMethod {
+            allow: crate::reject::Allow::Get
+        }
+    );
+    for unknown in [
+        "/metrics",
+        "/V1/chat/completions",
+        "//v1/chat/completions",
+        "/v1//chat/completions",
+        "/v1/%63hat/completions",
+        "/invocations",
+        "/tokenize",
+        "/v1/load_lora_adapter",
+        "/v1/models/x",
+    ] {
+        assert_eq!(
+            Entry::of("POST", unknown, false),
+            Entry::Unknown,
+            "{unknown}"
+        );
+    }
+}
+
+#[test]
+fn the_model_list_is_openai_shaped_sorted_and_deduplicated() {
+    let j: serde_json::Value =
+        serde_json::from_str(&crate::request::model_list_json(["b", "a", "b"])).unwrap();
+    assert_eq!(j["object"], "list");
+    let ids: Vec<&str> = j["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(j["data"][0]["object"], "model");
+    assert_eq!(j["data"][0]["owned_by"], "llm-router");
+}

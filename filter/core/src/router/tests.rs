@@ -19,7 +19,7 @@ const CONFIG: &str = r#"{
      "adapters": ["sql-lora"]},
     {"name": "qwen", "cluster": "pool_qwen", "models": ["Qwen/Qwen3-32B"], "preset": "throughput"}
   ],
-  "snapshot": {"secret": "s", "stale_after_ms": 1000},
+  "snapshot": {"secret": "router-test-secret-0123456789abcdef", "stale_after_ms": 1000},
   "top_k": 2
 }"#;
 

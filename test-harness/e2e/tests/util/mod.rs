@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use testkit::{EchoBackend, EchoConfig, EnvoyProcess, EnvoySpec, HttpResponse, Router};
 
-pub const SECRET: &str = "e2e-secret";
+pub const SECRET: &str = "e2e-test-secret-0123456789abcdef-0123";
 pub const PUSH: &str = "/__llm_router/snapshot";
 pub const STATE: &str = "/__llm_router/state";
 
@@ -81,13 +81,13 @@ pub async fn envoy(pools: &[&TestPool], config: Value) -> EnvoyProcess {
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// A strictly increasing generation (the clock, like the sidecar, plus a counter).
+/// A strictly increasing generation: the clock in ms, like the sidecar, plus a counter (the
+/// filter refuses generations more than `MAX_GENERATION_LEAD_MS` ahead of its clock).
 pub fn next_generation() -> u64 {
     let base = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_millis() as u64
-        * 1000;
+        .as_millis() as u64;
     base + GENERATION.fetch_add(1, Ordering::SeqCst)
 }
 

@@ -5,13 +5,15 @@
 use llm_router_snapshot::{Health, LoraState, Pod, Pool, Snapshot};
 use proxy_wasm_host::{Host, Request, Vm};
 
-pub const SECRET: &str = "s3cret-for-tests";
+pub const SECRET: &str = "wasm-host-test-secret-0123456789abcdef";
 pub const PUSH_PATH: &str = "/__llm_router/snapshot";
 pub const STATE_PATH: &str = "/__llm_router/state";
 pub const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
 pub const CLUSTER: &str = "x-llm-router-cluster";
 pub const REASON: &str = "x-llm-router-dropped-reason";
+pub const SERVED: &str = "x-gateway-destination-endpoint-served";
+pub const REWRITE: &str = "x-gateway-model-name-rewrite";
 
 /// The real request bodies kept in the repository (`test-harness/fixtures/bodies`); a missing
 /// folder fails the calling test and names the path.
