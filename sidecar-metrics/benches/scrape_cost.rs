@@ -303,7 +303,7 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         push: PushConfig {
             address: push.to_string(),
             path: "/__llm_router/snapshot".into(),
-            secret: Some("bench".into()),
+            secret: Some("bench-secret-0123456789abcdef-0123456789".into()),
             secret_env: None,
             secret_file: None,
             timeout_ms: 1000,
@@ -317,6 +317,7 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         pod_stale_after_ms: 1000,
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
+        snapshot: Default::default(),
         pools: vec![PoolConfig {
             name: "llama".into(),
             cluster: "pool_llama".into(),

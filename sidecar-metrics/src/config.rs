@@ -56,6 +56,9 @@ pub struct Config {
     pub listen: String,
     #[serde(default)]
     pub log: LogConfig,
+    /// Byte budgets of the pushed snapshot.
+    #[serde(default)]
+    pub snapshot: SnapshotConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -67,6 +70,54 @@ fn d_stale() -> u64 {
 }
 fn d_listen() -> String {
     "127.0.0.1:9464".into()
+}
+
+/// Byte budgets of the encoded snapshot. The proxy buffers a push whole before the filter reads
+/// it: past the internal listener's `per_connection_buffer_limit_bytes` Envoy answers 413, past
+/// the filter's `snapshot.max_bytes` the filter answers 403, and either way the gateway goes stale.
+/// Adapter lists are what grows without bound (vLLM lists every adapter with running or waiting
+/// requests), so they are what the budgets cut: a pod's lists are trimmed to `max_pod_bytes`
+/// (waiting adapters first), then, if the whole snapshot still exceeds `max_bytes`, the largest
+/// pods' lists are trimmed further until it fits.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotConfig {
+    /// Largest encoded snapshot pushed (bytes). Keep it at most the filter's
+    /// `snapshot.max_bytes` and the internal listener's `per_connection_buffer_limit_bytes`
+    /// (4 MiB each in every shipped configuration).
+    #[serde(default = "d_snapshot_max_bytes")]
+    pub max_bytes: usize,
+    /// Largest encoded entry of one pod (address, figures and adapter lists), in bytes.
+    #[serde(default = "d_snapshot_max_pod_bytes")]
+    pub max_pod_bytes: usize,
+}
+
+/// Default `snapshot.max_bytes`: the filter's default `snapshot.max_bytes` and the internal
+/// listener's buffer limit in the shipped configurations.
+pub const DEFAULT_SNAPSHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Default `snapshot.max_pod_bytes`: `max_bytes / 64`, so 64 pods at their full budget fill the
+/// total one; it holds 1,000 adapter names of up to 63 bytes (vLLM LoRA names are typically
+/// 10–40) plus the pod's ~60 bytes of address and figures.
+pub const DEFAULT_SNAPSHOT_MAX_POD_BYTES: usize = 64 * 1024;
+/// The smallest budgets accepted: a pod entry without adapters is at most 292 bytes (a 255-byte
+/// address), a snapshot header 26.
+pub const MIN_SNAPSHOT_MAX_POD_BYTES: usize = 512;
+pub const MIN_SNAPSHOT_MAX_BYTES: usize = 4096;
+
+fn d_snapshot_max_bytes() -> usize {
+    DEFAULT_SNAPSHOT_MAX_BYTES
+}
+fn d_snapshot_max_pod_bytes() -> usize {
+    DEFAULT_SNAPSHOT_MAX_POD_BYTES
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            max_bytes: DEFAULT_SNAPSHOT_MAX_BYTES,
+            max_pod_bytes: DEFAULT_SNAPSHOT_MAX_POD_BYTES,
+        }
+    }
 }
 
 /// Where and how snapshots are pushed.
@@ -376,6 +427,9 @@ impl Config {
                 format!("give exactly one of secret, secret_env, secret_file (found {sources})"),
             ));
         }
+        if let Some(secret) = &self.push.secret {
+            llm_router_snapshot::check_secret(secret).map_err(|e| invalid("push.secret", e))?;
+        }
         if self.push.timeout_ms == 0 {
             return Err(invalid("push.timeout_ms", "must be > 0"));
         }
@@ -420,6 +474,22 @@ impl Config {
             return Err(invalid(
                 "listen",
                 format!("{:?} is not ip:port", self.listen),
+            ));
+        }
+        let b = &self.snapshot;
+        if b.max_bytes < MIN_SNAPSHOT_MAX_BYTES {
+            return Err(invalid(
+                "snapshot.max_bytes",
+                format!("must be at least {MIN_SNAPSHOT_MAX_BYTES}"),
+            ));
+        }
+        if b.max_pod_bytes < MIN_SNAPSHOT_MAX_POD_BYTES || b.max_pod_bytes > b.max_bytes {
+            return Err(invalid(
+                "snapshot.max_pod_bytes",
+                format!(
+                    "must be in {MIN_SNAPSHOT_MAX_POD_BYTES}..=snapshot.max_bytes ({})",
+                    b.max_bytes
+                ),
             ));
         }
         if self.pools.is_empty() {
@@ -538,25 +608,30 @@ impl Config {
         Ok(())
     }
 
-    /// The push secret from whichever source the file names.
+    /// The push secret from whichever source the file names, refused when it is a placeholder
+    /// or shorter than 32 bytes (`llm_router_snapshot::check_secret`, the filter's rule too).
     pub fn resolve_secret(&self) -> Result<String, ConfigError> {
-        if let Some(s) = &self.push.secret {
-            return Ok(s.clone());
-        }
-        if let Some(var) = &self.push.secret_env {
-            return std::env::var(var).map_err(|_| {
+        let (field, secret) = if let Some(s) = &self.push.secret {
+            ("push.secret", s.clone())
+        } else if let Some(var) = &self.push.secret_env {
+            let s = std::env::var(var).map_err(|_| {
                 invalid(
                     "push.secret_env",
                     format!("environment variable {var} is not set"),
                 )
-            });
-        }
-        if let Some(file) = &self.push.secret_file {
-            return std::fs::read_to_string(file)
+            })?;
+            ("push.secret_env", s)
+        } else if let Some(file) = &self.push.secret_file {
+            // A mounted Kubernetes Secret (or `echo … > file`) ends in a newline.
+            let s = std::fs::read_to_string(file)
                 .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-                .map_err(|e| invalid("push.secret_file", format!("cannot read {file}: {e}")));
-        }
-        Err(invalid("push.secret", "no secret configured"))
+                .map_err(|e| invalid("push.secret_file", format!("cannot read {file}: {e}")))?;
+            ("push.secret_file", s)
+        } else {
+            return Err(invalid("push.secret", "no secret configured"));
+        };
+        llm_router_snapshot::check_secret(&secret).map_err(|e| invalid(field, e))?;
+        Ok(secret)
     }
 
     pub fn interval(&self) -> Duration {
@@ -579,7 +654,7 @@ mod tests {
     const YAML: &str = r#"
 push:
   address: 127.0.0.1:10000
-  secret: s3cret
+  secret: config-test-secret-0123456789abcdef
 pools:
   - name: llama
     cluster: pool_llama
@@ -614,7 +689,15 @@ pools:
             Discovery::Kubernetes(k) => assert_eq!(k.port, Some(PortRef::Name("http".into()))),
             other => panic!("{other:?}"),
         }
-        assert_eq!(c.resolve_secret().expect("secret"), "s3cret");
+        assert_eq!(
+            c.resolve_secret().expect("secret"),
+            "config-test-secret-0123456789abcdef"
+        );
+        assert_eq!(c.snapshot, SnapshotConfig::default());
+        assert_eq!(
+            (c.snapshot.max_bytes, c.snapshot.max_pod_bytes),
+            (4 * 1024 * 1024, 64 * 1024)
+        );
     }
 
     #[test]
@@ -669,7 +752,10 @@ port = 8000
             e.contains("pools[1].engine") && e.contains("unknown engine"),
             "{e}"
         );
-        let e = err_of(&YAML.replace("secret: s3cret", "secret: a\n  secret_env: B"));
+        let e = err_of(&YAML.replace(
+            "secret: config-test-secret-0123456789abcdef",
+            "secret: a\n  secret_env: B",
+        ));
         assert!(
             e.contains("push.secret") && e.contains("exactly one"),
             "{e}"
@@ -687,13 +773,93 @@ port = 8000
         assert!(e.contains("pools[2].discovery.kubernetes"), "{e}");
         let e = err_of(&format!("{YAML}scrape: {{interval_ms: 0}}\n"));
         assert!(e.contains("scrape.interval_ms"), "{e}");
-        let e = err_of("push: {address: 127.0.0.1:1, secret: x}\npools: []\n");
+        let e = err_of("push: {address: 127.0.0.1:1, secret_env: X}\npools: []\n");
         assert!(e.contains("`pools`"), "{e}");
+        let e = err_of(&format!("{YAML}snapshot: {{max_pod_bytes: 100}}\n"));
+        assert!(e.contains("snapshot.max_pod_bytes"), "{e}");
+        let e = err_of(&format!(
+            "{YAML}snapshot: {{max_bytes: 65536, max_pod_bytes: 65537}}\n"
+        ));
+        assert!(e.contains("snapshot.max_pod_bytes"), "{e}");
+        let e = err_of(&format!("{YAML}snapshot: {{max_bytes: 1000}}\n"));
+        assert!(e.contains("snapshot.max_bytes"), "{e}");
+        let e = err_of(&format!("{YAML}snapshot: {{max_byte: 1000}}\n"));
+        assert!(e.contains("max_byte"), "{e}");
+    }
+
+    #[test]
+    fn snapshot_budgets_read() {
+        let c = Config::from_yaml(
+            &format!("{YAML}snapshot: {{max_bytes: 1048576, max_pod_bytes: 16384}}\n"),
+            "t.yaml",
+        )
+        .expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(
+            c.snapshot,
+            SnapshotConfig {
+                max_bytes: 1 << 20,
+                max_pod_bytes: 16384
+            }
+        );
+    }
+
+    /// Placeholders and short secrets are refused from every source, with the shared policy's
+    /// message; a file's trailing newline is not part of the secret.
+    #[test]
+    fn weak_secrets_are_refused() {
+        for weak in ["change-me", "s3cret"] {
+            let e = err_of(&YAML.replace("config-test-secret-0123456789abcdef", weak));
+            assert!(
+                e.contains("push.secret") && e.contains("openssl rand"),
+                "{e}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("sidecar-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let with_file = |text: &str| {
+            let f = dir.join("secret");
+            std::fs::write(&f, text).unwrap();
+            let y = YAML.replace(
+                "secret: config-test-secret-0123456789abcdef",
+                &format!("secret_file: {}", f.display()),
+            );
+            let c = Config::from_yaml(&y, "t.yaml").unwrap();
+            c.validate().unwrap();
+            c.resolve_secret()
+        };
+        let good = "0123456789abcdef0123456789abcdef";
+        assert_eq!(with_file(&format!("{good}\n")).unwrap(), good);
+        let e = with_file("change-me\n").unwrap_err().to_string();
+        assert!(
+            e.contains("push.secret_file") && e.contains("placeholder"),
+            "{e}"
+        );
+        let e = with_file("short\n").unwrap_err().to_string();
+        assert!(
+            e.contains("push.secret_file") && e.contains("5 bytes"),
+            "{e}"
+        );
     }
 
     #[test]
     fn embedded_default_is_valid() {
         let c = Config::embedded_default().expect("valid");
         assert!(!c.pools.is_empty());
+        // No secret is shipped: the demo reads it from the environment.
+        assert_eq!(c.push.secret, None);
+        assert_eq!(
+            c.push.secret_env.as_deref(),
+            Some("LLM_ROUTER_SNAPSHOT_SECRET")
+        );
+        assert_eq!(c.snapshot, SnapshotConfig::default());
+        // The sidecar's own /metrics stays on loopback unless configured.
+        assert_eq!(c.listen, "127.0.0.1:9464");
+        let minimal = Config::from_yaml(
+            "push: {address: 127.0.0.1:1, secret_env: X}\npools: []\n",
+            "t.yaml",
+        )
+        .unwrap();
+        assert_eq!(minimal.listen, "127.0.0.1:9464");
     }
 }

@@ -3,6 +3,7 @@
 //! whenever the fleet changed or a heartbeat is due. The binary (`src/main.rs`) is a thin shell
 //! around these modules so tests and benchmarks can drive the same code.
 
+pub mod budget;
 pub mod config;
 pub mod discovery;
 pub mod engines;

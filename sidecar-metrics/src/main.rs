@@ -43,12 +43,15 @@ struct RunArgs {
     /// Push target: `http://host:port[/path]` or `host:port` (path defaults to /__llm_router/snapshot).
     #[arg(long)]
     push: Option<String>,
-    /// Push secret (or use --secret-env / the config file).
+    /// Push secret (or use --secret-env / --secret-file / the config file); at least 32 bytes.
     #[arg(long)]
     secret: Option<String>,
     /// Environment variable holding the push secret.
     #[arg(long)]
     secret_env: Option<String>,
+    /// File holding the push secret (e.g. a mounted Kubernetes Secret; trailing newline ignored).
+    #[arg(long)]
+    secret_file: Option<String>,
     /// A pool: `name=N,cluster=C,models=M1+M2,endpoints=IP:PORT+IP:PORT[,engine=E][,path=/metrics]`
     /// (repeatable; replaces the pools of --config).
     #[arg(long = "pool")]
@@ -83,7 +86,7 @@ enum CliError {
     PoolSpec { spec: String, reason: String },
     #[error("--push {0:?} is not http://host:port[/path] or host:port")]
     PushSpec(String),
-    #[error("--push needs a secret: give --secret or --secret-env")]
+    #[error("--push needs a secret: give --secret, --secret-env or --secret-file")]
     NoSecret,
     #[error(transparent)]
     Start(#[from] sidecar_metrics::sidecar::StartError),
@@ -166,10 +169,11 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
                     path: path.unwrap_or_else(|| "/__llm_router/snapshot".into()),
                     secret: a.secret.clone(),
                     secret_env: a.secret_env.clone(),
-                    secret_file: None,
+                    secret_file: a.secret_file.clone(),
                     timeout_ms: 1000,
                 },
                 scrape: Default::default(),
+                snapshot: Default::default(),
                 heartbeat_ms: 1000,
                 pod_stale_after_ms: 1000,
                 listen: "127.0.0.1:9464".into(),
@@ -186,10 +190,10 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
             cfg.push.path = path;
         }
     }
-    if a.secret.is_some() || a.secret_env.is_some() {
+    if a.secret.is_some() || a.secret_env.is_some() || a.secret_file.is_some() {
         cfg.push.secret = a.secret.clone();
         cfg.push.secret_env = a.secret_env.clone();
-        cfg.push.secret_file = None;
+        cfg.push.secret_file = a.secret_file.clone();
     }
     if !a.pools.is_empty() {
         cfg.pools = a

@@ -26,8 +26,8 @@ pub enum PushSetupError {
         path: String,
         reason: String,
     },
-    #[error("the push secret is empty")]
-    BadSecret,
+    #[error("push secret refused: {0}")]
+    BadSecret(String),
 }
 
 /// How one push ended.
@@ -46,6 +46,9 @@ pub enum PushResult {
     Stale {
         newer: Option<u64>,
     },
+    /// 413: the proxy's buffer for the push (the internal listener's
+    /// `per_connection_buffer_limit_bytes`) is smaller than the snapshot.
+    TooLarge,
     OtherStatus(u16),
     Transport(String),
 }
@@ -59,6 +62,7 @@ impl PushResult {
             PushResult::Forbidden => "forbidden",
             PushResult::NotFound => "not_found",
             PushResult::Stale { .. } => "stale",
+            PushResult::TooLarge => "too_large",
             PushResult::OtherStatus(_) => "http_error",
             PushResult::Transport(_) => "transport_error",
         }
@@ -71,6 +75,8 @@ pub struct PushOutcome {
     pub result: PushResult,
     pub generation: u64,
     pub created_ms: u64,
+    /// Size of the pushed body.
+    pub bytes: usize,
     pub body: String,
 }
 
@@ -97,9 +103,7 @@ impl Pusher {
                 reason: e.to_string(),
             },
         )?;
-        if secret.is_empty() {
-            return Err(PushSetupError::BadSecret);
-        }
+        llm_router_snapshot::check_secret(secret).map_err(PushSetupError::BadSecret)?;
         let secret = secret.as_bytes().to_vec();
         let mut conn = HttpConnector::new();
         conn.set_nodelay(true);
@@ -121,10 +125,12 @@ impl Pusher {
 
     /// POSTs `body` (already `Snapshot::encode`d) and classifies the answer.
     pub async fn push(&self, body: Bytes, generation: u64, created_ms: u64) -> PushOutcome {
+        let bytes = body.len();
         let out = |result, body| PushOutcome {
             result,
             generation,
             created_ms,
+            bytes,
             body,
         };
         let signature = llm_router_snapshot::sign(&self.secret, &body);
@@ -170,6 +176,7 @@ impl Pusher {
                     409 => PushResult::Stale {
                         newer: stored_generation(&text),
                     },
+                    413 => PushResult::TooLarge,
                     s => PushResult::OtherStatus(s),
                 };
                 out(result, text)
@@ -213,13 +220,19 @@ mod tests {
 
     #[test]
     fn bad_targets_are_refused() {
-        assert!(Pusher::new("127.0.0.1:1", "/p", "s", Duration::from_secs(1)).is_ok());
+        const OK: &str = "0123456789abcdef0123456789abcdef";
+        assert!(Pusher::new("127.0.0.1:1", "/p", OK, Duration::from_secs(1)).is_ok());
+        for bad in ["", "s3cret", "change-me", &OK[1..]] {
+            match Pusher::new("127.0.0.1:1", "/p", bad, Duration::from_secs(1)) {
+                Err(e @ PushSetupError::BadSecret(_)) => {
+                    assert!(e.to_string().contains("openssl rand"), "{e}")
+                }
+                Err(e) => panic!("{bad:?}: {e}"),
+                Ok(_) => panic!("{bad:?} accepted"),
+            }
+        }
         assert!(matches!(
-            Pusher::new("127.0.0.1:1", "/p", "", Duration::from_secs(1)),
-            Err(PushSetupError::BadSecret)
-        ));
-        assert!(matches!(
-            Pusher::new("127.0.0.1:1 x", "/p", "s", Duration::from_secs(1)),
+            Pusher::new("127.0.0.1:1 x", "/p", OK, Duration::from_secs(1)),
             Err(PushSetupError::BadUri { .. })
         ));
     }

@@ -5,8 +5,11 @@
 //! scrapes are all back or when the next round is due (a hanging pod never holds the fleet's
 //! view back: it turns `stale`, then `failing` when its timeout fires). At the end of a round the
 //! snapshot is built and pushed if it differs from the last accepted one, if the heartbeat is due,
-//! or if the last push failed. Generations count up from the Unix time in ms at start, so a
-//! restarted sidecar is always newer than its previous life.
+//! or if the last push failed. Each push's generation is one past the last one and never behind
+//! the Unix clock in ms ([`next_generation`]), so a restarted sidecar is always newer than its
+//! previous life and no generation runs ahead of the clock; a 409 naming a newer generation is
+//! jumped past unless that generation is from the future ([`after_conflict`]). Before a push the
+//! snapshot is trimmed to its byte budgets (`crate::budget`).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,7 +25,8 @@ use rand::Rng;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::Config;
+use crate::budget::{self, Budget, Trim};
+use crate::config::{Config, MIN_SNAPSHOT_MAX_BYTES};
 use crate::discovery::{self, DiscoveryError, Endpoints};
 use crate::engines::PodMetrics;
 use crate::face;
@@ -47,6 +51,29 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+}
+
+/// The generation of the next push: one past the last one used (or past the newest a 409 named)
+/// and never behind the clock, `max(last + 1, now_ms)`; `None` only at the end of `u64`.
+pub fn next_generation(last: u64, now_ms: u64) -> Option<u64> {
+    last.checked_add(1).map(|n| n.max(now_ms))
+}
+
+/// After a 409 naming the proxy's stored generation `newer`: the new "last generation" to count
+/// on from, or `None` when `newer` is more than [`llm_router_snapshot::MAX_GENERATION_LEAD_MS`]
+/// ahead of our clock (a forged or corrupt generation held by the proxy: jumping past it would
+/// push every later generation far into the future, up to the end of `u64`).
+pub fn after_conflict(last: u64, newer: u64, now_ms: u64) -> Option<u64> {
+    (newer <= now_ms.saturating_add(llm_router_snapshot::MAX_GENERATION_LEAD_MS))
+        .then_some(last.max(newer))
+}
+
+/// Which budget cut the last snapshot (for logging each change once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TrimState {
+    Whole,
+    Trimmed,
+    OverBudget,
 }
 
 /// Unix time in ms.
@@ -152,7 +179,13 @@ struct Loop {
     pools: Vec<PoolRt>,
     pusher: Pusher,
     stats: Arc<Stats>,
-    next_generation: u64,
+    /// The generation of the last push (or the newest a 409 named); 0 before the first.
+    last_generation: u64,
+    /// The budgets in force: the configured ones, `max_bytes` lowered after a 413.
+    budget: Budget,
+    trim_state: TrimState,
+    /// A 409 named a generation from the future (logged once until a push is accepted).
+    future_logged: bool,
     last_accepted: Option<Snapshot>,
     last_accepted_at: Option<Instant>,
     in_flight_snapshot: Option<Snapshot>,
@@ -321,6 +354,69 @@ impl Loop {
         }
     }
 
+    /// Applies the budgets; logs when what they cut changes.
+    fn trim(&mut self, snap: &mut Snapshot) -> Trim {
+        let t = budget::apply(snap, &self.budget);
+        let state = if !t.fits(&self.budget) {
+            TrimState::OverBudget
+        } else if t.dropped() > 0 {
+            TrimState::Trimmed
+        } else {
+            TrimState::Whole
+        };
+        if state != self.trim_state {
+            let b = &self.budget;
+            match state {
+                TrimState::OverBudget => tracing::error!(
+                    bytes_without_adapters = t.floor_bytes,
+                    max_bytes = b.max_bytes,
+                    pods = snap.pod_count(),
+                    "the snapshot exceeds snapshot.max_bytes even without adapter names; not pushed (raise snapshot.max_bytes with the filter's snapshot.max_bytes and the internal listener's per_connection_buffer_limit_bytes)"
+                ),
+                TrimState::Trimmed => tracing::warn!(
+                    dropped_for_pod_budget = t.by_pod.total(),
+                    dropped_for_total_budget = t.by_total.total(),
+                    pods_trimmed = t.pods_trimmed,
+                    bytes = t.bytes,
+                    max_bytes = b.max_bytes,
+                    max_pod_bytes = b.max_pod_bytes,
+                    "adapter names dropped from the snapshot to fit its byte budgets (waiting adapters first)"
+                ),
+                TrimState::Whole => {
+                    tracing::info!(bytes = t.bytes, "the snapshot fits its budgets whole again")
+                }
+            }
+            self.trim_state = state;
+        }
+        t
+    }
+
+    /// A 413: the proxy buffers less than our budget. Halve the budget (down to the smallest
+    /// accepted) so that the next pushes fit rather than repeating the same refusal.
+    fn too_large(&mut self, bytes: usize) {
+        let configured = self.cfg.snapshot.max_bytes;
+        let lowered = (bytes / 2)
+            .max(MIN_SNAPSHOT_MAX_BYTES)
+            .min(self.budget.max_bytes);
+        if lowered < self.budget.max_bytes {
+            self.budget.max_bytes = lowered;
+            self.stats.snapshot_budget(lowered);
+            tracing::error!(
+                bytes,
+                configured_max_bytes = configured,
+                now_max_bytes = lowered,
+                "the proxy refused a snapshot push of {bytes} bytes with 413: its buffer (the internal listener's per_connection_buffer_limit_bytes) is smaller than snapshot.max_bytes ({configured}); trimming snapshots to {lowered} bytes until restart. Set the listener's limit to snapshot.max_bytes"
+            );
+        } else {
+            tracing::error!(
+                bytes,
+                configured_max_bytes = configured,
+                now_max_bytes = self.budget.max_bytes,
+                "the proxy refused a snapshot push of {bytes} bytes with 413 at the smallest budget; raise the internal listener's per_connection_buffer_limit_bytes"
+            );
+        }
+    }
+
     fn build(&self, now: u64) -> Snapshot {
         let pools = self
             .pools
@@ -343,6 +439,7 @@ impl Loop {
     fn finish_round(&mut self, push_fut: &mut Option<BoxFut<PushOutcome>>) {
         let now = now_ms();
         let mut snap = self.build(now);
+        let trim = self.trim(&mut snap);
         self.stats.round_done(now);
         for p in &snap.pools {
             for pod in &p.pods {
@@ -367,18 +464,38 @@ impl Loop {
         if !(changed || heartbeat || self.retry) {
             return;
         }
-        snap.generation = self.next_generation;
-        self.next_generation += 1;
+        if !trim.fits(&self.budget) {
+            self.stats.snapshot_over_budget();
+            return;
+        }
+        let Some(generation) = next_generation(self.last_generation, now) else {
+            tracing::error!(
+                last = self.last_generation,
+                "no generation left after the last one; not pushed (restart the proxy)"
+            );
+            return;
+        };
+        snap.generation = generation;
         let bytes = match snap.encode() {
-            Ok(b) => {
+            Ok(b) if b.len() <= self.budget.max_bytes => {
                 self.stats.snapshot_encoded(b.len());
                 Bytes::from(b)
+            }
+            Ok(b) => {
+                tracing::error!(
+                    bytes = b.len(),
+                    max_bytes = self.budget.max_bytes,
+                    "snapshot over its budget after trimming; not pushed"
+                );
+                return;
             }
             Err(e) => {
                 tracing::error!(error = %e, "snapshot cannot be encoded; not pushed");
                 return;
             }
         };
+        self.last_generation = generation;
+        self.stats.snapshot_trimmed(&trim);
         let pusher = self.pusher.clone();
         let (generation, created) = (snap.generation, snap.created_ms);
         tracing::debug!(
@@ -403,6 +520,7 @@ impl Loop {
                 self.stats
                     .push_done(label, Some((o.generation, o.created_ms)));
                 self.retry = false;
+                self.future_logged = false;
                 self.last_accepted_at = Some(Instant::now());
                 let snap = self.in_flight_snapshot.take();
                 if transition {
@@ -417,8 +535,25 @@ impl Loop {
                 self.stats.push_done(label, None);
                 self.retry = true;
                 self.in_flight_snapshot = None;
-                if let PushResult::Stale { newer: Some(g) } = other {
-                    self.next_generation = self.next_generation.max(g.saturating_add(1));
+                match other {
+                    PushResult::Stale { newer: Some(g) } => {
+                        let now = now_ms();
+                        match after_conflict(self.last_generation, *g, now) {
+                            Some(last) => self.last_generation = last,
+                            None if !self.future_logged => {
+                                self.future_logged = true;
+                                tracing::error!(
+                                    stored_generation = *g,
+                                    ahead_ms = g.saturating_sub(now),
+                                    max_lead_ms = llm_router_snapshot::MAX_GENERATION_LEAD_MS,
+                                    "the proxy holds a snapshot generation from the future (not from this sidecar's clock); not jumping past it. Restart the proxy (a filter that bounds generations refuses such pushes), or fix the clock that made it"
+                                );
+                            }
+                            None => {}
+                        }
+                    }
+                    PushResult::TooLarge => self.too_large(o.bytes),
+                    _ => {}
                 }
                 if transition {
                     tracing::warn!(generation = o.generation, result = ?other, answer = %o.body.trim(), "snapshot push failed; retrying next round");
@@ -583,6 +718,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         addr: cfg.listen.clone(),
         source,
     })?;
+    stats.snapshot_budget(cfg.snapshot.max_bytes);
     let (snap_tx, snap_rx) = watch::channel(None);
     tracing::info!(
         face = %face_addr,
@@ -601,7 +737,13 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         pools,
         pusher,
         stats: stats.clone(),
-        next_generation: now_ms(),
+        last_generation: 0,
+        budget: Budget {
+            max_bytes: cfg.snapshot.max_bytes,
+            max_pod_bytes: cfg.snapshot.max_pod_bytes,
+        },
+        trim_state: TrimState::Whole,
+        future_logged: false,
         last_accepted: None,
         last_accepted_at: None,
         in_flight_snapshot: None,
@@ -619,4 +761,36 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         shutdown: shutdown_tx,
         tasks: vec![loop_task, face_task],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llm_router_snapshot::MAX_GENERATION_LEAD_MS;
+
+    #[test]
+    fn generations_follow_the_clock_and_never_wrap() {
+        assert_eq!(next_generation(0, 1_000), Some(1_000));
+        assert_eq!(next_generation(1_000, 1_000), Some(1_001));
+        assert_eq!(
+            next_generation(1_001, 5_000),
+            Some(5_000),
+            "catches up with the clock"
+        );
+        assert_eq!(next_generation(9_000, 5_000), Some(9_001));
+        assert_eq!(next_generation(u64::MAX - 1, 5), Some(u64::MAX));
+        assert_eq!(next_generation(u64::MAX, 5), None);
+    }
+
+    #[test]
+    fn a_conflict_from_the_future_is_not_followed() {
+        let now = 1_700_000_000_000;
+        assert_eq!(after_conflict(now, now + 10, now), Some(now + 10));
+        assert_eq!(after_conflict(now + 50, now + 10, now), Some(now + 50));
+        let edge = now + MAX_GENERATION_LEAD_MS;
+        assert_eq!(after_conflict(now, edge, now), Some(edge));
+        assert_eq!(after_conflict(now, edge + 1, now), None);
+        assert_eq!(after_conflict(now, u64::MAX, now), None);
+        assert_eq!(after_conflict(5, u64::MAX, u64::MAX - 3), Some(u64::MAX));
+    }
 }

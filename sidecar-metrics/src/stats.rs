@@ -25,12 +25,13 @@ pub const LATENCY_BUCKETS: [f64; 10] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
 /// Every push result, exported from the start (at 0) so that rates exist before the first one.
-pub const PUSH_RESULTS: [&str; 7] = [
+pub const PUSH_RESULTS: [&str; 8] = [
     "accepted",
     "invalid",
     "forbidden",
     "not_found",
     "stale",
+    "too_large",
     "http_error",
     "transport_error",
 ];
@@ -65,7 +66,20 @@ struct Inner {
     last_accepted_generation: u64,
     last_push_result: &'static str,
     snapshot_bytes: u64,
+    /// (budget, list) → adapters dropped from pushed snapshots, and from the last one.
+    adapters_dropped: BTreeMap<(&'static str, &'static str), u64>,
+    adapters_trimmed: BTreeMap<(&'static str, &'static str), u64>,
+    budget_bytes: u64,
+    over_budget: u64,
 }
+
+/// The `budget` × `list` label pairs of the adapter counters, all exported from the start.
+const TRIM_LABELS: [(&str, &str); 4] = [
+    ("pod", "running"),
+    ("pod", "waiting"),
+    ("total", "running"),
+    ("total", "waiting"),
+];
 
 /// Shared between the scrape loop and the HTTP face.
 #[derive(Default)]
@@ -203,6 +217,44 @@ impl Collector for Exposition {
         ConstGauge::new(i.snapshot_bytes as f64).encode(m)?;
 
         let m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_budget_bytes",
+            "Byte budget of a pushed snapshot in force: snapshot.max_bytes, or less after the proxy answered 413.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i.budget_bytes as f64).encode(m)?;
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_adapters_dropped",
+            "LoRA adapter names dropped from pushed snapshots: budget=pod to keep a pod within snapshot.max_pod_bytes, budget=total to keep the snapshot within snapshot.max_bytes; list=running|waiting.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (b, l) in TRIM_LABELS {
+            let n = i.adapters_dropped.get(&(b, l)).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
+        }
+
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshot_adapters_trimmed",
+            "LoRA adapter names missing from the last pushed snapshot because of the budgets.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (b, l) in TRIM_LABELS {
+            let n = i.adapters_trimmed.get(&(b, l)).copied().unwrap_or(0);
+            ConstGauge::new(n as i64).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
+        }
+
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_snapshots_over_budget",
+            "Snapshots not pushed because even without adapter names they exceed the byte budget.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(i.over_budget).encode(m)?;
+
+        let m = enc.encode_descriptor(
             "llm_router_sidecar_snapshot_age_seconds",
             "Age of the last snapshot the proxy accepted (-1: none yet).",
             None,
@@ -281,6 +333,32 @@ impl Stats {
     /// A snapshot was encoded for a push: its size in bytes.
     pub fn snapshot_encoded(&self, bytes: usize) {
         self.with(|i| i.snapshot_bytes = bytes as u64);
+    }
+
+    /// The budget in force (bytes).
+    pub fn snapshot_budget(&self, bytes: usize) {
+        self.with(|i| i.budget_bytes = bytes as u64);
+    }
+
+    /// A snapshot about to be pushed lost these adapters to the budgets.
+    pub fn snapshot_trimmed(&self, t: &crate::budget::Trim) {
+        self.with(|i| {
+            for (b, l) in TRIM_LABELS {
+                let lists = if b == "pod" { t.by_pod } else { t.by_total };
+                let n = if l == "running" {
+                    lists.running
+                } else {
+                    lists.waiting
+                };
+                *i.adapters_dropped.entry((b, l)).or_default() += n;
+                i.adapters_trimmed.insert((b, l), n);
+            }
+        });
+    }
+
+    /// A snapshot was not pushed: it exceeds the budget even without adapters.
+    pub fn snapshot_over_budget(&self) {
+        self.with(|i| i.over_budget += 1);
     }
 
     pub fn push_done(&self, result: &'static str, accepted: Option<(u64, u64)>) {

@@ -143,7 +143,7 @@ fn parse_refuses_unusable_text_with_a_reason() {
 fn check_names_the_bad_field() {
     let p = tmp_file(
         "bad.yaml",
-        "push: {address: 127.0.0.1:10000, secret: s}\npools:\n  - name: a\n    cluster: c\n    discovery: {static: [\"nope\"]}\n",
+        "push: {address: 127.0.0.1:10000, secret: sidecar-test-secret-0123456789abcdef}\npools:\n  - name: a\n    cluster: c\n    discovery: {static: [\"nope\"]}\n",
     );
     let out = Command::new(BIN)
         .arg("check")
@@ -155,7 +155,7 @@ fn check_names_the_bad_field() {
     assert!(err.contains("pools[0].discovery.static[0]"), "{err}");
     let p = tmp_file(
         "good.toml",
-        "[push]\naddress = \"127.0.0.1:10000\"\nsecret = \"s\"\n[[pools]]\nname = \"a\"\ncluster = \"c\"\n[pools.discovery]\nstatic = [\"127.0.0.1:1\"]\n",
+        "[push]\naddress = \"127.0.0.1:10000\"\nsecret_file = \"/run/secrets/llm-router\"\n[[pools]]\nname = \"a\"\ncluster = \"c\"\n[pools.discovery]\nstatic = [\"127.0.0.1:1\"]\n",
     );
     let out = Command::new(BIN)
         .arg("check")
@@ -166,6 +166,57 @@ fn check_names_the_bad_field() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A placeholder or a short secret stops the sidecar before it starts, from any source, with the
+/// shared policy's message (how to make one).
+#[test]
+fn weak_secrets_are_refused_at_startup() {
+    let pool = "name=llama,cluster=pool_llama,endpoints=127.0.0.1:1";
+    let run = |secret_args: &[&str], env: Option<&str>| {
+        let mut c = Command::new(BIN);
+        c.args(["run", "--push", "127.0.0.1:1", "--pool", pool])
+            .args(secret_args)
+            .args(["--listen", "127.0.0.1:0"]);
+        if let Some(v) = env {
+            c.env("SIDECAR_CLI_TEST_SECRET", v);
+        }
+        let out = c.output().expect("run");
+        assert!(!out.status.success(), "{secret_args:?} was accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--secret", "s3cret"], None);
+    assert!(e.contains("6 bytes") && e.contains("openssl rand"), "{e}");
+    let e = run(
+        &["--secret-env", "SIDECAR_CLI_TEST_SECRET"],
+        Some("change-me"),
+    );
+    assert!(
+        e.contains("push.secret_env") && e.contains("placeholder"),
+        "{e}"
+    );
+    let short = tmp_file("short-secret", "0123456789abcdef\n");
+    let e = run(&["--secret-file", short.to_str().expect("utf-8")], None);
+    assert!(
+        e.contains("push.secret_file") && e.contains("16 bytes"),
+        "{e}"
+    );
+    // `check` refuses an inline placeholder, naming the field.
+    let p = tmp_file(
+        "placeholder.yaml",
+        "push: {address: 127.0.0.1:10000, secret: change-me}\npools:\n  - name: a\n    cluster: c\n    discovery: {static: [\"127.0.0.1:1\"]}\n",
+    );
+    let out = Command::new(BIN)
+        .arg("check")
+        .arg(&p)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("push.secret") && e.contains("placeholder"),
+        "{e}"
     );
 }
 
@@ -185,13 +236,15 @@ async fn run_flag_form_pushes_and_stops_on_sigterm() {
         "name=llama,cluster=pool_llama,models=m1+m2,endpoints={}",
         fleet.endpoints().join("+")
     );
+    // The secret from a file, as a mounted Kubernetes Secret gives it (with a trailing newline).
+    let secret = tmp_file("secret", &format!("{SECRET}\n"));
     let child = Command::new(BIN)
         .args([
             "run",
             "--push",
             &format!("http://{}", proxy.addr),
-            "--secret",
-            "s3cret",
+            "--secret-file",
+            secret.to_str().expect("utf-8 path"),
             "--pool",
             &pool,
         ])

@@ -195,7 +195,9 @@ async fn pods_appearing_and_vanishing_in_dns_reach_the_snapshot() {
         20,
         1000,
     );
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     let has = |want: Vec<String>| {
         move |s: &[llm_router_snapshot::Snapshot]| s.last().is_some_and(|s| pod_addrs(s) == want)
     };

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sidecar-metrics");
-const SECRET: &str = "e2e-sidecar-secret";
+const SECRET: &str = "e2e-sidecar-secret-0123456789abcdef";
 const MODEL: &str = "llama-model";
 const STATE: &str = "/__llm_router/state";
 const LIMIT: Duration = Duration::from_secs(20);
@@ -222,7 +222,11 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
     // A sidecar with the wrong secret is refused, one pushing to the public listener finds no
     // endpoint; neither changes anything.
     for (target, secret, result) in [
-        (envoy.push_addr(), "wrong-secret", "forbidden"),
+        (
+            envoy.push_addr(),
+            "wrong-secret-0123456789abcdef-012345",
+            "forbidden",
+        ),
         (envoy.listen_addr, SECRET, "not_found"),
     ] {
         let mut cfg = common::config(

@@ -223,7 +223,9 @@ async fn endpointslice_changes_reach_the_snapshot() {
         }),
     });
     let cfg = config(proxy.addr, discovery, 20, 1000);
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     let has = |want: Vec<SocketAddr>| {
         let want: Vec<String> = want.iter().map(|a| a.to_string()).collect();
         move |s: &[llm_router_snapshot::Snapshot]| s.last().is_some_and(|s| pod_addrs(s) == want)

@@ -27,7 +27,9 @@ async fn pushes_follow_the_contract_only_on_change_or_heartbeat() {
         20,
         heartbeat,
     );
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
 
     let all_ok = |s: &llm_router_snapshot::Snapshot| {
         s.pool("llama")
@@ -121,7 +123,9 @@ async fn failing_and_stale_pods_are_marked_and_recover() {
     let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
     cfg.pod_stale_after_ms = 150;
     cfg.scrape.timeout_ms = 600;
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     let (a, b) = (fleet.addrs[0].to_string(), fleet.addrs[1].to_string());
     proxy
         .wait_for(
@@ -211,7 +215,9 @@ async fn failed_pushes_are_retried_and_a_newer_proxy_generation_is_overtaken() {
     let proxy = FakeProxy::start().await;
     *proxy.status.lock().expect("lock") = 503;
     let cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 5000);
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     // Unchanged state, heartbeat far away: only the retry rule makes these pushes happen.
     let start = std::time::Instant::now();
     while proxy.received().len() < 4 {
@@ -227,8 +233,9 @@ async fn failed_pushes_are_retried_and_a_newer_proxy_generation_is_overtaken() {
         .unwrap_or(0);
     assert!(failed >= 3, "{failed} failed pushes counted");
 
-    // The proxy holds a generation far ahead (e.g. written by another sidecar): 409, then overtake.
-    let ahead = now_ms() + 1_000_000_000;
+    // The proxy holds a generation ahead (e.g. written by another sidecar whose clock is a
+    // minute fast, within MAX_GENERATION_LEAD_MS): 409, then overtake.
+    let ahead = now_ms() + 60_000;
     *proxy.stored.lock().expect("lock") = ahead;
     *proxy.status.lock().expect("lock") = 200;
     let snaps = proxy
@@ -254,7 +261,9 @@ async fn face_serves_metrics_and_health_and_stops() {
     let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 0, 0.0))).await;
     let proxy = FakeProxy::start().await;
     let cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     proxy.wait_for("a push", LIMIT, |s| !s.is_empty()).await;
     let face = running.face_addr;
     // The accepted-push counter is updated when the answer arrives; wait for it.
@@ -299,7 +308,9 @@ async fn more_pods_than_the_concurrency_bound_all_get_scraped() {
     let proxy = FakeProxy::start().await;
     let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
     cfg.scrape.concurrency = 2;
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     proxy
         .wait_for("all 7 pods ok", LIMIT, |s| {
             s.last()
@@ -346,7 +357,9 @@ async fn a_pod_that_refuses_the_name_filter_is_scraped_plain() {
         1000,
     );
     assert!(cfg.scrape.name_filter);
-    let running = sidecar::start(cfg, "s3cret".into()).await.expect("start");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
     proxy
         .wait_for("the pod scraped without the query", LIMIT, |s| {
             s.last().and_then(|s| s.pool("llama")).is_some_and(|p| {
@@ -363,4 +376,125 @@ async fn a_pod_that_refuses_the_name_filter_is_scraped_plain() {
         "the filtered path was tried once"
     );
     server.abort();
+}
+
+/// A proxy holding a generation from the far future (a forged `u64::MAX - 1`, as an old filter
+/// would store it): the sidecar does not jump past it — that would put its counter at the end of
+/// `u64` (and wrap) — but keeps pushing generations from its clock, counted as stale.
+#[tokio::test]
+async fn a_generation_from_the_future_is_not_followed() {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.2))).await;
+    let proxy = FakeProxy::start().await;
+    *proxy.stored.lock().expect("lock") = u64::MAX - 1;
+    let started = now_ms();
+    let cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 5000);
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let start = std::time::Instant::now();
+    while proxy.received().len() < 6 {
+        assert!(start.elapsed() < LIMIT, "pushes were not retried");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stats = running.stats.clone();
+    running.stop().await;
+    let bound = now_ms() + llm_router_snapshot::MAX_GENERATION_LEAD_MS;
+    let gens: Vec<u64> = proxy
+        .received()
+        .into_iter()
+        .map(|r| r.snapshot.expect("decodes").generation)
+        .collect();
+    assert!(
+        gens.iter().all(|g| (started..=bound).contains(g)),
+        "generations left the clock: {gens:?}"
+    );
+    assert!(gens.windows(2).all(|w| w[0] < w[1]), "{gens:?}");
+    let sum = stats.summary();
+    assert_eq!(
+        sum.pushes.get("stale").copied(),
+        Some(gens.len() as u64),
+        "{sum:?}"
+    );
+}
+
+/// A proxy whose buffer is smaller than the budget answers 413: the sidecar counts and logs it,
+/// lowers its budget and trims adapter lists until its pushes fit, instead of repeating the
+/// refused push forever.
+#[tokio::test]
+async fn a_413_lowers_the_budget_until_pushes_fit() {
+    let fleet = FakeFleet::start(2, Answer::Text(vllm_text(0, 1, 0.2))).await;
+    for (i, a) in fleet.addrs.iter().enumerate() {
+        let tag = format!("p{i}");
+        let text = vllm_lora_text(
+            &adapter_names(&format!("{tag}r"), 600, 30),
+            &adapter_names(&format!("{tag}w"), 400, 30),
+        );
+        fleet.set(*a, Answer::Text(text));
+    }
+    let proxy = FakeProxy::start().await;
+    let limit = 20_000;
+    *proxy.max_body.lock().expect("lock") = limit;
+    let cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 5000);
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let snaps = proxy
+        .wait_for("an accepted push with adapters", LIMIT, |_| {
+            running.stats.summary().pushes.contains_key("accepted")
+        })
+        .await;
+    let accepted = snaps.last().expect("one");
+    let adapters: usize = accepted
+        .pool("llama")
+        .expect("pool")
+        .pods
+        .iter()
+        .filter_map(|p| p.lora.as_ref())
+        .map(|l| l.running.len() + l.waiting.len())
+        .sum();
+    assert!(adapters > 0 && adapters < 2000, "{adapters} adapters");
+    assert!(accepted.encode().expect("encodes").len() <= limit);
+    let sum = running.stats.summary();
+    let refused = sum.pushes.get("too_large").copied().unwrap_or(0);
+    // 62 KB → 31 KB → 15.5 KB: two refusals, not a loop.
+    assert!((1..=3).contains(&refused), "{sum:?}");
+    let (status, text) = http_get(running.face_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let (samples, errors) = sidecar_metrics::prom::parse_all(&text);
+    assert!(errors.is_empty(), "{errors:?}");
+    let get = |name: &str, labels: &[(&str, &str)]| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.label(k).as_deref() == Some(*v))
+            })
+            .map(|s| s.value)
+    };
+    let budget = get("llm_router_sidecar_snapshot_budget_bytes", &[]).expect("budget");
+    assert!(budget <= limit as f64, "{budget}");
+    assert_eq!(
+        get(
+            "llm_router_sidecar_pushes_total",
+            &[("result", "too_large")]
+        ),
+        Some(refused as f64)
+    );
+    let dropped = get(
+        "llm_router_sidecar_snapshot_adapters_dropped_total",
+        &[("budget", "total"), ("list", "waiting")],
+    )
+    .expect("dropped");
+    assert!(dropped >= 800.0, "{dropped}");
+    assert_eq!(
+        get(
+            "llm_router_sidecar_snapshot_adapters_trimmed",
+            &[("budget", "total"), ("list", "waiting")]
+        ),
+        Some(800.0),
+        "all waiting adapters go before running ones"
+    );
+    running.stop().await;
 }

@@ -16,6 +16,10 @@ use llm_router_snapshot::Snapshot;
 use sidecar_metrics::config::{Config, Discovery, PoolConfig, PushConfig, ScrapeConfig};
 use tokio::net::TcpListener;
 
+/// The push secret every test sidecar and fake proxy uses (the sidecar refuses secrets under 32
+/// bytes, as the filter does).
+pub const SECRET: &str = "sidecar-test-secret-0123456789abcdef";
+
 /// The real `/metrics` samples kept in the repository (`test-harness/fixtures/metrics`); a
 /// missing folder fails the calling test and names the path.
 pub fn metrics_fixtures_dir() -> std::path::PathBuf {
@@ -43,6 +47,27 @@ pub fn vllm_text(waiting: u32, running: u32, kv: f64) -> String {
          vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"m1\"}} {kv}\n\
          # TYPE vllm:cache_config_info gauge\n\
          vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"1000\"}} 1.0\n"
+    )
+}
+
+/// `n` adapter names of exactly `len` bytes, distinct per `tag`.
+pub fn adapter_names(tag: &str, n: usize, len: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| {
+            let s = format!("{tag}-{i:05}-lora-");
+            format!("{s}{}", "x".repeat(len.saturating_sub(s.len())))
+        })
+        .collect()
+}
+
+/// vLLM text as [`vllm_text`] plus a `vllm:lora_requests_info` series listing these adapters.
+pub fn vllm_lora_text(running: &[String], waiting: &[String]) -> String {
+    format!(
+        "{}# TYPE vllm:lora_requests_info gauge\n\
+         vllm:lora_requests_info{{max_lora=\"8\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} 1.7e9\n",
+        vllm_text(1, 2, 0.3),
+        running.join(","),
+        waiting.join(",")
     )
 }
 
@@ -132,7 +157,7 @@ impl Drop for FakeFleet {
 pub struct Received {
     /// The old clear-text secret header (must not be sent any more).
     pub plain_secret: Option<String>,
-    /// The body's HMAC in `x-llm-router-signature` verifies under the test secret `s3cret`.
+    /// The body's HMAC in `x-llm-router-signature` verifies under the test [`SECRET`].
     pub signed: bool,
     pub content_type: Option<String>,
     pub snapshot: Result<Snapshot, String>,
@@ -147,6 +172,8 @@ pub struct FakeProxy {
     pub status: Arc<Mutex<u16>>,
     /// The generation it holds (a 409 is answered for anything not newer).
     pub stored: Arc<Mutex<u64>>,
+    /// Bodies longer than this are answered 413 (as Envoy does past the listener's buffer).
+    pub max_body: Arc<Mutex<usize>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -155,6 +182,7 @@ struct ProxyState {
     got: Arc<Mutex<Vec<Received>>>,
     status: Arc<Mutex<u16>>,
     stored: Arc<Mutex<u64>>,
+    max_body: Arc<Mutex<usize>>,
 }
 
 async fn receive(
@@ -169,11 +197,14 @@ async fn receive(
             .map(str::to_owned)
     };
     let snapshot = Snapshot::decode(&body).map_err(|e| e.to_string());
-    let status = *s.status.lock().expect("lock");
+    let mut status = *s.status.lock().expect("lock");
+    if body.len() > *s.max_body.lock().expect("lock") {
+        status = 413;
+    }
     s.got.lock().expect("lock").push(Received {
         plain_secret: h("x-llm-router-secret"),
         signed: llm_router_snapshot::verify(
-            b"s3cret",
+            SECRET.as_bytes(),
             &body,
             h(llm_router_snapshot::SIGNATURE_HEADER).as_deref(),
         )
@@ -222,13 +253,16 @@ impl FakeProxy {
         let got = Arc::new(Mutex::new(Vec::new()));
         let status = Arc::new(Mutex::new(200));
         let stored = Arc::new(Mutex::new(0));
+        let max_body = Arc::new(Mutex::new(usize::MAX));
         let st = ProxyState {
             got: got.clone(),
             status: status.clone(),
             stored: stored.clone(),
+            max_body: max_body.clone(),
         };
         let app = Router::new()
             .route("/__llm_router/snapshot", post(receive))
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(st);
         let task = tokio::spawn(async move {
             let _ = axum::serve(l, app).await;
@@ -238,6 +272,7 @@ impl FakeProxy {
             got,
             status,
             stored,
+            max_body,
             task,
         }
     }
@@ -292,7 +327,7 @@ pub fn config(
         push: PushConfig {
             address: proxy.to_string(),
             path: "/__llm_router/snapshot".into(),
-            secret: Some("s3cret".into()),
+            secret: Some(SECRET.into()),
             secret_env: None,
             secret_file: None,
             timeout_ms: 1000,
@@ -306,6 +341,7 @@ pub fn config(
         pod_stale_after_ms: 1000,
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
+        snapshot: Default::default(),
         pools: vec![PoolConfig {
             name: "llama".into(),
             cluster: "pool_llama".into(),
