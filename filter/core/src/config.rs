@@ -829,7 +829,13 @@ impl Config {
                              (letters, digits and _)"
                         ));
                     }
-                    let value = env(&name).unwrap_or_default();
+                    // A trailing line end is not part of the secret: a Kubernetes Secret made
+                    // from a file often ends in one, and the sidecar, reading the same Secret as
+                    // a mounted file, drops it too (both sides must key the HMAC alike).
+                    let value = env(&name)
+                        .unwrap_or_default()
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string();
                     if value.is_empty() {
                         return err(format!(
                         "snapshot.secret_env: environment variable {name} is not set or empty in \
@@ -1035,6 +1041,7 @@ mod tests {
     fn the_secret_can_come_from_an_environment_variable() {
         let env = |name: &str| match name {
             "LLM_ROUTER_SNAPSHOT_SECRET" => Some(KEY.to_string()),
+            "FROM_FILE" => Some(format!("{KEY}\r\n")),
             "SHORT" => Some("abc".to_string()),
             "EMPTY" => Some(String::new()),
             _ => None,
@@ -1043,6 +1050,9 @@ mod tests {
         let c =
             parse(r#"{"snapshot":{"endpoints":true,"secret_env":"LLM_ROUTER_SNAPSHOT_SECRET"}}"#)
                 .unwrap();
+        assert_eq!(c.snapshot.secret, KEY);
+        // As the sidecar reads a secret file: the trailing line end is not part of the key.
+        let c = parse(r#"{"snapshot":{"endpoints":true,"secret_env":"FROM_FILE"}}"#).unwrap();
         assert_eq!(c.snapshot.secret, KEY);
         for (var, needle) in [
             ("UNSET", "environment variable UNSET is not set or empty"),
