@@ -40,6 +40,8 @@ enum Expect {
     Refused,
     /// Either routed by the filter or refused by the gateway (normalisation decides).
     RoutedOrRefused,
+    /// Answered by the gateway itself (the filter's model list): 200, no pod receives it.
+    Answered,
 }
 
 struct Variant {
@@ -104,7 +106,8 @@ fn variants() -> Vec<Variant> {
         v("POST", "/tokenize", Some(r#"{"prompt":"hi"}"#), Refused),
         v("GET", "/metrics", None, Refused),
         v("GET", "/health", None, Refused),
-        v("GET", "/v1/models", None, Refused),
+        v("GET", "/v1/models", None, Answered),
+        v("POST", "/v1/models", Some("{}"), Refused),
         v("GET", "/v1/chat/completions", None, Refused),
         v("POST", "/v1/chat/completions", None, Refused),
         v(
@@ -207,7 +210,7 @@ async fn check_variants(label: &str, envoy: &EnvoyProcess, pods: &[EchoBackend],
                 .iter()
                 .all(|r| r.header("x-llm-router-cluster").is_some());
         let outcome = if count_now == before_count {
-            "refused"
+            "no pod"
         } else if routed {
             "routed"
         } else {
@@ -220,7 +223,8 @@ async fn check_variants(label: &str, envoy: &EnvoyProcess, pods: &[EchoBackend],
         let ok = match (v.expect, outcome) {
             (_, "UNROUTED AT A POD") => false,
             (Expect::Routed, o) => o == "routed" && status == 200,
-            (Expect::Refused, o) => o == "refused" && (400..500).contains(&status),
+            (Expect::Refused, o) => o == "no pod" && (400..500).contains(&status),
+            (Expect::Answered, o) => o == "no pod" && status == 200,
             (Expect::RoutedOrRefused, "routed") => status == 200,
             (Expect::RoutedOrRefused, _) => (400..500).contains(&status),
         };
@@ -268,11 +272,19 @@ fn first_model(bootstrap: &Value) -> String {
 
 /// Echo pods for every pool cluster of a bootstrap (two per pool).
 async fn pods_for(clusters: &[String]) -> (Vec<EchoBackend>, BTreeMap<String, Vec<SocketAddr>>) {
+    pods_n(clusters, 2).await
+}
+
+/// `n` echo pods for every pool cluster of a bootstrap.
+async fn pods_n(
+    clusters: &[String],
+    n: usize,
+) -> (Vec<EchoBackend>, BTreeMap<String, Vec<SocketAddr>>) {
     let mut pods = Vec::new();
     let mut map = BTreeMap::new();
     for c in clusters {
         let mut addrs = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..n {
             let p = EchoBackend::start().await.unwrap();
             addrs.push(p.addr());
             pods.push(p);
@@ -297,7 +309,7 @@ async fn env_secret_signs_pushes(label: &str, envoy: &EnvoyProcess) {
     };
     let bytes = snap.encode().unwrap();
     for (secret, want) in [
-        ("another-secret-0123456789abcdef0123456789", 401),
+        ("another-secret-0123456789abcdef0123456789", 403),
         (ENV_SECRET, 200),
     ] {
         let sig = llm_router_snapshot::sign(secret.as_bytes(), &bytes);
@@ -501,4 +513,124 @@ async fn shipped_gateway_api_routes_leave_no_path_around_the_filter() {
         let model = model_of(&public).expect("a pool with a model");
         check_variants(folder, &envoy, &pods, &model).await;
     }
+}
+
+/// One broken pod among four, on the shipped `envoy/envoy.yaml`: it reports an empty engine
+/// (waiting 0, KV 0, the best state in the pool) and answers every request at once with a 500.
+/// The filter ranks it first on what it reports; the shipped clusters' outlier detection ejects
+/// it after a few errors and `override_host` then skips it for the next pod of the filter's list,
+/// so it serves no more than 1.5× its fair share of a mixed run. (Without `outlier_detection`
+/// in the cluster it takes nearly every request.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
+    if !testkit::stack_ready(
+        "a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool",
+        [],
+    ) {
+        return;
+    }
+    let wasm = testkit::filter_wasm().unwrap();
+    let docs = example_docs();
+    let (origin, bootstrap) = envoy_bootstraps(&docs)
+        .into_iter()
+        .find(|(o, _)| o.starts_with("envoy/envoy.yaml"))
+        .unwrap();
+    let clusters = pool_clusters(&bootstrap);
+    let (pods, map) = pods_n(&clusters, 4).await;
+    let model = first_model(&bootstrap);
+    let mut configs = Vec::new();
+    wasm_configs(&bootstrap, &mut configs);
+    let plugin = plugin_of(&configs[0]);
+    let pool = &plugin["pools"][0];
+    let (pool_name, cluster) = (
+        pool["name"].as_str().unwrap().to_string(),
+        pool["cluster"].as_str().unwrap().to_string(),
+    );
+    let addrs = map[&cluster].clone();
+    let liar = addrs[0];
+    let liar_pod = pods.iter().find(|p| p.addr() == liar).unwrap();
+    liar_pod.set_status(500);
+    let dir = testkit::testlog_dir("edges-broken-pod").unwrap();
+    let local = localize(bootstrap, &wasm, &map, &dir.join("access.log"));
+    let envoy = tokio::task::spawn_blocking(move || {
+        start_shipped("edges-broken-pod", &local, &[(SECRET_ENV, ENV_SECRET)], 2)
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{origin}: Envoy did not start: {e}"));
+    let internal = listener_addr(&envoy, "llm_router_internal").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let report = |a: &SocketAddr, waiting: u32, kv: f32| llm_router_snapshot::Pod {
+        address: a.to_string(),
+        engine: llm_router_snapshot::Engine::Vllm,
+        health: llm_router_snapshot::Health::Ok,
+        scraped_at_ms: now,
+        waiting,
+        running: if waiting == 0 { 0 } else { 4 },
+        kv_usage: Some(kv),
+        block_size: 16,
+        num_blocks: 2000,
+        ..llm_router_snapshot::Pod::default()
+    };
+    let snap = llm_router_snapshot::Snapshot {
+        generation: now,
+        created_ms: now,
+        pools: vec![llm_router_snapshot::Pool {
+            name: pool_name,
+            cluster: cluster.clone(),
+            models: vec![model.clone()],
+            pods: addrs
+                .iter()
+                .map(|a| {
+                    if *a == liar {
+                        report(a, 0, 0.0)
+                    } else {
+                        report(a, 3, 0.5)
+                    }
+                })
+                .collect(),
+        }],
+    };
+    let bytes = snap.encode().unwrap();
+    let sig = llm_router_snapshot::sign(ENV_SECRET.as_bytes(), &bytes);
+    let r = testkit::post_bytes(
+        internal,
+        "/__llm_router/snapshot",
+        &[(llm_router_snapshot::SIGNATURE_HEADER, &sig)],
+        bytes,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let n = 120;
+    for i in 0..n {
+        // Mixed: short and long prompts, streamed and not.
+        let text = "word ".repeat(1 + (i * 37) % 400);
+        let body = json!({"model": model, "stream": i % 3 == 0,
+            "messages": [{"role": "user", "content": format!("{i} {text}")}]});
+        let _ = testkit::post_json(envoy.listen_addr, "/v1/chat/completions", &[], &body).await;
+    }
+    let served: Vec<u64> = addrs
+        .iter()
+        .map(|a| {
+            pods.iter()
+                .find(|p| p.addr() == *a)
+                .unwrap()
+                .request_count()
+        })
+        .collect();
+    let total: u64 = served.iter().sum();
+    let share = served[0] as f64 / total as f64;
+    let fair = 1.0 / addrs.len() as f64;
+    eprintln!("requests per pod (broken first): {served:?}, share {share:.3}");
+    eprintln!("DEBUG {:?}", envoy.admin_get("/stats?filter=outlier|ejections|health"));
+    eprintln!("DEBUG {:?}", envoy.admin_get("/clusters"));
+    assert!(total >= n as u64, "{served:?}");
+    assert!(
+        share <= 1.5 * fair,
+        "the broken pod drew {share:.2} of the pool's requests (fair {fair:.2}): {served:?}"
+    );
 }

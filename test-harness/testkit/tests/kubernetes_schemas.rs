@@ -1,4 +1,4 @@
-//! The core Kubernetes kinds in `envoy/` (Deployment, Service, ConfigMap, Secret, RBAC, …)
+//! The core Kubernetes kinds in `envoy/` (Deployment, Service, ConfigMap, NetworkPolicy, RBAC, …)
 //! against Kubernetes' own OpenAPI schemas, with `kubernetes-validate --strict` (PyPI, installed
 //! into `.venv` by `./build.sh setup`): unknown fields, wrong types and missing required fields
 //! fail. The strategic-merge patch for controller-made gateways is checked as the Deployment it
@@ -152,7 +152,7 @@ fn core_kubernetes_kinds_match_kubernetes_schemas() {
         "Deployment",
         "Service",
         "ConfigMap",
-        "Secret",
+        "NetworkPolicy",
         "ServiceAccount",
         "Role",
         "RoleBinding",

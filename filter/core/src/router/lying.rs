@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 const POOL: &str = "llama";
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const CONFIG: &str = r#"{"pools": [{"name": "llama", "cluster": "pool_llama",
-  "models": ["meta-llama/Llama-3.1-8B-Instruct"]}], "snapshot": {"secret": "s"}}"#;
+  "models": ["meta-llama/Llama-3.1-8B-Instruct"]}], "snapshot": {"secret": "router-test-secret-0123456789abcdef"}}"#;
 const PODS: usize = 4;
 const LIAR: usize = 3;
 /// Simulation step and scrape interval (ms).
