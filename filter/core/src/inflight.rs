@@ -12,8 +12,16 @@
 //! `in_flight now − in_flight then` is the load this proxy added (or removed) since the pods
 //! were last observed, which keeps a burst between two scrapes from herding onto one pod.
 //!
-//! Encoding (little-endian): `b'L' | version u8 = 2 | mean_prefill_tokens f32 | count u16 |
-//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 5 × f64) * count`. A value that
+//! It also keeps, per pod, how its answers went: consecutive server errors (5xx) and, once there
+//! were [`EJECT_AFTER_ERRORS`] in a row, until when the pod is put behind the others
+//! ([`PodLoad::ejected`]). A pod that answers every request at once with an error has nothing in
+//! flight and looks idle in its own metrics; this is what keeps it from drawing the pool (Envoy's
+//! outlier detection ejects it too, but the `override_host` policy sends a request to the pod the
+//! filter names whatever its health: seen in Envoy 1.40, `test-harness/e2e/tests/edges.rs`).
+//!
+//! Encoding (little-endian): `b'L' | version u8 = 3 | mean_prefill_tokens f32 | count u16 |
+//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 5 × f64 | errors u16 |
+//! ejected_until_ms u64) * count`. A value that
 //! does not decode reads as empty: the table is an estimate and heals itself.
 
 use crate::predict::Fit;
@@ -21,7 +29,13 @@ use crate::store::{SharedStore, StoreError};
 use crate::wire::Reader;
 use std::collections::BTreeMap;
 
-const TAG: [u8; 2] = [b'L', 2];
+const TAG: [u8; 2] = [b'L', 3];
+/// Consecutive server errors after which a pod is put behind the others (Envoy's
+/// `consecutive_5xx` default is 5; the shipped clusters use the same).
+pub const EJECT_AFTER_ERRORS: u16 = 5;
+/// How long a pod stays behind the others after its last error in such a run (then one request
+/// probes it: a success clears it, another error puts it back at once).
+pub const EJECT_MS: u64 = 10_000;
 /// Weight of a new request in the pool's mean prefill size.
 const MEAN_ALPHA: f32 = 0.05;
 /// Entries kept at most; idle ones go first.
@@ -43,11 +57,42 @@ pub struct PodLoad {
     pub in_flight: u32,
     pub pending_tokens: u32,
     pub fit: Fit,
+    /// Server errors (5xx) in a row from this pod; a success resets it.
+    pub errors: u16,
+    /// Until when (host ms) the pod goes behind the others; 0 = not.
+    pub ejected_until_ms: u64,
 }
 
 impl PodLoad {
     fn idle(&self) -> bool {
-        self.in_flight == 0 && self.pending_tokens == 0
+        self.in_flight == 0 && self.pending_tokens == 0 && self.errors == 0
+    }
+
+    /// Whether the pod is behind the others at `now_ms` (a run of errors ended recently).
+    pub fn ejected(&self, now_ms: u64) -> bool {
+        self.errors >= EJECT_AFTER_ERRORS && now_ms < self.ejected_until_ms
+    }
+}
+
+/// How a routed request's answer went, for the pod's error run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod answered (any status below 500): its error run ends.
+    Answered,
+    /// The pod answered with a server error (5xx).
+    ServerError,
+    /// Nothing is known (no answer reached the filter: a client abort, a reset).
+    Unknown,
+}
+
+impl Outcome {
+    /// From the response status the pod sent (0 = none).
+    pub fn of_status(status: u16) -> Outcome {
+        match status {
+            0 => Outcome::Unknown,
+            500.. => Outcome::ServerError,
+            _ => Outcome::Answered,
+        }
     }
 }
 
@@ -86,6 +131,8 @@ impl Table {
                     sww: r.f64()?,
                     swt: r.f64()?,
                 },
+                errors: r.u16()?,
+                ejected_until_ms: r.u64()?,
             };
             entries.push((addr.to_string(), load));
         }
@@ -114,6 +161,8 @@ impl Table {
             for x in [l.fit.n, l.fit.sw, l.fit.st, l.fit.sww, l.fit.swt] {
                 out.extend_from_slice(&x.to_le_bytes());
             }
+            out.extend_from_slice(&l.errors.to_le_bytes());
+            out.extend_from_slice(&l.ejected_until_ms.to_le_bytes());
         }
         out
     }
@@ -276,10 +325,37 @@ pub fn first_byte(
 /// A request's stream to `addr` ended; `pending` is what it still had pending (its tokens when
 /// no first byte ever came, else 0).
 pub fn finished(store: &impl SharedStore, pool: &str, addr: &str, pending: u32) -> bool {
+    finished_with(store, pool, addr, pending, Outcome::Unknown, 0)
+}
+
+/// [`finished`], with how the pod answered (at `now_ms`): a server error extends its error run
+/// and, from [`EJECT_AFTER_ERRORS`] in a row, puts it behind the others for [`EJECT_MS`]; an
+/// answer ends the run. In the same update as the count, so it costs no extra write.
+pub fn finished_with(
+    store: &impl SharedStore,
+    pool: &str,
+    addr: &str,
+    pending: u32,
+    outcome: Outcome,
+    now_ms: u64,
+) -> bool {
     update(store, pool, |t| {
         t.with(addr, |l| {
             l.in_flight = l.in_flight.saturating_sub(1);
             l.pending_tokens = l.pending_tokens.saturating_sub(pending);
+            match outcome {
+                Outcome::Answered => {
+                    l.errors = 0;
+                    l.ejected_until_ms = 0;
+                }
+                Outcome::ServerError => {
+                    l.errors = l.errors.saturating_add(1);
+                    if l.errors >= EJECT_AFTER_ERRORS {
+                        l.ejected_until_ms = now_ms.saturating_add(EJECT_MS);
+                    }
+                }
+                Outcome::Unknown => {}
+            }
         });
     })
 }

@@ -390,7 +390,25 @@ impl Router {
                 lora: placement,
                 adapter_ms,
                 contradicted: false,
+                ejected: l.ejected(ctx.now_ms),
             });
+        }
+        // Pods answering server errors go behind the others, at most half of the pool (the
+        // longest error runs first), as Envoy's outlier detection bounds its ejections.
+        let ejected = cands.iter().filter(|c| c.ejected).count();
+        if ejected > cands.len() / 2 {
+            let mut runs: Vec<(u16, usize)> = cands
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.ejected)
+                .map(|(i, c)| (live.get(c.address).errors, i))
+                .collect();
+            runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            for &(_, i) in runs.iter().skip(cands.len() / 2) {
+                if let Some(c) = cands.get_mut(i) {
+                    c.ejected = false;
+                }
+            }
         }
         if full {
             trust::distrust(&mut cands);
@@ -555,6 +573,22 @@ impl Router {
     /// did not land (the caller owes it: [`inflight::Ledger`]).
     pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) -> bool {
         inflight::finished(store, pool, pod, pending)
+    }
+
+    /// [`Router::finished`], with the status the pod answered (0 = none reached the filter) at
+    /// `now_ms`: a run of server errors puts the pod behind the others for a while
+    /// ([`inflight::finished_with`]).
+    pub fn finished_with_status(
+        &self,
+        store: &impl SharedStore,
+        pool: &str,
+        pod: &str,
+        pending: u32,
+        status: u16,
+        now_ms: u64,
+    ) -> bool {
+        let outcome = inflight::Outcome::of_status(status);
+        inflight::finished_with(store, pool, pod, pending, outcome, now_ms)
     }
 
     /// The request was served by `served` although `chosen` was counted (an Envoy retry went to

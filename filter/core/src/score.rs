@@ -152,6 +152,10 @@ pub struct Candidate<'a> {
     /// its gauges were replaced by its peers' and it may hold no more than a fair share of
     /// this proxy's in-flight requests ahead of pods that are not contradicted.
     pub contradicted: bool,
+    /// A run of server errors from the pod ended less than [`crate::inflight::EJECT_MS`] ago
+    /// ([`crate::inflight::PodLoad::ejected`]): ranked after every pod that is not, whatever it
+    /// reports (at most half of a pool is put back this way).
+    pub ejected: bool,
 }
 
 impl Candidate<'_> {
@@ -383,7 +387,8 @@ pub fn rank(
         .into_iter()
         .map(|s| {
             let load = cands.get(s.index).map(Candidate::est_load).unwrap_or(0.0);
-            let over = trust::over_share(cands, s.index);
+            let over =
+                trust::over_share(cands, s.index) || cands.get(s.index).is_some_and(|c| c.ejected);
             (s, load, mix(f.tie, s.index as u64), over)
         })
         .collect();

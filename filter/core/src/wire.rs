@@ -33,6 +33,10 @@ impl<'a> Reader<'a> {
         self.array().map(u32::from_le_bytes)
     }
 
+    pub fn u64(&mut self) -> Option<u64> {
+        self.array().map(u64::from_le_bytes)
+    }
+
     pub fn f32(&mut self) -> Option<f32> {
         self.array().map(f32::from_le_bytes)
     }

@@ -176,6 +176,9 @@ struct Routed {
     /// in-flight count at the end (one load-table update instead of two) unless its timing
     /// teaches a rate.
     streamed: bool,
+    /// The status the serving pod answered with (0 until its response headers come): a run of
+    /// server errors puts the pod behind the others.
+    status: u16,
 }
 
 /// Where a routed request's token usage is counted, and the reader of its response body.
@@ -514,6 +517,7 @@ impl Http {
                 sent_ns: now_ns,
                 observe: parsed.stream || kind == ApiKind::Embeddings,
                 streamed: parsed.stream,
+                status: 0,
             });
         }
         Action::Continue
@@ -547,7 +551,12 @@ impl Http {
     fn release(&mut self) {
         if let Some(r) = self.routed.take() {
             let mut w = self.worker.borrow_mut();
-            if !w.router.finished(&HostStore, &r.pool, &r.pod, r.pending) {
+            // The clock is read only when the answer extends or ends an error run.
+            let now_ms = if r.status >= 500 { host::now_ms() } else { 0 };
+            if !w
+                .router
+                .finished_with_status(&HostStore, &r.pool, &r.pod, r.pending, r.status, now_ms)
+            {
                 // Lost to contention: paid on the next tick rather than leaked.
                 w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
             }
@@ -735,7 +744,8 @@ impl HttpContext for Http {
                 }
                 drop(w);
                 let h = headers.get_or_insert_with(host::response_headers);
-                if h.get(":status") != Some("200") {
+                r.status = h.get(":status").and_then(|v| v.parse().ok()).unwrap_or(0);
+                if r.status != 200 {
                     r.observe = false;
                 }
                 if end_of_stream {

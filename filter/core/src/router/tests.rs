@@ -802,3 +802,84 @@ fn replicas_keep_a_conversation_on_one_pod_when_its_turns_alternate() {
         );
     }
 }
+
+/// A pod that reports itself the best of the pool but answers every request with a server
+/// error: after a run of errors it goes behind the others (Envoy's outlier ejection does not
+/// stop `override_host` from sending it what the filter names), then one request probes it.
+#[test]
+fn a_pod_answering_server_errors_goes_behind_the_others_then_is_probed() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    let broken = "10.0.0.2:8000"; // the snapshot's favourite (waiting 0, KV 0.2)
+    let mut to_broken = 0;
+    for i in 0..100u64 {
+        let now = 1100 + i;
+        let out = go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+            ctx(now),
+        )
+        .unwrap();
+        let pod = out.endpoints[0].clone();
+        let status = if pod == broken { 500 } else { 200 };
+        to_broken += usize::from(pod == broken);
+        r.finished_with_status(&s, "llama", &pod, out.pending_tokens, status, now);
+    }
+    assert_eq!(
+        to_broken,
+        usize::from(inflight::EJECT_AFTER_ERRORS),
+        "the broken pod serves its error run, then nothing"
+    );
+    let load = inflight::read(&s, "llama").get(broken);
+    assert!(load.ejected(1200) && !load.ejected(1200 + inflight::EJECT_MS));
+    // Past the window one request probes it; a success ends the run.
+    let later = 1200 + inflight::EJECT_MS;
+    let fresh = Fleet::new(snapshot(), later - 100, vec![], &r.config);
+    let out = go(
+        &r,
+        &s,
+        Some(&fresh),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(later),
+    )
+    .unwrap();
+    assert_eq!(out.endpoints[0], broken);
+    r.finished_with_status(&s, "llama", broken, out.pending_tokens, 200, later);
+    assert_eq!(inflight::read(&s, "llama").get(broken).errors, 0);
+    // Client errors (4xx) are not the pod's fault: no run.
+    for _ in 0..10 {
+        r.finished_with_status(&s, "llama", broken, 0, 404, later);
+    }
+    assert!(!inflight::read(&s, "llama").get(broken).ejected(later));
+}
+
+/// At most half of a pool goes behind the others: when every pod errs, the longest runs do.
+#[test]
+fn at_most_half_of_a_pool_is_put_behind() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    for (pod, n) in [
+        ("10.0.0.1:8000", 9u32),
+        ("10.0.0.2:8000", 6),
+        ("10.0.0.3:8000", 5),
+    ] {
+        for _ in 0..n {
+            inflight::routed(&s, "llama", pod, 0);
+            r.finished_with_status(&s, "llama", pod, 0, 503, 1100);
+        }
+    }
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+        ctx(1101),
+    )
+    .unwrap();
+    // One of three may be put behind: the longest run (10.0.0.1); the others rank as before.
+    assert_eq!(out.endpoints, ["10.0.0.2:8000", "10.0.0.3:8000"]);
+}

@@ -42,6 +42,7 @@ fn pod(address: &str) -> Candidate<'_> {
         lora: Placement::default(),
         adapter_ms: 0.0,
         contradicted: false,
+        ejected: false,
     }
 }
 
