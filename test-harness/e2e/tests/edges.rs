@@ -294,6 +294,17 @@ async fn pods_n(
     (pods, map)
 }
 
+/// Starts a shipped bootstrap (from `localize`) with the secret in Envoy's environment.
+async fn run_shipped(name: String, bootstrap: Value) -> EnvoyProcess {
+    tokio::task::spawn_blocking(move || {
+        start_shipped(&name, &bootstrap, &[(SECRET_ENV, ENV_SECRET)], 2)
+            .map_err(|e| format!("{name}: Envoy did not start: {e}"))
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A push signed with the secret from Envoy's environment is accepted on the internal listener
 /// (the shipped configuration reads its secret there), one signed with another is refused.
 async fn env_secret_signs_pushes(label: &str, envoy: &EnvoyProcess) {
@@ -349,20 +360,7 @@ async fn shipped_plain_envoy_configs_leave_no_path_around_the_filter() {
         let model = first_model(&bootstrap);
         let dir = testkit::testlog_dir(&format!("edges-{label}")).unwrap();
         let local = localize(bootstrap, &wasm, &map, &dir.join("access.log"));
-        let envoy = tokio::task::spawn_blocking({
-            let label = label.clone();
-            move || {
-                start_shipped(
-                    &format!("edges-{label}"),
-                    &local,
-                    &[(SECRET_ENV, ENV_SECRET)],
-                    2,
-                )
-            }
-        })
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{origin}: Envoy did not start: {e}"));
+        let envoy = run_shipped(format!("edges-{label}"), local).await;
         env_secret_signs_pushes(&origin, &envoy).await;
         check_variants(&origin, &envoy, &pods, &model).await;
     }
@@ -504,12 +502,7 @@ async fn shipped_gateway_api_routes_leave_no_path_around_the_filter() {
         let dir = testkit::testlog_dir(&format!("edges-{}", folder.replace('/', "-"))).unwrap();
         let local = localize(bootstrap, &wasm, &map, &dir.join("access.log"));
         let name = format!("edges-{}", folder.replace('/', "-"));
-        let envoy = tokio::task::spawn_blocking(move || {
-            start_shipped(&name, &local, &[(SECRET_ENV, ENV_SECRET)], 2)
-        })
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{folder}: Envoy did not start: {e}"));
+        let envoy = run_shipped(name, local).await;
         let model = model_of(&public).expect("a pool with a model");
         check_variants(folder, &envoy, &pods, &model).await;
     }
@@ -532,7 +525,7 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
     }
     let wasm = testkit::filter_wasm().unwrap();
     let docs = example_docs();
-    let (origin, bootstrap) = envoy_bootstraps(&docs)
+    let (_, bootstrap) = envoy_bootstraps(&docs)
         .into_iter()
         .find(|(o, _)| o.starts_with("envoy/envoy.yaml"))
         .unwrap();
@@ -553,12 +546,7 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
     liar_pod.set_status(500);
     let dir = testkit::testlog_dir("edges-broken-pod").unwrap();
     let local = localize(bootstrap, &wasm, &map, &dir.join("access.log"));
-    let envoy = tokio::task::spawn_blocking(move || {
-        start_shipped("edges-broken-pod", &local, &[(SECRET_ENV, ENV_SECRET)], 2)
-    })
-    .await
-    .unwrap()
-    .unwrap_or_else(|e| panic!("{origin}: Envoy did not start: {e}"));
+    let envoy = run_shipped("edges-broken-pod".into(), local).await;
     let internal = listener_addr(&envoy, "llm_router_internal").unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
