@@ -544,6 +544,19 @@ fn containers(v: &Value) -> Vec<&Value> {
     out
 }
 
+/// The shipped ConfigMaps by name.
+fn configmaps(docs: &[Doc]) -> BTreeMap<String, &Value> {
+    of_kind(docs, "ConfigMap")
+        .iter()
+        .map(|d| {
+            (
+                d.value["metadata"]["name"].as_str().unwrap().to_string(),
+                &d.value,
+            )
+        })
+        .collect()
+}
+
 /// The sockets the processes of a Deployment's pod bind, from the configurations its containers
 /// mount: Envoy bootstraps (listeners and the admin API) and sidecar configurations (`listen`).
 fn pod_sockets(
@@ -609,15 +622,7 @@ fn probe_port(container: &Value, probe: &Value) -> Option<u64> {
 #[test]
 fn every_probe_targets_a_port_the_kubelet_can_reach() {
     let docs = example_docs();
-    let configmaps: BTreeMap<String, &Value> = of_kind(&docs, "ConfigMap")
-        .iter()
-        .map(|d| {
-            (
-                d.value["metadata"]["name"].as_str().unwrap().to_string(),
-                &d.value,
-            )
-        })
-        .collect();
+    let configmaps = configmaps(&docs);
     let mut probes = 0;
     for d in of_kind(&docs, "Deployment") {
         let sockets = pod_sockets(&d.value, &configmaps);
@@ -698,15 +703,7 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
         }
     }
     // The gateway pod: only the Service's ports and the probe ports.
-    let configmaps: BTreeMap<String, &Value> = of_kind(&docs, "ConfigMap")
-        .iter()
-        .map(|d| {
-            (
-                d.value["metadata"]["name"].as_str().unwrap().to_string(),
-                &d.value,
-            )
-        })
-        .collect();
+    let configmaps = configmaps(&docs);
     let gw = of_kind(&docs, "Deployment")
         .into_iter()
         .find(|d| d.value["metadata"]["name"] == "llm-gateway")
