@@ -183,11 +183,7 @@ fn only_the_api_paths_the_filter_routed_reach_a_pool() {
     }
     // And the filter itself refuses unknown paths wherever it is the last word.
     for d in &docs {
-        let mut values = vec![d.value.clone()];
-        for (_, text) in d.value["data"].as_object().into_iter().flatten() {
-            values.extend(documents(text.as_str().unwrap_or_default(), &d.origin));
-        }
-        for v in values {
+        for v in with_embedded(d) {
             let mut configs = Vec::new();
             wasm_configs(&v, &mut configs);
             for c in configs.iter().filter(|c| !endpoints_on(c)) {
@@ -353,11 +349,7 @@ fn every_shipped_envoy_has_an_overload_manager_and_reloads_a_failed_vm() {
     // Every copy of the filter: a trapped VM is reloaded, not left answering 503.
     let mut n = 0;
     for d in &docs {
-        let mut values = vec![d.value.clone()];
-        for (_, text) in d.value["data"].as_object().into_iter().flatten() {
-            values.extend(documents(text.as_str().unwrap_or_default(), &d.origin));
-        }
-        for v in values {
+        for v in with_embedded(d) {
             let mut configs = Vec::new();
             wasm_configs(&v, &mut configs);
             for c in configs {
@@ -422,11 +414,7 @@ fn snapshot_budgets_agree_from_sidecar_to_listener() {
     let docs = example_docs();
     let mut limits = BTreeSet::new();
     for d in &docs {
-        let mut values = vec![d.value.clone()];
-        for (_, text) in d.value["data"].as_object().into_iter().flatten() {
-            values.extend(documents(text.as_str().unwrap_or_default(), &d.origin));
-        }
-        for v in values {
+        for v in with_embedded(d) {
             let mut found = Vec::new();
             testkit::shipped::listeners(&v, &mut found);
             for l in found {
@@ -469,11 +457,7 @@ fn the_secret_comes_from_a_kubernetes_secret_never_a_file() {
             "{}: a shipped Secret's value is known to every reader; document how to make one",
             d.origin
         );
-        let mut values = vec![d.value.clone()];
-        for (_, text) in d.value["data"].as_object().into_iter().flatten() {
-            values.extend(documents(text.as_str().unwrap_or_default(), &d.origin));
-        }
-        for v in values {
+        for v in with_embedded(d) {
             let mut configs = Vec::new();
             wasm_configs(&v, &mut configs);
             for c in configs {
@@ -542,6 +526,16 @@ fn containers(v: &Value) -> Vec<&Value> {
         out.push(ep);
     }
     out
+}
+
+/// A document and every document embedded in its `data` (a ConfigMap's Envoy bootstrap or
+/// sidecar configuration).
+fn with_embedded(d: &Doc) -> Vec<Value> {
+    let mut values = vec![d.value.clone()];
+    for (_, text) in d.value["data"].as_object().into_iter().flatten() {
+        values.extend(documents(text.as_str().unwrap_or_default(), &d.origin));
+    }
+    values
 }
 
 /// The shipped ConfigMaps by name.
