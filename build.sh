@@ -240,6 +240,13 @@ ensure_rust_target() {
 cmd_package() {
   local lock_args=(--lock "$ROOT/envoy/artifacts.lock" --manifests "$ROOT/envoy")
   if [ "${1:-}" = "--no-lock" ]; then lock_args=(); fi
+  # The lock names the digest of the optimised module CI builds: an unoptimised module would
+  # write a digest nobody else reproduces. Install wasm-opt (as setup does) or refuse.
+  if ! command -v wasm-opt >/dev/null 2>&1; then
+    (apt_install binaryen) || true
+    command -v wasm-opt >/dev/null 2>&1 ||
+      die "package: wasm-opt not found and binaryen could not be installed; the packaged module must be the optimised one CI builds (install binaryen, then run again)"
+  fi
   build_wasm
   ensure_rust_target "$SIDECAR_TARGET"
   command -v musl-gcc >/dev/null 2>&1 || setup_packaging_tools

@@ -135,3 +135,46 @@ fn the_lock_names_the_images_of_this_build() {
         "envoy/artifacts.lock (left) does not name the images this build makes (right): {FIX}"
     );
 }
+
+/// `./build.sh package` on a machine without `wasm-opt` (and without a way to install it) stops
+/// before building, instead of packaging an unoptimised module and rewriting the lock to a digest
+/// CI never builds. Runs build.sh with a PATH that holds only the few tools it needs to reach
+/// that check (no cargo, no wasm-opt, no apt-get), so nothing is built.
+#[test]
+fn package_refuses_without_wasm_opt() {
+    let root = workspace_root();
+    let bin = std::env::temp_dir().join(format!("llmr-no-wasm-opt-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&bin);
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["bash", "dirname", "id", "mktemp"] {
+        let Some(found) = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+        else {
+            continue;
+        };
+        std::os::unix::fs::symlink(found, bin.as_path().join(tool)).unwrap();
+    }
+    let lock_before = std::fs::read(root.join("envoy/artifacts.lock")).unwrap();
+    let out = std::process::Command::new(bin.as_path().join("bash"))
+        .arg(root.join("build.sh"))
+        .arg("package")
+        .env_clear()
+        .env("PATH", bin.as_path())
+        .env("HOME", bin.as_path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "package succeeded without wasm-opt");
+    assert!(
+        stderr.contains("package: wasm-opt not found"),
+        "expected the refusal, got: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read(root.join("envoy/artifacts.lock")).unwrap(),
+        lock_before,
+        "the lock changed"
+    );
+    let _ = std::fs::remove_dir_all(&bin);
+}
