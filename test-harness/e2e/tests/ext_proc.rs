@@ -14,7 +14,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::json;
-use testkit::{EchoBackend, EnvoySpec, Router};
+use testkit::{EchoBackend, EnvoySpec, HttpResponse, Router};
+
+/// Status and the start of the body, for assertion messages.
+fn brief(r: &HttpResponse) -> String {
+    let body = String::from_utf8_lossy(&r.body[..r.body.len().min(200)]).into_owned();
+    format!("status {}: {body}", r.status)
+}
 
 fn ready(test: &str) -> bool {
     let missing: Vec<String> = [
@@ -58,7 +64,7 @@ async fn requests_pass_through_the_ext_proc_server_and_fail_without_it() {
         let r = testkit::post_json(envoy.listen_addr, "/v1/chat/completions", &[], &body)
             .await
             .unwrap();
-        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.status, 200, "{}", brief(&r));
     }
     let after = testkit::extproc_stats(picker.addr).unwrap();
     assert_eq!(after["streams"], N, "{after}");
@@ -77,11 +83,6 @@ async fn requests_pass_through_the_ext_proc_server_and_fail_without_it() {
     let r = testkit::post_json(envoy.listen_addr, "/v1/chat/completions", &[], &body)
         .await
         .unwrap();
-    assert!(
-        r.status >= 500,
-        "status {} without the processor: {}",
-        r.status,
-        String::from_utf8_lossy(&r.body)
-    );
+    assert!(r.status >= 500, "without the processor: {}", brief(&r));
     assert_eq!(backend.request_count(), N);
 }

@@ -237,6 +237,7 @@ mod tests {
         let body = HttpBody {
             body: vec![b'x'; 10],
             end_of_stream: true,
+            ..HttpBody::default()
         };
         let b = answer(&counts, req(In::RequestBody(body)));
         assert!(matches!(
