@@ -1059,7 +1059,8 @@ pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: 
         }
     }
     if cfg.overhead {
-        secs += if cfg.mode.quick { 45.0 } else { 90.0 };
+        // Overhead (4 arms × 4 sizes: ~25 s quick, ~2 min full) and sidecar cost (5 s / 15 s).
+        secs += if cfg.mode.quick { 45.0 } else { 150.0 };
     }
     let mut text = format!(
         "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",
