@@ -55,7 +55,7 @@ for r in $(seq 1 "$rounds"); do
   for v in "${variants[@]}"; do
     name="$v" extra=()
     [ "$v" = floor ] && name=full extra=(--pass-through)
-    LLM_ROUTER_FILTER_WASM="$out/$name.wasm" "$bench" overhead --requests 400 --rps-secs 4 \
+    LLM_ROUTER_FILTER_WASM="$out/$name.wasm" "$bench" overhead --requests 400 --rps-secs 4 --arms envoy,envoy_filter \
       "${extra[@]}" >"$out/$v.$r.json.txt" 2>&1
     python3 - "$out/$v.$r.json.txt" "$v" <<'PY' | tee -a "$summary"
 import json, sys

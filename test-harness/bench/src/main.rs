@@ -79,11 +79,23 @@ enum Cmd {
         #[arg(long)]
         scenario: Option<String>,
     },
-    /// Only the overhead bench (same Envoy with and without the filter, instant backend).
+    /// Only the overhead bench: direct, Envoy, Envoy + filter, Envoy + a no-op ext_proc (the
+    /// picker floor) in front of an instant backend; prints the per-arm table (stderr), whether
+    /// the filter had a snapshot and the plain-vs-filter cases (JSON, stdout).
     Overhead {
-        /// Sequential requests per arm (2 KB; the 200 KB case uses a quarter).
+        /// Sequential requests per arm (prompts up to 16 KiB; larger ones use a quarter).
         #[arg(long, default_value_t = 1000)]
         requests: usize,
+        /// Arms to run, comma-separated (direct, envoy, envoy_filter, envoy_ext_proc, peers);
+        /// default all. direct always runs (the baseline).
+        #[arg(long, value_delimiter = ',')]
+        arms: Vec<String>,
+        /// Prompt sizes, bytes, comma-separated; default 200,2048,16384,204800.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Also write everything measured (cases, every arm, notes) to this JSON file.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
         /// Closed-loop (maximum req/s) seconds per arm and size; 0 skips the closed loop, so
         /// only the sequential phase (latency, CPU per request) runs and nothing saturates.
         #[arg(long, default_value_t = 3.0)]
@@ -271,19 +283,36 @@ fn main() -> ExitCode {
                 requests,
                 rps_secs,
                 pass_through,
+                arms,
+                sizes,
+                json,
             } => {
                 let opts = bench::overhead::OverheadOptions {
                     latency_requests: requests,
                     rps_duration: std::time::Duration::from_secs_f64(rps_secs.clamp(0.0, 600.0)),
                     concurrency: 16,
                     pass_through,
+                    arms,
+                    sizes,
                 };
                 match bench::overhead::run(opts).await {
-                    Ok((cases, snapshot)) => {
-                        println!("filter had a snapshot: {snapshot}");
+                    Ok(o) => {
+                        eprint!("{}", bench::overhead::arms_table(&o.arms));
+                        for n in &o.notes {
+                            eprintln!("bench: overhead: {n}");
+                        }
+                        if let Some(path) = json {
+                            let text = serde_json::to_string_pretty(&o).unwrap_or_default();
+                            if let Err(e) = std::fs::write(&path, text) {
+                                eprintln!("bench: cannot write {}: {e}", path.display());
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                        // Stdout as before (ablation/run.sh parses the JSON after the first '[').
+                        println!("filter had a snapshot: {}", o.snapshot);
                         println!(
                             "{}",
-                            serde_json::to_string_pretty(&cases).unwrap_or_default()
+                            serde_json::to_string_pretty(&o.cases).unwrap_or_default()
                         );
                         ExitCode::SUCCESS
                     }

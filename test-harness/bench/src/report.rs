@@ -280,6 +280,10 @@ pub struct Report {
     /// The filter's own cost in front of an instant backend.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub overhead: Vec<OverheadCase>,
+    /// Every router arm of the overhead bench at every prompt size (added latency over direct,
+    /// router CPU per 1,000 requests).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overhead_arms: Vec<crate::overhead::ArmFigures>,
     /// The sidecar's cost (as its benchmark reported it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sidecar: Option<serde_json::Value>,
@@ -1029,8 +1033,8 @@ pub fn markdown(rep: &Report) -> String {
             };
             let _ = writeln!(
                 out,
-                "| {} KB | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.2}× | {verdict} |",
-                (c.body_bytes + 500) / 1000,
+                "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.2}× | {verdict} |",
+                crate::overhead::size_label(c.body_bytes),
                 c.plain_p50_ms,
                 c.filter_p50_ms,
                 c.added_p50_ms,
@@ -1045,6 +1049,13 @@ pub fn markdown(rep: &Report) -> String {
                 c.cpu_ratio
             );
         }
+    }
+    if !rep.overhead_arms.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n### Router overhead over direct (instant backend, every arm in one run)\n"
+        );
+        out.push_str(&crate::overhead::arms_table(&rep.overhead_arms));
     }
     diagnostics_table(&mut out, rep);
     if let Some(s) = &rep.sidecar {

@@ -1002,17 +1002,19 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         );
     }
     if cfg.overhead {
-        eprintln!("bench: overhead (same Envoy with and without the filter, instant backend)");
+        eprintln!("bench: overhead (direct, Envoy, Envoy + filter, Envoy + ext_proc floor; instant backend)");
         let opts = crate::overhead::OverheadOptions {
             latency_requests: if cfg.mode.quick { 400 } else { 2000 },
-            rps_duration: Duration::from_secs(if cfg.mode.quick { 2 } else { 5 }),
-            concurrency: 16,
-            pass_through: false,
+            rps_duration: Duration::from_secs(if cfg.mode.quick { 1 } else { 5 }),
+            ..crate::overhead::OverheadOptions::default()
         };
         match crate::overhead::run(opts).await {
-            Ok((c, snapshot)) => {
-                rep.overhead = c;
-                if !snapshot {
+            Ok(o) => {
+                rep.overhead = o.cases;
+                rep.overhead_arms = o.arms;
+                rep.notes
+                    .extend(o.notes.into_iter().map(|n| format!("overhead: {n}")));
+                if !o.snapshot {
                     rep.notes.push("overhead: the filter had no snapshot (sidecar push did not arrive); its arm measured the fallback path".into());
                 }
             }
@@ -1057,7 +1059,8 @@ pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: 
         }
     }
     if cfg.overhead {
-        secs += if cfg.mode.quick { 45.0 } else { 90.0 };
+        // Overhead (4 arms × 4 sizes: ~25 s quick, ~2 min full) and sidecar cost (5 s / 15 s).
+        secs += if cfg.mode.quick { 45.0 } else { 150.0 };
     }
     let mut text = format!(
         "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",

@@ -162,6 +162,12 @@ pub struct EnvoySpec {
     /// key is listed in each filter copy's `vm_config.environment_variables.host_env_keys`
     /// (e.g. the `snapshot.secret_env` variable, as a Kubernetes Secret would fill it).
     pub env: BTreeMap<String, String>,
+    /// An external processor at this address (e.g. `extproc-noop`, see
+    /// [`crate::start_extproc_noop`]): an `envoy.filters.http.ext_proc` filter just before the
+    /// router, the endpoint-picker architecture ([`ext_proc_http_filter`]), with its gRPC
+    /// cluster [`EXT_PROC_CLUSTER`]. `None` (default): no such filter. Benchmarks only; no
+    /// shipped configuration has it.
+    pub ext_proc: Option<SocketAddr>,
 }
 
 impl Default for EnvoySpec {
@@ -188,6 +194,7 @@ impl Default for EnvoySpec {
             endpoint_weights: BTreeMap::new(),
             pass_through_paths: Vec::new(),
             env: BTreeMap::new(),
+            ext_proc: None,
         }
     }
 }
@@ -216,6 +223,13 @@ impl EnvoySpec {
     /// Sets the plugin configuration (builder style).
     pub fn plugin_config(mut self, config: Value) -> Self {
         self.plugin_config = config;
+        self
+    }
+
+    /// Adds an ext_proc filter talking to the external processor at `addr` (builder style; see
+    /// [`EnvoySpec::ext_proc`]).
+    pub fn ext_proc(mut self, addr: SocketAddr) -> Self {
+        self.ext_proc = Some(addr);
         self
     }
 
@@ -314,6 +328,9 @@ impl EnvoySpec {
                 &self.env_keys(),
             )?);
         }
+        if self.ext_proc.is_some() {
+            http_filters.push(ext_proc_http_filter(EXT_PROC_CLUSTER));
+        }
         http_filters.push(json!({
             "name": "envoy.filters.http.router",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
@@ -332,7 +349,14 @@ impl EnvoySpec {
         if let (Some(h), Value::Object(edge)) = (hcm.as_object_mut(), edge_hcm_settings()) {
             h.extend(edge);
         }
-        let clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
+        let mut clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
+        if let Some(addr) = self.ext_proc {
+            clusters.push(ext_proc_cluster(
+                EXT_PROC_CLUSTER,
+                addr,
+                self.connect_timeout,
+            ));
+        }
         let mut listeners = vec![json!({
             "name": PUBLIC_LISTENER,
             "address": socket_address(&self.listen_ip.to_string(), self.listen_port),
@@ -680,6 +704,60 @@ pub fn override_host_policy(header: &str) -> Value {
             }}]},
         },
     }}]})
+}
+
+/// The gRPC cluster of [`EnvoySpec::ext_proc`].
+pub const EXT_PROC_CLUSTER: &str = "ext_proc";
+
+/// The `envoy.filters.http.ext_proc` filter entry of the endpoint-picker architecture, talking to
+/// `cluster` over Envoy's own gRPC client: request headers sent, the whole request body buffered
+/// and sent in one message (`BUFFERED`), nothing of the response (headers, body, trailers
+/// skipped), a picker that cannot be reached fails the request (`failure_mode_allow: false`,
+/// GAIE's FailClose). This is GAIE's first Envoy Gateway policy (request body `Buffered`,
+/// `messageTimeout: 1000s`) without its response processing; GAIE today streams both bodies
+/// through the picker (`FULL_DUPLEX_STREAMED`), which costs more. So with a no-op server behind
+/// it, the floor of the architecture.
+pub fn ext_proc_http_filter(cluster: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}},
+            "failure_mode_allow": false,
+            "message_timeout": "1000s",
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SKIP",
+                "response_body_mode": "NONE",
+                "response_trailer_mode": "SKIP",
+            },
+        },
+    })
+}
+
+/// A STATIC HTTP/2 (gRPC) cluster `name` with the one endpoint `addr`, limits as high as the
+/// pools' (GAIE's policy raises the picker cluster's connection limits for the same reason).
+pub fn ext_proc_cluster(name: &str, addr: SocketAddr, connect_timeout: Duration) -> Value {
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": format!("{}s", connect_timeout.as_secs_f64()),
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": socket_address(&addr.ip().to_string(), addr.port())}},
+        ]}]},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            },
+        },
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": 100_000, "max_pending_requests": 100_000,
+            "max_requests": 100_000, "max_retries": 10_000,
+        }]},
+    })
 }
 
 /// The Wasm HTTP filter entry for the llm-router module at `wasm` with `plugin_config`.
@@ -1119,6 +1197,58 @@ mod tests {
             p["typed_extension_config"]["name"],
             json!("envoy.load_balancing_policies.override_host")
         );
+    }
+
+    #[test]
+    fn ext_proc_filter_sits_before_the_router_with_its_grpc_cluster() {
+        let a: SocketAddr = "127.0.0.1:9001".parse().unwrap();
+        let picker: SocketAddr = "127.0.0.1:9100".parse().unwrap();
+        let plain = EnvoySpec::new(Router::RoundRobin).pool("a", "pool_a", vec![a]);
+        let doc = plain.bootstrap(Path::new("/x"), Path::new("/y")).unwrap();
+        let hcm = |d: &Value| {
+            d["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+                .clone()
+        };
+        assert_eq!(hcm(&doc)["http_filters"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            doc["static_resources"]["clusters"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        for router in [Router::RoundRobin, Router::Filter] {
+            let spec = EnvoySpec::new(router)
+                .pool("a", "pool_a", vec![a])
+                .ext_proc(picker);
+            let doc = spec.bootstrap(Path::new("/x"), Path::new("/y")).unwrap();
+            let filters = hcm(&doc)["http_filters"].as_array().unwrap().clone();
+            let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
+            let n = names.len();
+            assert_eq!(
+                &names[n - 2..],
+                ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+            );
+            let cfg = &filters[n - 2]["typed_config"];
+            assert_eq!(cfg["processing_mode"]["request_body_mode"], "BUFFERED");
+            assert_eq!(cfg["processing_mode"]["request_header_mode"], "SEND");
+            assert_eq!(cfg["processing_mode"]["response_header_mode"], "SKIP");
+            assert_eq!(cfg["failure_mode_allow"], false);
+            assert_eq!(
+                cfg["grpc_service"]["envoy_grpc"]["cluster_name"],
+                EXT_PROC_CLUSTER
+            );
+            let clusters = doc["static_resources"]["clusters"].as_array().unwrap();
+            let c = clusters
+                .iter()
+                .find(|c| c["name"] == EXT_PROC_CLUSTER)
+                .unwrap();
+            let ep = &c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+            assert_eq!(ep["address"]["socket_address"]["port_value"], 9100);
+            let opts = &c["typed_extension_protocol_options"]
+                ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+            assert!(opts["explicit_http_config"]["http2_protocol_options"].is_object());
+        }
     }
 
     #[test]

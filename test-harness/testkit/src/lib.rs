@@ -3,7 +3,8 @@
 //! - Paths: [`workspace_root`], [`target_dir`], [`envoy_binary`], [`filter_wasm`], [`bin`],
 //!   [`free_port`].
 //! - Processes: [`ChildGuard`] (killed by PID on drop, output in `<target>/testlogs/`),
-//!   [`start_model_sim`] and [`spawn_and_wait_http`] for our own servers.
+//!   [`start_model_sim`] and [`spawn_and_wait_http`] for our own servers,
+//!   [`start_extproc_noop`] for the no-op ext_proc server ([`EnvoySpec::ext_proc`]).
 //! - Envoy: [`EnvoySpec`] → [`EnvoyProcess`] (config generation, start, readiness, stats,
 //!   access log), [`validate_config`].
 //! - HTTP: [`post_json`], [`post_bytes`], [`get`], [`request`] and the in-process
@@ -14,6 +15,7 @@
 mod echo;
 mod envoy;
 mod error;
+mod extproc;
 mod http;
 mod paths;
 mod process;
@@ -22,13 +24,14 @@ pub mod shipped;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
-    least_request_full_scan_policy, override_host_policy, parse_host_rq_totals, parse_stats,
-    stats_config, validate_config, validate_config_env, wasm_http_filter,
-    wasm_http_filter_with_env, AccessLogEntry, EnvoyProcess, EnvoySpec, PoolSpec, Router,
-    CLUSTER_HEADER, DEFAULT_SECRET, ENDPOINT_HEADER, INTERNAL_BUFFER_LIMIT_BYTES,
-    PER_TRY_IDLE_TIMEOUT, RETRY_ON,
+    ext_proc_cluster, ext_proc_http_filter, least_request_full_scan_policy, override_host_policy,
+    parse_host_rq_totals, parse_stats, stats_config, validate_config, validate_config_env,
+    wasm_http_filter, wasm_http_filter_with_env, AccessLogEntry, EnvoyProcess, EnvoySpec, PoolSpec,
+    Router, CLUSTER_HEADER, DEFAULT_SECRET, ENDPOINT_HEADER, EXT_PROC_CLUSTER,
+    INTERNAL_BUFFER_LIMIT_BYTES, PER_TRY_IDLE_TIMEOUT, RETRY_ON,
 };
 pub use error::{Error, Result};
+pub use extproc::{extproc_stats, start_extproc_noop, start_extproc_noop_blocking};
 pub use http::{
     blocking_get, get, post_bytes, post_json, request, request_with_timeout, HttpResponse,
     DEFAULT_TIMEOUT,
