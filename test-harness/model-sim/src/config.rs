@@ -77,9 +77,14 @@ pub struct PodArgs {
     /// Seed (pod i of a command line uses seed + i).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Base model name; any other requested model is a LoRA adapter.
+    /// Base model name.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
+    /// The LoRA adapters the pod can load (comma list, like vLLM's `--lora-modules`); any
+    /// other model name is answered 404. Without it, names containing `lora` or starting with
+    /// `adapter` are adapters (see README.md).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_modules: Vec<String>,
     /// Address to bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -140,6 +145,8 @@ pub struct PodSpec {
     pub seed: Option<u64>,
     /// Base model.
     pub model: Option<String>,
+    /// Adapters the pod can load (default: the naming rule).
+    pub lora_modules: Option<Vec<String>>,
     /// Bind address.
     pub host: Option<IpAddr>,
     /// new | old | both.
@@ -269,6 +276,7 @@ impl PodArgs {
             max_cpu_loras: self.max_cpu_loras,
             seed: Some(self.seed),
             model: Some(self.model.clone()),
+            lora_modules: (!self.lora_modules.is_empty()).then(|| self.lora_modules.clone()),
             host: Some(self.host),
             kv_metric: Some(self.kv_metric.clone()),
             metrics_only: Some(self.metrics_only),
@@ -295,6 +303,10 @@ impl PodSpec {
             max_cpu_loras: self.max_cpu_loras.or(base.max_cpu_loras),
             seed: self.seed.or(base.seed),
             model: self.model.clone().or_else(|| base.model.clone()),
+            lora_modules: self
+                .lora_modules
+                .clone()
+                .or_else(|| base.lora_modules.clone()),
             host: self.host.or(base.host),
             kv_metric: self.kv_metric.clone().or_else(|| base.kv_metric.clone()),
             metrics_only: self.metrics_only.or(base.metrics_only),
@@ -330,6 +342,7 @@ impl PodSpec {
         cfg.max_cpu_loras = self.max_cpu_loras;
         cfg.seed = self.seed.unwrap_or(0).wrapping_add(seed_offset);
         cfg.model = self.model.clone().unwrap_or_else(|| DEFAULT_MODEL.into());
+        cfg.lora_modules = self.lora_modules.clone();
         if let Some(h) = self.host {
             cfg.host = h;
         }
@@ -508,6 +521,32 @@ mod tests {
         assert!(resolve(&cli(&["fleet"])).is_err());
         assert!(resolve(&cli(&["--port", "9-1"])).is_err());
         assert!(resolve(&cli(&["--engine", "tgi"])).is_err());
+    }
+
+    #[test]
+    fn lora_modules_from_the_command_line_and_files() {
+        let (pods, _) = resolve(&cli(&["--lora-modules", "sql-lora,chat-lora"]))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            pods[0].lora_modules,
+            Some(vec!["sql-lora".to_string(), "chat-lora".to_string()])
+        );
+        let (pods, _) = resolve(&cli(&[])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(pods[0].lora_modules, None);
+        let y = "defaults: {lora_modules: [a]}\npods:\n  - {port: 9001}\n  - {port: 9002, lora_modules: [b, c]}\n";
+        let f = parse_fleet(y, false).unwrap_or_else(|e| panic!("{e}"));
+        let base = f.defaults.over(&cli(&[]).pod.base_spec());
+        let mut pods = Vec::new();
+        for s in &f.pods {
+            s.over(&base)
+                .expand(&mut pods)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        assert_eq!(pods[0].lora_modules, Some(vec!["a".to_string()]));
+        assert_eq!(
+            pods[1].lora_modules,
+            Some(vec!["b".to_string(), "c".to_string()])
+        );
     }
 
     #[test]

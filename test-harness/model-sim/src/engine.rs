@@ -253,6 +253,8 @@ pub struct EngineState {
     pub kv_usage: f64,
     /// KV blocks in use.
     pub used_blocks: u32,
+    /// Prompt tokens of the waiting requests.
+    pub waiting_tokens: u64,
     /// Adapters of running requests, sorted.
     pub running_adapters: Vec<String>,
     /// Adapters of waiting requests, sorted.
@@ -772,6 +774,12 @@ impl Engine {
             waiting: self.waiting.len() as u32,
             kv_usage: self.kv.usage(),
             used_blocks: self.kv.used_blocks(),
+            waiting_tokens: self
+                .waiting
+                .iter()
+                .filter_map(|id| self.seqs.get(id))
+                .map(|s| u64::from(s.req.prompt_tokens))
+                .sum(),
             running_adapters,
             waiting_adapters,
             resident_adapters: self.lora.resident().map(str::to_string).collect(),

@@ -9,10 +9,12 @@
 //! - [`server`]: one pod = one port, the engine on a real clock behind hyper;
 //! - [`config`]: the command line and fleet files; [`profile`]: GPU defaults (see
 //!   `CALIBRATION.md`); [`metrics`]: `/metrics` text; [`openai`]: response bodies;
+//!   [`introspect`]: what routers read besides inference (render, tokenize, load, server info);
 //!   [`prompt`]: request parsing and token counting; [`synthetic`]: metrics-only pods.
 
 pub mod config;
 pub mod engine;
+pub mod introspect;
 pub mod kv;
 pub mod lora;
 pub mod metrics;

@@ -293,10 +293,14 @@ pub fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// vLLM-style error body.
+/// vLLM's error body (`ErrorResponse` since vLLM 0.10: the fields nested under `error`).
 pub fn error_body(status: u16, kind: &str, message: &str) -> String {
-    json!({"object": "error", "message": message, "type": kind, "param": null, "code": status})
-        .to_string()
+    error_body_param(status, kind, message, None)
+}
+
+/// [`error_body`] naming the request field at fault (`param`), as vLLM does for `model`.
+pub fn error_body_param(status: u16, kind: &str, message: &str, param: Option<&str>) -> String {
+    json!({"error": {"message": message, "type": kind, "param": param, "code": status}}).to_string()
 }
 
 /// Anthropic-style error body (`/v1/messages`).

@@ -24,6 +24,12 @@ const BOS: u32 = 128_000;
 const START_HEADER: u32 = 128_006;
 const END_HEADER: u32 = 128_007;
 const EOT: u32 = 128_009;
+/// Begin-of-text id (first of every prompt).
+pub const BOS_ID: u32 = BOS;
+/// End-of-turn id (the chat template's end of a message; the model's EOS).
+pub const EOT_ID: u32 = EOT;
+/// Vocabulary size, special tokens included (as Llama 3's 128,256).
+pub const VOCAB_SIZE: u32 = 128_256;
 
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -284,6 +290,10 @@ impl Template {
             }
         }
     }
+    /// The prompt so far, without the assistant header to generate from.
+    fn without_generation_prompt(self) -> Vec<u32> {
+        self.tokens
+    }
     fn finish(mut self) -> Vec<u32> {
         self.tokens.push(START_HEADER);
         tokenize_into("assistant", &mut self.tokens);
@@ -301,6 +311,15 @@ fn role_of(m: &Value, default: &str) -> String {
 }
 
 fn chat_tokens(o: &Map<String, Value>) -> Result<Vec<u32>, ParseError> {
+    chat_tokens_with(o, true)
+}
+
+/// The chat template over `o["messages"]` (and `o["tools"]`), ending with the assistant header
+/// when `generation_prompt`.
+fn chat_tokens_with(
+    o: &Map<String, Value>,
+    generation_prompt: bool,
+) -> Result<Vec<u32>, ParseError> {
     let msgs = o
         .get("messages")
         .and_then(Value::as_array)
@@ -321,7 +340,11 @@ fn chat_tokens(o: &Map<String, Value>) -> Result<Vec<u32>, ParseError> {
         }
         t.message(&role_of(m, "user"), &text);
     }
-    Ok(t.finish())
+    Ok(if generation_prompt {
+        t.finish()
+    } else {
+        t.without_generation_prompt()
+    })
 }
 
 fn completion_tokens(o: &Map<String, Value>) -> Result<Vec<u32>, ParseError> {
@@ -396,6 +419,56 @@ fn messages_tokens(o: &Map<String, Value>) -> Result<Vec<u32>, ParseError> {
         t.message(&role_of(m, "user"), &text);
     }
     Ok(t.finish())
+}
+
+/// The prompts of a completions body, each as the engine tokenises it: one for a string or
+/// a flat list of token ids, one per item for a batch (a list of strings or of id lists), as
+/// vLLM's `/v1/completions/render` answers.
+pub fn completion_prompts(body: &[u8]) -> Result<Vec<Vec<u32>>, ParseError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    let o = v.as_object().ok_or(ParseError::NotObject)?;
+    match o.get("prompt") {
+        Some(Value::Array(items))
+            if !items.is_empty() && items.iter().all(|x| x.is_string() || x.is_array()) =>
+        {
+            items
+                .iter()
+                .map(|it| {
+                    let mut one = Map::new();
+                    one.insert("prompt".into(), it.clone());
+                    completion_tokens(&one)
+                })
+                .collect()
+        }
+        _ => Ok(vec![completion_tokens(o)?]),
+    }
+}
+
+/// The token ids of a `/tokenize` body, as vLLM reads it: `{"prompt": "…"}` (BOS first unless
+/// `add_special_tokens` is false: the ids `/v1/completions` gives the engine) or
+/// `{"messages": […]}` through the chat template (the ids `/v1/chat/completions` gives the
+/// engine; `add_generation_prompt` (default true) ends it with the assistant header,
+/// `add_special_tokens` (default false) puts another BOS in front).
+pub fn tokenize_body(body: &[u8]) -> Result<Vec<u32>, ParseError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    let o = v.as_object().ok_or(ParseError::NotObject)?;
+    let flag = |k: &str, default: bool| o.get(k).and_then(Value::as_bool).unwrap_or(default);
+    if o.contains_key("messages") {
+        let mut t = chat_tokens_with(o, flag("add_generation_prompt", true))?;
+        if flag("add_special_tokens", false) {
+            t.insert(0, BOS);
+        }
+        return Ok(t);
+    }
+    let Some(Value::String(p)) = o.get("prompt") else {
+        return Err(ParseError::NoPrompt);
+    };
+    let mut t = Vec::with_capacity(p.len() / CHARS_PER_TOKEN + 2);
+    if flag("add_special_tokens", true) {
+        t.push(BOS);
+    }
+    tokenize_into(p, &mut t);
+    Ok(t)
 }
 
 /// Parses a request body for `api`.

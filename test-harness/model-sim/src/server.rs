@@ -12,6 +12,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,8 +31,9 @@ use tokio::sync::{mpsc, watch, Notify};
 use crate::engine::{
     Engine, EngineState, Event, FinishReason, NewRequest, ReqId, SubmitError, Usage,
 };
+use crate::introspect::{self, Load};
 use crate::metrics::{engine_view, render_sglang, render_vllm, Flavor, KvMetricName};
-use crate::openai::{anthropic_error_body, error_body, models_body, RespCtx};
+use crate::openai::{anthropic_error_body, error_body, error_body_param, models_body, RespCtx};
 use crate::profile::Profile;
 use crate::prompt::{self, Api};
 use crate::synthetic;
@@ -87,6 +89,8 @@ pub struct PodConfig {
     pub seed: u64,
     /// Base model name.
     pub model: String,
+    /// Adapters the pod can load; `None` = every name [`looks_like_adapter`].
+    pub lora_modules: Option<Vec<String>>,
     /// vLLM KV gauge name(s).
     pub kv_metric: KvMetricName,
     /// Serve synthetic metrics only, without an engine.
@@ -113,6 +117,7 @@ impl PodConfig {
             max_cpu_loras: None,
             seed: 0,
             model: DEFAULT_MODEL.to_string(),
+            lora_modules: None,
             kv_metric: KvMetricName::New,
             metrics_only: false,
             lie_metrics: false,
@@ -124,6 +129,46 @@ impl PodConfig {
 
 /// Default served model.
 pub const DEFAULT_MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// What a request's `model` names on one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelRef {
+    /// The base model (also when `model` is absent or empty, as vLLM accepts).
+    Base,
+    /// A LoRA adapter the pod can load.
+    Adapter(Arc<str>),
+    /// Neither: vLLM answers 404 `The model `X` does not exist.`.
+    Unknown,
+}
+
+/// Whether `name` looks like one of the harness's adapters (`sql-lora`, `adapter-07`, …): it
+/// contains `lora` or starts with `adapter` (ASCII case ignored). A pod without
+/// `--lora-modules` loads such names on demand, as vLLM does with a LoRA resolver that finds
+/// the adapter on disk; other names are unknown models.
+pub fn looks_like_adapter(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("lora") || n.starts_with("adapter")
+}
+
+impl PodConfig {
+    /// Resolves a request's `model` on this pod: the base model, an adapter it can load (one
+    /// of `--lora-modules`, or without them a name that [`looks_like_adapter`]; none with
+    /// `--max-loras 0`), or unknown.
+    pub fn resolve_model(&self, name: &str) -> ModelRef {
+        if name.is_empty() || name == self.model {
+            return ModelRef::Base;
+        }
+        let known = match &self.lora_modules {
+            Some(list) => list.iter().any(|a| a == name),
+            None => looks_like_adapter(name),
+        };
+        if self.max_loras > 0 && known {
+            ModelRef::Adapter(Arc::from(name))
+        } else {
+            ModelRef::Unknown
+        }
+    }
+}
 
 /// Fault injected with `POST /admin/fault`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -356,6 +401,8 @@ pub struct Pod {
     start: Instant,
     start_unix: f64,
     max_model_len: u32,
+    /// Numbers the render endpoints' request ids.
+    renders: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -428,6 +475,47 @@ impl Pod {
     /// Stops the pod: closes its listener, drops its connections, ends its scheduler.
     pub fn stop(&self) {
         let _ = self.die.send(true);
+    }
+
+    /// The load reported to routers (`/get_load`, `/load`, `/server_info`): the engine's, with
+    /// the metrics overrides applied and zeros from a lying pod, as `/metrics` reports them.
+    pub fn load(&self) -> Load {
+        let p = &self.cfg.profile;
+        let capacity = f64::from(p.num_gpu_blocks) * f64::from(p.block_size);
+        let (mut running, mut waiting, mut kv_usage, waiting_tokens) = if self.cfg.metrics_only {
+            let v = synthetic::view(
+                self.cfg.seed,
+                p,
+                &self.cfg.model,
+                self.cfg.max_loras,
+                self.now(),
+                self.start_unix,
+            );
+            (v.running, v.waiting, v.kv_usage, 0)
+        } else {
+            let st = self.state();
+            let used = f64::from(st.used_blocks) / f64::from(p.num_gpu_blocks.max(1));
+            (
+                f64::from(st.running),
+                f64::from(st.waiting),
+                used,
+                st.waiting_tokens,
+            )
+        };
+        let ov = lock(&self.overrides).clone();
+        running = ov.running.unwrap_or(running);
+        waiting = ov.waiting.unwrap_or(waiting);
+        kv_usage = ov.kv_usage.unwrap_or(kv_usage);
+        if self.cfg.lie_metrics {
+            return Load::default();
+        }
+        let whole = |x: f64| x.max(0.0).round() as u64;
+        Load {
+            running: whole(running),
+            waiting: whole(waiting),
+            kv_tokens: whole(kv_usage.clamp(0.0, 1.0) * capacity),
+            waiting_tokens,
+        }
     }
 
     /// The `/metrics` text now.
@@ -572,6 +660,7 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
         die,
         start: Instant::now(),
         start_unix,
+        renders: AtomicU64::new(0),
     });
     if !pod.cfg.metrics_only {
         tokio::spawn(scheduler(pod.clone()));
@@ -850,6 +939,7 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
 
 async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
     let path = req.uri().path().to_string();
+    let vllm = pod.cfg.flavor == Flavor::Vllm;
     match (req.method().clone(), path.as_str()) {
         (Method::GET, "/health") => {
             response(StatusCode::OK, "application/json", SimBody::Full(None))
@@ -885,6 +975,35 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
         (Method::POST, "/v1/responses") => infer(pod, Api::Responses, req).await,
         (Method::POST, "/v1/messages") => infer(pod, Api::Messages, req).await,
         (Method::POST, "/v1/embeddings") => embeddings(pod, req).await,
+        (Method::POST, "/v1/chat/completions/render" | "/v1/completions/render") if vllm => {
+            render(pod, &path, req).await
+        }
+        (Method::POST, "/tokenize") => {
+            let body = match read_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            if let Some(r) = check_model_field(pod, &body) {
+                return r;
+            }
+            answer(introspect::tokenize(&pod.cfg, &body))
+        }
+        (Method::GET, "/load") if vllm => {
+            json_response(StatusCode::OK, introspect::vllm_load(&pod.load()))
+        }
+        (Method::GET, "/version") if vllm => {
+            json_response(StatusCode::OK, introspect::vllm_version())
+        }
+        (Method::GET, "/get_load") if !vllm => {
+            json_response(StatusCode::OK, introspect::sglang_get_load(&pod.load()))
+        }
+        (Method::GET, "/server_info" | "/get_server_info") if !vllm => json_response(
+            StatusCode::OK,
+            introspect::sglang_server_info(&pod.cfg, &pod.load()),
+        ),
+        (Method::GET, "/model_info" | "/get_model_info") if !vllm => {
+            json_response(StatusCode::OK, introspect::sglang_model_info(&pod.cfg))
+        }
         (Method::POST, "/admin/stats/reset") => {
             pod.reset_stats();
             json_response(StatusCode::OK, json!({"reset": true}).to_string())
@@ -965,12 +1084,58 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
             };
             json_response(StatusCode::OK, body.to_string())
         }
-        _ => error_response(
+        // FastAPI's answer (vLLM and SGLang both serve through it).
+        _ => json_response(
             StatusCode::NOT_FOUND,
-            "NotFoundError",
-            &format!("no route for {path}"),
+            json!({"detail": "Not Found"}).to_string(),
         ),
     }
+}
+
+fn answer((status, body): introspect::Answer) -> Response<SimBody> {
+    json_response(status, body)
+}
+
+/// vLLM's 404 for a `model` this pod does not serve, in the shape of `api`.
+fn unknown_model(api: Api, name: &str) -> Response<SimBody> {
+    let msg = format!("The model `{name}` does not exist.");
+    match api {
+        Api::Messages => json_response(StatusCode::NOT_FOUND, anthropic_error_body(404, &msg)),
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            error_body_param(404, "NotFoundError", &msg, Some("model")),
+        ),
+    }
+}
+
+/// The 404 for a body whose `model` (a string, if present) the pod does not serve.
+fn check_model_field(pod: &Pod, body: &[u8]) -> Option<Response<SimBody>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let name = v.get("model").and_then(Value::as_str)?;
+    (pod.cfg.resolve_model(name) == ModelRef::Unknown).then(|| unknown_model(Api::Chat, name))
+}
+
+/// `/v1/chat/completions/render` and `/v1/completions/render` (vLLM pods).
+async fn render(pod: &Arc<Pod>, path: &str, req: Request<Incoming>) -> Response<SimBody> {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let id = pod.renders.fetch_add(1, Ordering::Relaxed);
+    let chat = path.starts_with("/v1/chat/");
+    let api = if chat { Api::Chat } else { Api::Completions };
+    // Parse errors first, then the model, as vLLM validates the body before the model.
+    if let Err(e) = prompt::parse(api, &body) {
+        return error_response(StatusCode::BAD_REQUEST, "BadRequestError", &e.to_string());
+    }
+    if let Some(r) = check_model_field(pod, &body) {
+        return r;
+    }
+    answer(if chat {
+        introspect::render_chat(&pod.cfg, &body, id)
+    } else {
+        introspect::render_completion(&pod.cfg, &body, id)
+    })
 }
 
 /// Answers the inference faults (`error500`, `error429`, `error503`, `hang`); `None` means "go
@@ -1059,6 +1224,9 @@ async fn embeddings(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody>
         .and_then(Value::as_str)
         .unwrap_or(&pod.cfg.model)
         .to_string();
+    if pod.cfg.resolve_model(&model) == ModelRef::Unknown {
+        return unknown_model(Api::Chat, &model);
+    }
     let total: u32 = inputs.iter().fold(0u32, |a, b| a.saturating_add(*b));
     let data: Vec<Value> = inputs
         .iter()
@@ -1106,8 +1274,11 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
         }
     };
     let cfg = &pod.cfg;
-    let adapter: Option<Arc<str>> = (!parsed.model.is_empty() && parsed.model != cfg.model)
-        .then(|| Arc::from(parsed.model.as_str()));
+    let adapter: Option<Arc<str>> = match cfg.resolve_model(&parsed.model) {
+        ModelRef::Base => None,
+        ModelRef::Adapter(a) => Some(a),
+        ModelRef::Unknown => return unknown_model(api, &parsed.model),
+    };
     let max_tokens = parsed.max_tokens.unwrap_or(cfg.default_max_tokens);
     if max_tokens == 0 {
         return api_error(

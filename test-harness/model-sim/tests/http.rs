@@ -111,7 +111,8 @@ async fn non_streaming_chat_and_completions() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["object"], "error");
+    assert_eq!(r.json()["error"]["type"], "BadRequestError");
+    assert_eq!(r.json()["error"]["code"], 400);
     let long = "y".repeat(8 * 140_000);
     let r = http(
         addr,
