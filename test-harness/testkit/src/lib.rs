@@ -19,6 +19,7 @@ mod paths;
 mod process;
 mod server;
 pub mod shipped;
+pub mod vllm;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
