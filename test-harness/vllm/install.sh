@@ -122,6 +122,7 @@ PY
   rm -rf "$wheel_dir"
 
   if [ "$relock" -eq 1 ]; then
+    # shellcheck disable=SC2016 # the backquotes are text
     {
       printf '# Every package of the vLLM venv, as resolved by `install.sh --relock` (pip freeze).\n'
       printf '# install.sh installs with `-c constraints.txt`, so every machine gets these versions.\n'

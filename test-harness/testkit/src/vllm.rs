@@ -20,9 +20,10 @@ use crate::process::{pid_alive, ChildGuard};
 pub const VLLM_VERSION: &str = "0.32.0";
 /// The context length every instance serves (`--max-model-len`).
 pub const MAX_MODEL_LEN: u32 = 4096;
-/// How long [`start`] waits for `/health`: startup takes 25–45 s with `--enforce-eager` (75 s
-/// the first time, with a cold compile cache), more when both cores are busy.
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long [`start`] waits for `/health`: startup takes 25–45 s with `--enforce-eager` on a quiet
+/// machine (75 s the first time, with a cold compile cache), but 3.5 min was seen with both
+/// cores busy with builds (Python's imports alone took 2 min).
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long [`VllmProcess::stop`] waits after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(20);
 
