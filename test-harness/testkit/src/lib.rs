@@ -21,6 +21,7 @@ mod paths;
 mod process;
 mod server;
 pub mod shipped;
+pub mod vllm;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
