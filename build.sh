@@ -9,7 +9,9 @@
 #                           foreign-client end-to-end test), binaryen (wasm-opt for the filter
 #                           .wasm), valgrind (the instruction-count guard of the native decision),
 #                           docker-registry and skopeo (the registry round trip), musl-tools (the
-#                           static sidecar), prometheus (the dashboard's end-to-end test)
+#                           static sidecar), prometheus (the dashboard's end-to-end test), and
+#                           the peer routers sglang-router and vllm-router (PyPI, each in its
+#                           own venv under .venv-peers/; the benchmark's peers and their tests)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
 #                           + the CI-sized soak
@@ -160,6 +162,38 @@ setup_apt_tool() {
   fi
 }
 
+# The field's routers the benchmark compares with (test-harness/testkit/src/peers.rs), each from
+# PyPI into its own venv under .venv-peers/ with the Python packages their launchers import
+# (without them vllm-router dies on `import setproctitle`). Skipped when the venv already holds
+# the pinned version. Cost: README.md, "Peer routers".
+PEER_ROUTERS=("sglang-router==0.3.2" "vllm-router==0.1.17")
+PEER_DEPS=(setproctitle==1.3.8 aiohttp==3.14.5 orjson==3.13.0 uvicorn==0.54.0 fastapi==0.165.0 requests==2.34.2)
+setup_peers() {
+  command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
+  local spec name version venv
+  for spec in "${PEER_ROUTERS[@]}"; do
+    name="${spec%%==*}"
+    version="${spec##*==}"
+    venv="$ROOT/.venv-peers/$name"
+    if [ -x "$venv/bin/pip" ] &&
+      [ "$("$venv/bin/pip" show "$name" 2>/dev/null | awk '/^Version:/ { print $2 }')" = "$version" ]; then
+      info "$spec already installed in .venv-peers/$name"
+      continue
+    fi
+    if [ ! -x "$venv/bin/pip" ]; then
+      info "python3 -m venv .venv-peers/$name"
+      mkdir -p "$ROOT/.venv-peers"
+      if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        rm -rf "$venv"
+        apt_install python3-venv
+        python3 -m venv "$venv"
+      fi
+    fi
+    info "pip install $spec ${PEER_DEPS[*]} (into .venv-peers/$name)"
+    "$venv/bin/pip" install --disable-pip-version-check --quiet "$spec" "${PEER_DEPS[@]}"
+  done
+}
+
 cmd_setup() {
   step "setup"
   setup_envoy
@@ -170,6 +204,7 @@ cmd_setup() {
   setup_apt_tool prometheus prometheus
   setup_kubernetes_validate
   setup_packaging_tools
+  setup_peers
 }
 
 # Optimises the filter .wasm in place with binaryen's wasm-opt (-O3: measured faster per
@@ -411,8 +446,9 @@ setup_vllm() {
 run_bench() {
   local sub="$1"
   shift
-  step "setup (Envoy)"
+  step "setup (Envoy, peer routers)"
   setup_envoy
+  setup_peers
   cmd_build
   local bench="$TARGET_DIR/release/bench"
   [ -x "$bench" ] || die "$bench was not built (cargo build --release -p bench)"

@@ -47,7 +47,7 @@ pub(crate) fn fonts() -> bool {
     })
 }
 
-const COLORS: [RGBColor; 7] = [
+const COLORS: [RGBColor; ROUTERS.len()] = [
     RGBColor(214, 96, 77),   // round_robin
     RGBColor(244, 165, 60),  // least_request
     RGBColor(140, 86, 75),   // least_request_full
@@ -55,10 +55,14 @@ const COLORS: [RGBColor; 7] = [
     RGBColor(33, 102, 172),  // filter
     RGBColor(90, 174, 97),   // filter_gaie_weights
     RGBColor(103, 169, 207), // filter_x2
+    RGBColor(118, 42, 131),  // sglang_cache_aware
+    RGBColor(194, 165, 207), // sglang_power_of_two
+    RGBColor(1, 102, 94),    // vllm_router_cache_aware
+    RGBColor(128, 205, 193), // vllm_router_power_of_two
 ];
 
 /// Short labels under the bars, in [`ROUTERS`] order.
-const SHORT: [&str; 7] = [
+const SHORT: [&str; ROUTERS.len()] = [
     "RR",
     "LR",
     "LR full",
@@ -66,7 +70,27 @@ const SHORT: [&str; 7] = [
     "filter",
     "GAIE w",
     "filter ×2",
+    "SGL cache",
+    "SGL P2",
+    "vLLM-R cache",
+    "vLLM-R P2",
 ];
+
+/// The routers with figures in some scenario of `rep`, as indices into [`ROUTERS`] (report
+/// order): the legend and the bar groups of [`ttft_chart`].
+pub fn routers_present(rep: &Report) -> Vec<usize> {
+    (0..ROUTERS.len())
+        .filter(|i| rep.scenarios.values().any(|s| s.contains_key(ROUTERS[*i])))
+        .collect()
+}
+
+/// The legend of [`ttft_chart`]: the names of the routers that ran, in report order.
+pub fn ttft_legend(rep: &Report) -> Vec<&'static str> {
+    routers_present(rep)
+        .into_iter()
+        .map(|i| ROUTERS[i])
+        .collect()
+}
 
 fn shade(c: RGBColor, k: usize) -> RGBColor {
     // p50 lightest, p99 full colour.
@@ -92,7 +116,13 @@ pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
         .collect();
     let cols = 3usize;
     let rows = scenarios.len().div_ceil(cols).max(1);
-    let (w, h) = (1500u32, 80 + 420 * rows as u32);
+    // Wide enough for every present router's legend entry and bar group.
+    let present = routers_present(rep);
+    let legend_w: usize = present.iter().map(|i| 40 + 9 * ROUTERS[*i].len()).sum();
+    let w = (legend_w as u32 + 420)
+        .max(1500)
+        .max(cols as u32 * 110 * present.len() as u32);
+    let h = 80 + 420 * rows as u32;
     let root = BitMapBackend::new(path, (w, h)).into_drawing_area();
     root.fill(&WHITE).map_err(err(path))?;
     let (head, body) = root.split_vertically(80);
@@ -104,10 +134,11 @@ pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
         head.draw(&Text::new(title, (20, 12), ("sans-serif", 24).into_font()))
             .map_err(err(path))?;
         let mut x = 20;
-        for (i, r) in ROUTERS.iter().enumerate() {
+        for i in routers_present(rep) {
+            let r = ROUTERS[i];
             head.draw(&Rectangle::new([(x, 50), (x + 18, 68)], COLORS[i].filled()))
                 .map_err(err(path))?;
-            head.draw(&Text::new(*r, (x + 24, 50), ("sans-serif", 16).into_font()))
+            head.draw(&Text::new(r, (x + 24, 50), ("sans-serif", 16).into_font()))
                 .map_err(err(path))?;
             x += 40 + 9 * r.len() as i32;
         }
@@ -120,7 +151,7 @@ pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
     }
     let panels = body.split_evenly((rows, cols));
     for (panel, s) in panels.iter().zip(scenarios.iter()) {
-        draw_panel(rep, s, panel, text).map_err(err(path))?;
+        draw_panel(rep, s, panel, &present, text).map_err(err(path))?;
     }
     root.present().map_err(err(path))?;
     Ok(text)
@@ -130,6 +161,7 @@ fn draw_panel<DB: DrawingBackend>(
     rep: &Report,
     scenario: &str,
     panel: &DrawingArea<DB, plotters::coord::Shift>,
+    present: &[usize],
     text: bool,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     let (pw, ph) = panel.dim_in_pixel();
@@ -137,17 +169,18 @@ fn draw_panel<DB: DrawingBackend>(
     let Some(rs) = rep.scenarios.get(scenario) else {
         return Ok(());
     };
-    let vals: Vec<(usize, [f64; 3])> = ROUTERS
+    // (slot among the present routers, router index, p50/p95/p99).
+    let vals: Vec<(usize, usize, [f64; 3])> = present
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| {
-            rs.get(*r)
-                .map(|s| (i, [s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_p99_ms]))
+        .filter_map(|(slot, &i)| {
+            rs.get(ROUTERS[i])
+                .map(|s| (slot, i, [s.ttft_p50_ms, s.ttft_p95_ms, s.ttft_p99_ms]))
         })
         .collect();
     let finite: Vec<f64> = vals
         .iter()
-        .flat_map(|(_, v)| v.iter().copied())
+        .flat_map(|(_, _, v)| v.iter().copied())
         .filter(|v| v.is_finite() && *v > 0.0)
         .collect();
     let (left, right, top, bottom) = (70, 15, 40, 50);
@@ -203,11 +236,11 @@ fn draw_panel<DB: DrawingBackend>(
         }
         d += 1.0;
     }
-    let groups = ROUTERS.len() as i32;
+    let groups = present.len().max(1) as i32;
     let gw = plot_w / groups;
     let bw = (gw - 20) / 3;
-    for (i, v) in &vals {
-        let gx = left + gw * (*i as i32) + 10;
+    for (slot, i, v) in &vals {
+        let gx = left + gw * (*slot as i32) + 10;
         for (k, val) in v.iter().enumerate() {
             if !val.is_finite() || *val <= 0.0 {
                 continue;
@@ -358,6 +391,29 @@ mod tests {
             requests: 1,
             ..Summary::default()
         }
+    }
+
+    #[test]
+    fn the_legend_lists_only_the_routers_that_ran() {
+        let mut rep = Report::default();
+        let mut m = crate::report::ScenarioResult::default();
+        m.insert("round_robin".into(), summary(10.0));
+        m.insert("filter".into(), summary(5.0));
+        rep.scenarios.insert("mixed_gpu".into(), m);
+        let mut u = crate::report::ScenarioResult::default();
+        u.insert("sglang_cache_aware".into(), summary(6.0));
+        rep.scenarios.insert("uniform".into(), u);
+        assert_eq!(
+            ttft_legend(&rep),
+            ["round_robin", "filter", "sglang_cache_aware"]
+        );
+        assert!(ttft_legend(&Report::default()).is_empty());
+        let dir = std::env::temp_dir().join(format!("bench-legend-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("chart.png");
+        ttft_chart(&rep, &path).unwrap();
+        assert_eq!(&std::fs::read(&path).unwrap()[1..4], b"PNG");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -8,9 +8,7 @@ use crate::runner::{
     envoy_version, run_windowed, scenario_ratios, write_outputs, RunError, Windows,
 };
 use crate::scenarios::{scenario, Mode};
-use crate::stack::{
-    envoy_spec, start_pods, start_sidecar, wait_snapshot, RouterKind, Stack, MODEL,
-};
+use crate::stack::{start_gateway, start_pods, wait_snapshot, Gateway, RouterKind, Stack, MODEL};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -114,7 +112,7 @@ pub async fn run_demo(out: &Path, seed: u64) -> Result<Report, DemoError> {
         runs.insert(r.name(), vec![o]);
     }
     // One seed: the intervals are within-run only (the report's protocol line says so).
-    rep.ratios = scenario_ratios("mixed_gpu", &runs, 500);
+    rep.ratios = scenario_ratios("mixed_gpu", &runs, 500, None);
     rep.targets = check_targets(&rep.scenarios, &rep.ratios);
     write_outputs(&rep, out, "demo")?;
     Ok(rep)
@@ -136,27 +134,13 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
     } else {
         0
     };
-    let mut spec = envoy_spec(router, &sc.fleet, &pods.addrs, &sc.adapters);
-    spec.name = format!("demo-envoy-{}", router.name());
-    spec.listen_port = listen;
-    let envoy = spec
-        .start()
+    let gateway = start_gateway(router, &sc.fleet, &pods.addrs, &sc.adapters, Some(listen))
         .await
         .map_err(|e| DemoError::Start(e.to_string()))?;
-    let sidecar = if router.uses_filter() {
-        Some(
-            start_sidecar(envoy.push_addr(), &pods.addrs)
-                .await
-                .map_err(|e| DemoError::Start(e.to_string()))?,
-        )
-    } else {
-        None
-    };
     let stack = Stack {
         router,
         pods,
-        envoy,
-        sidecar,
+        gateway,
         replicas: vec![],
     };
     if router.uses_filter() {
@@ -166,15 +150,19 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
             );
         }
     }
-    let l = stack.envoy.listen_addr;
+    let l = stack.gateway.listen_addr();
+    let what = match (&stack.gateway, router.peer()) {
+        (Gateway::Peer(_), Some((kind, policy))) => format!(
+            "{} {} (policy {policy}, its documented defaults; no Envoy, no sidecar)",
+            kind.package(),
+            kind.version()
+        ),
+        _ if router.uses_filter() => "Envoy (the filter, fed by the sidecar)".to_string(),
+        _ => "Envoy (plain)".to_string(),
+    };
     println!(
-        "wasm-llm-router demo is running: Envoy with router `{}`{} + 4 emulated pods.",
-        router.name(),
-        if router.uses_filter() {
-            " (the filter, fed by the sidecar)"
-        } else {
-            " (plain Envoy)"
-        }
+        "wasm-llm-router demo is running: router `{}`: {what} + 4 emulated pods.",
+        router.name()
     );
     println!("  OpenAI base URL: http://{l}/v1");
     println!("  model:           {MODEL}");
@@ -188,12 +176,20 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!("  Envoy admin:     http://{}/", stack.envoy.admin_addr);
-    if router.uses_filter() {
-        println!(
-            "  router state:    curl http://{}/__llm_router/state   (internal listener, loopback)",
-            stack.envoy.push_addr()
-        );
+    match &stack.gateway {
+        Gateway::Envoy { envoy, .. } => {
+            println!("  Envoy admin:     http://{}/", envoy.admin_addr);
+            if router.uses_filter() {
+                println!(
+                    "  router state:    curl http://{}/__llm_router/state   (internal listener, loopback)",
+                    envoy.push_addr()
+                );
+            }
+        }
+        Gateway::Peer(p) => {
+            println!("  router metrics:  http://{}/metrics", p.prometheus_addr);
+            println!("  router log:      {}", p.log_path().display());
+        }
     }
     println!("  try: curl http://{l}/v1/chat/completions -H 'content-type: application/json' -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}],\"max_tokens\":16}}'");
     println!("Ctrl-C or SIGTERM stops everything.");
@@ -209,7 +205,7 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
         _ = tokio::signal::ctrl_c() => {},
         _ = term => {},
     }
-    eprintln!("demo: stopping sidecar, Envoy and pods ...");
+    eprintln!("demo: stopping the gateway and the pods ...");
     stack.stop();
     Ok(())
 }

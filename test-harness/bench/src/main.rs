@@ -29,7 +29,9 @@ enum Cmd {
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
         /// Only these routers (repeatable): round_robin least_request least_request_full
-        /// weighted_rr filter (default set), filter_gaie_weights and filter_x2 (extras).
+        /// weighted_rr filter (default set), filter_gaie_weights and filter_x2 (extras), and
+        /// the field's routers sglang_cache_aware sglang_power_of_two vllm_router_cache_aware
+        /// vllm_router_power_of_two (run by default; `./build.sh setup` installs them).
         #[arg(long = "router")]
         routers: Vec<String>,
         /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
@@ -145,7 +147,8 @@ enum Cmd {
         #[arg(long, default_value_t = 10000)]
         port: u16,
         /// Router for --serve: round_robin, least_request, least_request_full, weighted_rr,
-        /// filter (default) or filter_gaie_weights.
+        /// filter (default), filter_gaie_weights, or a peer: sglang_cache_aware,
+        /// sglang_power_of_two, vllm_router_cache_aware, vllm_router_power_of_two.
         #[arg(long, default_value = "filter")]
         router: String,
     },

@@ -22,7 +22,7 @@ pub const SCENARIOS: [&str; 6] = [
     "long_prompt",
 ];
 /// Router names, in the order of the tables.
-pub const ROUTERS: [&str; 7] = [
+pub const ROUTERS: [&str; 11] = [
     "round_robin",
     "least_request",
     "least_request_full",
@@ -30,6 +30,17 @@ pub const ROUTERS: [&str; 7] = [
     "filter",
     "filter_gaie_weights",
     "filter_x2",
+    "sglang_cache_aware",
+    "sglang_power_of_two",
+    "vllm_router_cache_aware",
+    "vllm_router_power_of_two",
+];
+/// The field's routers (sglang-router, vllm-router), in report order.
+pub const PEERS: [&str; 4] = [
+    "sglang_cache_aware",
+    "sglang_power_of_two",
+    "vllm_router_cache_aware",
+    "vllm_router_power_of_two",
 ];
 /// The routers whose results are checked against the targets.
 pub const CHECKED_ROUTERS: [&str; 2] = ["filter", "filter_gaie_weights"];
@@ -76,6 +87,12 @@ pub struct GoodputSweep {
     pub filter_vs_best_baseline: Option<f64>,
     /// The baseline with the highest goodput.
     pub best_baseline: Option<String>,
+    /// filter ÷ the best peer's goodput.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter_vs_best_peer: Option<f64>,
+    /// The peer router with the highest goodput.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_peer: Option<String>,
 }
 
 /// One scenario: router → figures (flattened, the original contract), plus the scenario's own
@@ -106,6 +123,21 @@ pub struct ScenarioResult {
     /// The goodput sweep, if the scenario had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goodput: Option<GoodputSweep>,
+    /// The peer router with the lowest TTFT p95 in this scenario ([`best_peer`]); the ratios
+    /// whose `baseline` it is compare the filter with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_peer: Option<String>,
+}
+
+/// The peer router ([`PEERS`]) with the lowest pooled TTFT p95 among those with figures in
+/// `rs` (the first in report order on a tie); `None` when no peer ran.
+pub fn best_peer(rs: &ScenarioResult) -> Option<String> {
+    PEERS
+        .iter()
+        .filter_map(|p| Some((*p, rs.get(*p)?.ttft_p95_ms)))
+        .filter(|(_, v)| !v.is_nan())
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(p, _)| p.to_string())
 }
 
 impl Deref for ScenarioResult {
@@ -681,6 +713,61 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str, only: Option<&[&s
     }
 }
 
+/// Per scenario, the filter routers against round robin and against the best peer (the peer
+/// router with the lowest TTFT p95 in that scenario), side by side.
+fn best_peer_table(out: &mut String, rep: &Report) {
+    let rows: Vec<(&str, &str, &str)> = SCENARIOS
+        .iter()
+        .filter_map(|s| Some((*s, rep.scenarios.get(*s)?)))
+        .filter_map(|(s, x)| Some((s, x, x.best_peer.as_deref()?)))
+        .flat_map(|(s, x, p)| {
+            CHECKED_ROUTERS
+                .iter()
+                .chain(&REPLICA_ROUTERS)
+                .filter(|r| x.contains_key(**r))
+                .map(move |r| (s, *r, p))
+        })
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n### The filter vs round robin and vs the best peer (the peer router with the lowest TTFT p95 in the scenario)\n"
+    );
+    let metrics = [
+        ("TTFT p50", "ttft_p50_ms"),
+        ("TTFT p95", "ttft_p95_ms"),
+        ("TTFT p99", "ttft_p99_ms"),
+        ("req/s", "throughput_rps"),
+        ("prefix hit rate", "prefix_hit_rate"),
+    ];
+    let _ = write!(out, "| scenario | router | best peer (TTFT p95 ms) |");
+    for (h, _) in metrics {
+        let _ = write!(out, " {h} ÷ RR | {h} ÷ best peer |");
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "|---|---|---|{}", "---|---|".repeat(metrics.len()));
+    for (s, r, peer) in rows {
+        let p95 = rep
+            .scenarios
+            .get(s)
+            .and_then(|x| x.get(peer))
+            .map_or(f64::NAN, |x| x.ttft_p95_ms);
+        let _ = write!(out, "| {s} | {r} | {peer} ({}) |", fmt_num(p95));
+        for (_, m) in metrics {
+            for baseline in ["round_robin", peer] {
+                let (x, ci) = match find_ratio(&rep.ratios, s, r, baseline, m) {
+                    Some(row) => (row.ratio, row.ci95),
+                    None => (ratio(&rep.scenarios, s, r, baseline, m), None),
+                };
+                let _ = write!(out, " {}{} |", fmt_ratio(x), fmt_ci(ci));
+            }
+        }
+        let _ = writeln!(out);
+    }
+}
+
 fn opt(v: Option<f64>, k: f64, digits: usize) -> String {
     v.filter(|x| x.is_finite())
         .map_or_else(|| "–".into(), |x| format!("{:.*}", digits, x * k))
@@ -740,8 +827,11 @@ fn goodput_table(out: &mut String, rep: &Report) {
     for r in ROUTERS {
         let _ = write!(out, " {r} |");
     }
-    let _ = writeln!(out, " filter ÷ RR | filter ÷ best baseline |");
-    let _ = writeln!(out, "|---|---|{}---|---|", "---|".repeat(ROUTERS.len()));
+    let _ = writeln!(
+        out,
+        " filter ÷ RR | filter ÷ best baseline | filter ÷ best peer |"
+    );
+    let _ = writeln!(out, "|---|---|{}---|---|---|", "---|".repeat(ROUTERS.len()));
     for (s, g) in swept {
         let _ = write!(out, "| {s} | {} |", fmt_num(g.slo_ttft_ms));
         for r in ROUTERS {
@@ -754,10 +844,12 @@ fn goodput_table(out: &mut String, rep: &Report) {
         }
         let _ = writeln!(
             out,
-            " {} | {} ({}) |",
+            " {} | {} ({}) | {} ({}) |",
             fmt_ratio(g.filter_vs_round_robin),
             fmt_ratio(g.filter_vs_best_baseline),
-            g.best_baseline.as_deref().unwrap_or("–")
+            g.best_baseline.as_deref().unwrap_or("–"),
+            fmt_ratio(g.filter_vs_best_peer),
+            g.best_peer.as_deref().unwrap_or("–")
         );
     }
     let _ = writeln!(out);
@@ -910,6 +1002,7 @@ pub fn markdown(rep: &Report) -> String {
         "### Ratios vs round robin (router / round_robin [bootstrap 95 % interval]; latency < 1 is better, throughput > 1 is better)\n"
     );
     ratio_table(&mut out, rep, "round_robin", None);
+    best_peer_table(&mut out, rep);
     let _ = writeln!(
         out,
         "\n### Ratios vs least request (router / least_request)\n"
@@ -1433,6 +1526,73 @@ mod tests {
             ..Report::default()
         };
         assert!(markdown(&rep).contains("outside band: better than round_robin"));
+    }
+
+    #[test]
+    fn the_best_peer_is_the_lowest_ttft_p95_peer() {
+        let mut sp = ScenarioResult::default();
+        sp.insert("round_robin".to_string(), run(10.0, 100, 10.0));
+        sp.insert("filter".to_string(), run(2.0, 100, 10.0));
+        // sglang's cache_aware has the lowest p50 but not the lowest p95.
+        let mut sg = run(3.0, 100, 10.0);
+        sg.ttft_p50_ms = 1.0;
+        sp.insert("sglang_cache_aware".to_string(), sg);
+        sp.insert("vllm_router_cache_aware".to_string(), run(2.5, 100, 10.0));
+        sp.insert("sglang_power_of_two".to_string(), run(8.0, 100, 10.0));
+        let mut nan = run(1.0, 100, 10.0);
+        nan.ttft_p95_ms = f64::NAN;
+        sp.insert("vllm_router_power_of_two".to_string(), nan);
+        // A non-peer lower still is not a peer.
+        sp.insert("least_request".to_string(), run(0.5, 100, 10.0));
+        assert_eq!(best_peer(&sp).as_deref(), Some("vllm_router_cache_aware"));
+        assert_eq!(best_peer(&ScenarioResult::default()), None);
+        sp.best_peer = best_peer(&sp);
+        let mut scenarios = BTreeMap::new();
+        scenarios.insert("shared_prefix".to_string(), sp);
+        let ratios = vec![RatioRow {
+            scenario: "shared_prefix".into(),
+            router: "filter".into(),
+            baseline: "vllm_router_cache_aware".into(),
+            metric: "ttft_p95_ms".into(),
+            ratio: Some(0.8),
+            ci95: Some([0.7, 0.9]),
+            seeds: 5,
+        }];
+        let rep = Report {
+            scenarios,
+            ratios,
+            ..Report::default()
+        };
+        let md = markdown(&rep);
+        let table = md
+            .split("### The filter vs round robin and vs the best peer")
+            .nth(1)
+            .and_then(|t| t.split("###").next())
+            .unwrap();
+        let row = table
+            .lines()
+            .find(|l| l.starts_with("| shared_prefix | filter |"))
+            .unwrap();
+        // best peer with its p95 (2.5 × 95 = 238 ms), p95 ÷ RR (0.2×) then ÷ best peer (the
+        // bootstrap row: 0.80× [0.70, 0.90]).
+        assert!(row.contains("| vllm_router_cache_aware (238) |"), "{row}");
+        assert!(row.contains("| 0.20× | 0.80× [0.70, 0.90] |"), "{row}");
+        // Only the filter routers are rows of it.
+        assert!(!table.contains("| sglang_cache_aware |"));
+        let v = serde_json::to_value(&rep).unwrap();
+        assert_eq!(
+            v["scenarios"]["shared_prefix"]["best_peer"],
+            "vllm_router_cache_aware"
+        );
+        // No peer ran: no table, no key.
+        let mut plain = report();
+        assert!(!markdown(&plain).contains("vs the best peer"));
+        plain
+            .scenarios
+            .values_mut()
+            .for_each(|s| s.best_peer = None);
+        let v = serde_json::to_value(&plain).unwrap();
+        assert!(v["scenarios"]["mixed_gpu"].get("best_peer").is_none());
     }
 
     #[test]

@@ -541,6 +541,12 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
                 .into_iter()
                 .filter(|r| !cfg.mode.quick || *r != RouterKind::LeastRequestFull),
         );
+        // The field's routers: the comparison users make. Quick takes one to fit its budget.
+        if cfg.mode.quick {
+            routers.extend(RouterKind::QUICK_PEERS);
+        } else {
+            routers.extend(RouterKind::PEERS);
+        }
     }
     for r in &cfg.routers {
         routers.push(RouterKind::from_name(r).ok_or_else(|| RunError::Unknown {
@@ -565,11 +571,14 @@ pub const RATIO_METRICS: [&str; 8] = [
 ];
 
 /// Ratios router ÷ baseline (round robin and least request; the replica routers also ÷ the
-/// one-gateway filter) with their intervals, over the seeds both have valid runs for.
+/// one-gateway filter; the filter routers also ÷ `best_peer`, the peer router with the lowest
+/// TTFT p95 in the scenario, see [`crate::report::best_peer`]) with their intervals, over the
+/// seeds both have valid runs for.
 pub fn scenario_ratios(
     scenario: &str,
     runs: &BTreeMap<&'static str, Vec<RunOutcome>>,
     reps: usize,
+    best_peer: Option<&str>,
 ) -> Vec<RatioRow> {
     let mut out = Vec::new();
     let valid = |r: &str| -> BTreeMap<u64, &RunData> {
@@ -582,14 +591,26 @@ pub fn scenario_ratios(
             })
             .unwrap_or_default()
     };
-    for baseline in ["round_robin", "least_request", "filter"] {
+    let filters = |r: &str| {
+        crate::report::CHECKED_ROUTERS.contains(&r) || crate::report::REPLICA_ROUTERS.contains(&r)
+    };
+    for baseline in ["round_robin", "least_request", "filter"]
+        .into_iter()
+        .chain(best_peer)
+    {
         let b = valid(baseline);
         if b.is_empty() {
             continue;
         }
-        // The one-gateway filter is the baseline of the replica routers only.
+        // The one-gateway filter is the baseline of the replica routers only; the best peer
+        // that of the filter routers.
         let compared = |r: &str| {
-            r != baseline && (baseline != "filter" || crate::report::REPLICA_ROUTERS.contains(&r))
+            r != baseline
+                && match baseline {
+                    "filter" => crate::report::REPLICA_ROUTERS.contains(&r),
+                    "round_robin" | "least_request" => true,
+                    _ => filters(r),
+                }
         };
         for router in runs.keys().filter(|r| compared(r)) {
             let a = valid(router);
@@ -811,6 +832,12 @@ pub fn goodput_ratios(g: &mut GoodputSweep) {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     g.best_baseline = best.map(|(b, _)| b.to_string());
     g.filter_vs_best_baseline = ratio(best.map(|(_, v)| v));
+    let peer = crate::report::PEERS
+        .iter()
+        .filter_map(|b| gp.get(*b).map(|v| (*b, *v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    g.best_peer = peer.map(|(b, _)| b.to_string());
+    g.filter_vs_best_peer = ratio(peer.map(|(_, v)| v));
 }
 
 /// Run the benchmark and write `<out>/<stem>.json`, `.md` and the charts; returns the report.
@@ -826,7 +853,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         .map(|i| cfg.mode.seed + i)
         .collect();
     let setup = format!(
-        "One machine runs everything: Envoy (2 workers), the model-sim pods (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`).",
+        "One machine runs everything: Envoy (2 workers) or, for the peer routers (sglang-router 0.3.2, vllm-router 0.1.17: their documented defaults, retries and circuit breakers as they ship), the peer instead of Envoy; the model-sim pods (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`; `cpu_cores_router` for a peer).",
         cfg.mode.speedup
     );
     let proto = scs
@@ -987,8 +1014,13 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             &diags,
             entry.cold_read_fraction.unwrap_or(f64::NAN),
         );
-        rep.ratios
-            .extend(scenario_ratios(name, &runs, cfg.bootstrap_reps));
+        entry.best_peer = crate::report::best_peer(&entry);
+        rep.ratios.extend(scenario_ratios(
+            name,
+            &runs,
+            cfg.bootstrap_reps,
+            entry.best_peer.as_deref(),
+        ));
         rep.scenarios.insert(name.to_string(), entry);
     }
     rep.targets = check_targets(&rep.scenarios, &rep.ratios);
@@ -1200,13 +1232,21 @@ mod tests {
         );
         let (s, r) = select(&cfg).unwrap();
         assert_eq!(s.len(), 6);
-        // Quick: round_robin, least_request, weighted_rr, filter.
-        assert_eq!(r.len(), 4);
+        // Quick: round_robin, least_request, weighted_rr, filter, sglang_cache_aware.
+        assert_eq!(r.len(), 5);
         assert!(!r.contains(&RouterKind::FilterGaieWeights));
         assert!(!r.contains(&RouterKind::FilterReplicas));
         assert!(!r.contains(&RouterKind::LeastRequestFull));
+        assert_eq!(r[4], RouterKind::SglangCacheAware);
         cfg.mode.quick = false;
-        assert_eq!(select(&cfg).unwrap().1.len(), 5);
+        // Full: the five of ALL, then the four peers.
+        let full = select(&cfg).unwrap().1;
+        assert_eq!(full.len(), 9);
+        assert_eq!(full[5..], RouterKind::PEERS);
+        cfg.mode.quick = true;
+        cfg.routers = vec!["vllm_router_power_of_two".into()];
+        assert_eq!(select(&cfg).unwrap().1, [RouterKind::VllmRouterPowerOfTwo]);
+        cfg.routers = vec![];
         cfg.mode.quick = true;
         cfg.sweep = vec!["nope".into()];
         assert!(matches!(
@@ -1316,13 +1356,40 @@ mod tests {
             ],
         );
         by.insert("filter", runs);
-        let rows = scenario_ratios("uniform", &by, 100);
+        let rows = scenario_ratios("uniform", &by, 100, None);
         let p95 = rows
             .iter()
             .find(|r| r.router == "filter" && r.metric == "ttft_p95_ms")
             .unwrap();
         assert_eq!((p95.seeds, p95.ratio), (1, Some(0.5)));
         assert_eq!(p95.ci95, Some([0.5, 0.5]));
+    }
+
+    #[test]
+    fn the_filter_routers_are_compared_with_the_best_peer() {
+        let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        by.insert("round_robin", vec![outcome(1, &[400.0; 20], None)]);
+        by.insert("filter", vec![outcome(1, &[100.0; 20], None)]);
+        by.insert("sglang_cache_aware", vec![outcome(1, &[200.0; 20], None)]);
+        by.insert(
+            "vllm_router_cache_aware",
+            vec![outcome(1, &[300.0; 20], None)],
+        );
+        let rows = scenario_ratios("shared_prefix", &by, 50, Some("sglang_cache_aware"));
+        let vs_peer: Vec<&RatioRow> = rows
+            .iter()
+            .filter(|r| r.baseline == "sglang_cache_aware")
+            .collect();
+        assert!(!vs_peer.is_empty() && vs_peer.iter().all(|r| r.router == "filter"));
+        let p95 = vs_peer.iter().find(|r| r.metric == "ttft_p95_ms").unwrap();
+        assert_eq!(p95.ratio, Some(0.5));
+        // The peers are compared with round robin like every router.
+        assert!(rows
+            .iter()
+            .any(|r| r.router == "vllm_router_cache_aware" && r.baseline == "round_robin"));
+        assert!(scenario_ratios("shared_prefix", &by, 50, None)
+            .iter()
+            .all(|r| r.baseline == "round_robin"));
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Starts and stops what one benchmark run needs: fresh model-sim pods, Envoy with the router
-//! under test and, for the filter, the metrics sidecar pushing snapshots into it.
+//! Starts and stops what one benchmark run needs: fresh model-sim pods, then the gateway in
+//! front of them ([`Gateway`]): Envoy with the router under test and, for the filter, the
+//! metrics sidecar pushing snapshots into it; or, for the field's routers, the peer router
+//! itself (sglang-router, vllm-router: no Envoy, no sidecar).
 //!
 //! Every process is a `testkit::ChildGuard` (stopped by PID on drop), so a failed or interrupted
 //! run leaves nothing behind.
@@ -9,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
+use testkit::peers::{PeerProcess, PeerRouter};
 use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
 
 /// The base model every pod serves.
@@ -44,6 +47,17 @@ pub enum RouterKind {
     /// them (so the turns of one conversation reach both). An optional extra that measures
     /// whether replicas agree on prefix placement.
     FilterReplicas,
+    /// sglang-router 0.3.2, `cache_aware` (its default): a radix tree of the prompt text it
+    /// routed plus its own in-flight counts. Started as shipped ([`testkit::peers`]).
+    SglangCacheAware,
+    /// sglang-router 0.3.2, `power_of_two`: two random workers, the less loaded by SGLang's
+    /// `GET /get_load` (served by SGLang-profile pods), else its own in-flight counts.
+    SglangPowerOfTwo,
+    /// vllm-router 0.1.17, `cache_aware` (its default): a radix tree of token ids from the
+    /// workers' `/v1/*/render` (or `/tokenize`), else load only.
+    VllmRouterCacheAware,
+    /// vllm-router 0.1.17, `power_of_two`: `GET /get_load` every 5 s, else its own counts.
+    VllmRouterPowerOfTwo,
 }
 
 impl RouterKind {
@@ -59,6 +73,22 @@ impl RouterKind {
     /// Routers run only when named.
     pub const EXTRA: [RouterKind; 2] = [RouterKind::FilterGaieWeights, RouterKind::FilterReplicas];
 
+    /// The field's routers (real binaries from PyPI, `./build.sh setup`), in report order: a
+    /// full run runs them all by default after [`RouterKind::ALL`]; quick only
+    /// [`RouterKind::QUICK_PEERS`].
+    pub const PEERS: [RouterKind; 4] = [
+        RouterKind::SglangCacheAware,
+        RouterKind::SglangPowerOfTwo,
+        RouterKind::VllmRouterCacheAware,
+        RouterKind::VllmRouterPowerOfTwo,
+    ];
+
+    /// The peers a quick run includes by default: sglang-router's `cache_aware` (the default
+    /// policy of both peers, and the one that tied the filter on shared prefixes). Each peer
+    /// adds one run per scenario (≈ 22 s each in quick); one keeps quick within its 10-minute
+    /// budget (`--plan`: 25 runs ≈ 9 min; all four would make ≈ 16 min). Named, any runs.
+    pub const QUICK_PEERS: [RouterKind; 1] = [RouterKind::SglangCacheAware];
+
     /// The name used in the JSON and the tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -69,24 +99,37 @@ impl RouterKind {
             RouterKind::Filter => "filter",
             RouterKind::FilterGaieWeights => "filter_gaie_weights",
             RouterKind::FilterReplicas => "filter_x2",
+            RouterKind::SglangCacheAware => "sglang_cache_aware",
+            RouterKind::SglangPowerOfTwo => "sglang_power_of_two",
+            RouterKind::VllmRouterCacheAware => "vllm_router_cache_aware",
+            RouterKind::VllmRouterPowerOfTwo => "vllm_router_power_of_two",
         }
+    }
+
+    /// The peer router and its policy, for the field's routers.
+    pub fn peer(self) -> Option<(PeerRouter, &'static str)> {
+        match self {
+            RouterKind::SglangCacheAware => Some((PeerRouter::Sglang, "cache_aware")),
+            RouterKind::SglangPowerOfTwo => Some((PeerRouter::Sglang, "power_of_two")),
+            RouterKind::VllmRouterCacheAware => Some((PeerRouter::VllmRouter, "cache_aware")),
+            RouterKind::VllmRouterPowerOfTwo => Some((PeerRouter::VllmRouter, "power_of_two")),
+            _ => None,
+        }
+    }
+
+    /// Every router: the default set, the extras, the peers.
+    pub fn every() -> impl Iterator<Item = RouterKind> {
+        Self::ALL.into_iter().chain(Self::EXTRA).chain(Self::PEERS)
     }
 
     /// Parse a router name (default set and extras).
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL
-            .into_iter()
-            .chain(Self::EXTRA)
-            .find(|r| r.name() == s)
+        Self::every().find(|r| r.name() == s)
     }
 
     /// Every accepted name.
     pub fn names() -> Vec<&'static str> {
-        Self::ALL
-            .into_iter()
-            .chain(Self::EXTRA)
-            .map(Self::name)
-            .collect()
+        Self::every().map(Self::name).collect()
     }
 
     /// Whether the filter (and therefore the sidecar) is in the path.
@@ -139,6 +182,11 @@ pub fn envoy_spec(
         RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas => {
             EnvoyRouter::Filter
         }
+        // Not an Envoy router (start_stack starts the peer instead); plain round robin if asked.
+        RouterKind::SglangCacheAware
+        | RouterKind::SglangPowerOfTwo
+        | RouterKind::VllmRouterCacheAware
+        | RouterKind::VllmRouterPowerOfTwo => EnvoyRouter::RoundRobin,
     };
     let mut spec = EnvoySpec::new(envoy_router)
         .pool(POOL, CLUSTER, pods.to_vec())
@@ -161,7 +209,7 @@ pub fn envoy_spec(
                 router == RouterKind::FilterGaieWeights,
             ));
         }
-        RouterKind::RoundRobin | RouterKind::LeastRequest => {}
+        _ => {}
     }
     spec
 }
@@ -343,103 +391,199 @@ pub fn sidecar_config(envoy: SocketAddr, pods: &[SocketAddr], listen: SocketAddr
     )
 }
 
+/// What sits in front of the pods: Envoy (with the sidecar for the filter routers), or a peer
+/// router on its own. Everything that reads a stack's gateway (URLs, PIDs for the CPU figures,
+/// logs, stop) goes through this.
+pub enum Gateway {
+    /// Envoy with the router under test; the sidecar feeding the filter, if any.
+    Envoy {
+        /// Envoy.
+        envoy: EnvoyProcess,
+        /// The sidecar (filter routers only).
+        sidecar: Option<ChildGuard>,
+    },
+    /// sglang-router or vllm-router in front of the pods (no Envoy, no sidecar).
+    Peer(PeerProcess),
+}
+
+impl Gateway {
+    /// `http://<listener><path>`.
+    pub fn url(&self, path: &str) -> String {
+        match self {
+            Gateway::Envoy { envoy, .. } => envoy.url(path),
+            Gateway::Peer(p) => p.url(path),
+        }
+    }
+
+    /// Where clients connect.
+    pub fn listen_addr(&self) -> SocketAddr {
+        match self {
+            Gateway::Envoy { envoy, .. } => envoy.listen_addr,
+            Gateway::Peer(p) => p.addr,
+        }
+    }
+
+    /// Envoy, if this gateway is one.
+    pub fn envoy(&self) -> Option<&EnvoyProcess> {
+        match self {
+            Gateway::Envoy { envoy, .. } => Some(envoy),
+            Gateway::Peer(_) => None,
+        }
+    }
+
+    /// The sidecar, if any.
+    pub fn sidecar(&self) -> Option<&ChildGuard> {
+        match self {
+            Gateway::Envoy { sidecar, .. } => sidecar.as_ref(),
+            Gateway::Peer(_) => None,
+        }
+    }
+
+    /// PIDs by role: `envoy` and `sidecar`, or `router` for a peer (the keys of the
+    /// `cpu_cores_*` figures).
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        match self {
+            Gateway::Envoy { envoy, sidecar } => std::iter::once(("envoy", envoy.pid()))
+                .chain(sidecar.iter().map(|s| ("sidecar", s.pid())))
+                .collect(),
+            Gateway::Peer(p) => vec![("router", p.pid())],
+        }
+    }
+
+    /// The gateway's own log (Envoy's or the peer router's).
+    pub fn log_path(&self) -> PathBuf {
+        match self {
+            Gateway::Envoy { envoy, .. } => envoy.log_path.clone(),
+            Gateway::Peer(p) => p.log_path().to_path_buf(),
+        }
+    }
+
+    /// Stop it: the sidecar first, then Envoy; or the peer router.
+    pub fn stop(&mut self) {
+        match self {
+            Gateway::Envoy { envoy, sidecar } => {
+                if let Some(s) = sidecar.as_mut() {
+                    s.stop();
+                }
+                envoy.stop();
+            }
+            Gateway::Peer(p) => {
+                p.stop();
+            }
+        }
+    }
+}
+
 /// A running stack for one router.
 pub struct Stack {
     /// The router.
     pub router: RouterKind,
     /// The pods.
     pub pods: Pods,
-    /// Envoy.
-    pub envoy: EnvoyProcess,
-    /// The sidecar (filter routers only).
-    pub sidecar: Option<ChildGuard>,
-    /// Further gateway replicas, each an Envoy with its own sidecar ([`RouterKind::replicas`]).
-    pub replicas: Vec<(EnvoyProcess, ChildGuard)>,
+    /// The gateway clients talk to.
+    pub gateway: Gateway,
+    /// Further gateway replicas ([`RouterKind::replicas`]), each an Envoy with its own sidecar.
+    pub replicas: Vec<Gateway>,
 }
 
 impl Stack {
-    /// The chat completions URL through Envoy.
+    /// The chat completions URL through the gateway.
     pub fn chat_url(&self) -> String {
-        self.envoy.url("/v1/chat/completions")
+        self.gateway.url("/v1/chat/completions")
     }
 
     /// The chat completions URL of every gateway replica, the first one first.
     pub fn chat_urls(&self) -> Vec<String> {
-        std::iter::once(&self.envoy)
-            .chain(self.replicas.iter().map(|(e, _)| e))
-            .map(|e| e.url("/v1/chat/completions"))
+        std::iter::once(&self.gateway)
+            .chain(&self.replicas)
+            .map(|g| g.url("/v1/chat/completions"))
             .collect()
     }
 
-    /// PIDs of the processes of the stack, by role (`envoy`, `pods`, `sidecar`).
+    /// PIDs of the processes of the stack, by role (`envoy`, `sidecar`, `router`, `pods`).
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
-        let mut v = vec![("envoy", self.envoy.pid())];
-        v.extend(self.replicas.iter().map(|(e, _)| ("envoy", e.pid())));
+        let mut v: Vec<(&'static str, u32)> = std::iter::once(&self.gateway)
+            .chain(&self.replicas)
+            .flat_map(Gateway::pids)
+            .collect();
         v.extend(self.pods.guards.iter().map(|g| ("pods", g.pid())));
-        v.extend(self.sidecar.iter().map(|g| ("sidecar", g.pid())));
-        v.extend(self.replicas.iter().map(|(_, s)| ("sidecar", s.pid())));
         v
     }
 
-    /// Stop everything (also done on drop): sidecar, Envoy, pods.
+    /// Stop everything (also done on drop): gateways (sidecar before Envoy), then pods.
     pub fn stop(mut self) {
-        if let Some(s) = self.sidecar.as_mut() {
-            s.stop();
+        for g in &mut self.replicas {
+            g.stop();
         }
-        for (e, s) in &mut self.replicas {
-            s.stop();
-            e.stop();
-        }
-        self.envoy.stop();
+        self.gateway.stop();
         for g in &mut self.pods.guards {
             g.stop();
         }
     }
 }
 
-/// Start pods, Envoy with `router` and (for the filter) the sidecar; wait until the filter holds
-/// a snapshot with every pod.
+/// Start pods, then the gateway: the peer router for the field's routers (ready when its
+/// `/readiness` reports every pod healthy), else Envoy with `router` and (for the filter) the
+/// sidecar; waits until the filter holds a snapshot with every pod.
 pub async fn start_stack(
     fleet: &FleetSpec,
     router: RouterKind,
     adapters: &[String],
 ) -> Result<Stack, StackError> {
     let pods = start_pods(fleet).await?;
-    let spec = envoy_spec(router, fleet, &pods.addrs, adapters);
-    let envoy = spec.start().await.map_err(tk("start Envoy"))?;
-    let sidecar = if router.uses_filter() {
-        Some(start_sidecar(envoy.push_addr(), &pods.addrs).await?)
-    } else {
-        None
-    };
+    let gateway = start_gateway(router, fleet, &pods.addrs, adapters, None).await?;
     let mut replicas = Vec::new();
     for i in 1..router.replicas() {
         let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters);
         spec.name = format!("{}-replica{i}", spec.name);
         let e = spec.start().await.map_err(tk("start Envoy replica"))?;
         let s = start_sidecar(e.push_addr(), &pods.addrs).await?;
-        replicas.push((e, s));
+        replicas.push(Gateway::Envoy {
+            envoy: e,
+            sidecar: Some(s),
+        });
     }
     let stack = Stack {
         router,
         pods,
-        envoy,
-        sidecar,
+        gateway,
         replicas,
     };
     if router.uses_filter() {
-        wait_snapshot(&stack, Duration::from_secs(15)).await?;
-        for (e, s) in &stack.replicas {
-            wait_snapshot_at(
-                e.push_addr(),
-                stack.pods.addrs.len() as u64,
-                Duration::from_secs(15),
-                &s.log_path().display().to_string(),
-            )
-            .await?;
+        for g in std::iter::once(&stack.gateway).chain(&stack.replicas) {
+            wait_snapshot_of(g, stack.pods.addrs.len() as u64, Duration::from_secs(15)).await?;
         }
     }
     Ok(stack)
+}
+
+/// The gateway for `router` in front of `pods` (Envoy on `listen_port` if given, else a free
+/// port; a peer always on a free port): for the filter routers with its sidecar, not yet
+/// waited for a snapshot.
+pub async fn start_gateway(
+    router: RouterKind,
+    fleet: &FleetSpec,
+    pods: &[SocketAddr],
+    adapters: &[String],
+    listen_port: Option<u16>,
+) -> Result<Gateway, StackError> {
+    if let Some((kind, policy)) = router.peer() {
+        let p = testkit::peers::start(kind, policy, pods)
+            .await
+            .map_err(tk(format!("start {} ({policy})", kind.package())))?;
+        return Ok(Gateway::Peer(p));
+    }
+    let mut spec = envoy_spec(router, fleet, pods, adapters);
+    if let Some(port) = listen_port {
+        spec.listen_port = port;
+    }
+    let envoy = spec.start().await.map_err(tk("start Envoy"))?;
+    let sidecar = if router.uses_filter() {
+        Some(start_sidecar(envoy.push_addr(), pods).await?)
+    } else {
+        None
+    };
+    Ok(Gateway::Envoy { envoy, sidecar })
 }
 
 /// Start the sidecar for `pods`, pushing into the Envoy listener at `envoy` (the internal one).
@@ -479,20 +623,26 @@ pub async fn start_sidecar_at(
     Ok((g, listen))
 }
 
-/// Wait until the filter reports a snapshot holding every pod (`GET /__llm_router/state`).
-pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), StackError> {
-    let log = stack
-        .sidecar
+/// Wait until the filter behind `gateway` reports a snapshot holding `want` pods
+/// (`GET /__llm_router/state`); immediate for a gateway without Envoy.
+pub async fn wait_snapshot_of(
+    gateway: &Gateway,
+    want: u64,
+    timeout: Duration,
+) -> Result<(), StackError> {
+    let Gateway::Envoy { envoy, sidecar } = gateway else {
+        return Ok(());
+    };
+    let log = sidecar
         .as_ref()
         .map(|s| s.log_path().display().to_string())
         .unwrap_or_default();
-    wait_snapshot_at(
-        stack.envoy.push_addr(),
-        stack.pods.addrs.len() as u64,
-        timeout,
-        &log,
-    )
-    .await
+    wait_snapshot_at(envoy.push_addr(), want, timeout, &log).await
+}
+
+/// Wait until the filter of the stack's gateway reports a snapshot holding every pod.
+pub async fn wait_snapshot(stack: &Stack, timeout: Duration) -> Result<(), StackError> {
+    wait_snapshot_of(&stack.gateway, stack.pods.addrs.len() as u64, timeout).await
 }
 
 /// Wait until the filter behind `listener` (the internal listener) reports a snapshot with at
@@ -669,9 +819,17 @@ mod tests {
 
     #[test]
     fn router_names_round_trip() {
-        for r in RouterKind::ALL.into_iter().chain(RouterKind::EXTRA) {
+        for r in RouterKind::every() {
             assert_eq!(RouterKind::from_name(r.name()), Some(r));
         }
+        assert_eq!(RouterKind::names().len(), 11);
+        for r in RouterKind::PEERS {
+            let (_, policy) = r.peer().unwrap();
+            assert!(r.name().ends_with(policy) && !r.uses_filter() && r.replicas() == 1);
+        }
+        assert!(RouterKind::every()
+            .filter(|r| !RouterKind::PEERS.contains(r))
+            .all(|r| r.peer().is_none()));
         assert_eq!(RouterKind::from_name("random"), None);
         assert!(RouterKind::Filter.uses_filter() && !RouterKind::LeastRequest.uses_filter());
     }

@@ -11,6 +11,8 @@
 //!   [`EchoBackend`].
 //! - The shipped configurations under `envoy/`: [`shipped`] (documents, bootstraps, Wasm
 //!   configs, and running a shipped bootstrap for real on loopback).
+//! - The field's routers: [`peers`] (sglang-router and vllm-router from their venvs, ready when
+//!   every worker is healthy).
 
 mod echo;
 mod envoy;
@@ -18,6 +20,7 @@ mod error;
 mod extproc;
 mod http;
 mod paths;
+pub mod peers;
 mod process;
 mod server;
 pub mod shipped;
@@ -38,8 +41,8 @@ pub use http::{
     DEFAULT_TIMEOUT,
 };
 pub use paths::{
-    bin, envoy_binary, file_tail, filter_wasm, free_port, stack_ready, target_dir, testlog_dir,
-    workspace_root,
+    bin, envoy_binary, file_tail, filter_wasm, free_port, prerequisites_ready, stack_ready,
+    target_dir, testlog_dir, workspace_root,
 };
 pub use process::{pid_alive, ChildGuard, DEFAULT_GRACE};
 pub use server::{

@@ -122,16 +122,23 @@ pub fn bin(name: &str) -> Result<PathBuf> {
 /// part). When something is missing the test is skipped with a message, or, under `CI`, fails:
 /// a CI run must not pass by skipping.
 pub fn stack_ready(test: &str, more: impl IntoIterator<Item = Option<String>>) -> bool {
-    let missing: Vec<String> = [
-        envoy_binary().err().map(|e| e.to_string()),
-        filter_wasm().err().map(|e| e.to_string()),
-        bin("model-sim").err().map(|e| e.to_string()),
-        bin("sidecar-metrics").err().map(|e| e.to_string()),
-    ]
-    .into_iter()
-    .chain(more)
-    .flatten()
-    .collect();
+    prerequisites_ready(
+        test,
+        [
+            envoy_binary().err().map(|e| e.to_string()),
+            filter_wasm().err().map(|e| e.to_string()),
+            bin("model-sim").err().map(|e| e.to_string()),
+            bin("sidecar-metrics").err().map(|e| e.to_string()),
+        ]
+        .into_iter()
+        .chain(more),
+    )
+}
+
+/// Whether nothing a test needs is missing (`Some(why)` for each missing part): true, or the
+/// test is skipped with a message, or, under `CI`, fails (see [`stack_ready`]).
+pub fn prerequisites_ready(test: &str, parts: impl IntoIterator<Item = Option<String>>) -> bool {
+    let missing: Vec<String> = parts.into_iter().flatten().collect();
     if missing.is_empty() {
         return true;
     }
