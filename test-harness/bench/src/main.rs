@@ -88,7 +88,8 @@ enum Cmd {
         /// Sequential requests per arm (prompts up to 16 KiB; larger ones use a quarter).
         #[arg(long, default_value_t = 1000)]
         requests: usize,
-        /// Arms to run, comma-separated (direct, envoy, envoy_filter, envoy_ext_proc, peers);
+        /// Arms to run, comma-separated (direct, envoy, envoy_filter, envoy_ext_proc, sglang_router,
+        /// vllm_router);
         /// default all. direct always runs (the baseline).
         #[arg(long, value_delimiter = ',')]
         arms: Vec<String>,

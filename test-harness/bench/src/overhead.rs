@@ -60,6 +60,15 @@ pub const ENVOY_FILTER: &str = "envoy_filter";
 pub const ENVOY_EXT_PROC: &str = "envoy_ext_proc";
 /// The project's own arms, in order.
 pub const ARMS: [&str; 4] = [DIRECT, ENVOY, ENVOY_FILTER, ENVOY_EXT_PROC];
+/// sglang-router 0.3.2 with its default policy (`cache_aware`).
+pub const SGLANG_ROUTER: &str = "sglang_router";
+/// vllm-router 0.1.17 with its default policy (`cache_aware`).
+pub const VLLM_ROUTER: &str = "vllm_router";
+/// The field's routers measured as arms.
+const PEER_ARMS: [(&str, testkit::peers::PeerRouter); 2] = [
+    (SGLANG_ROUTER, testkit::peers::PeerRouter::Sglang),
+    (VLLM_ROUTER, testkit::peers::PeerRouter::VllmRouter),
+];
 
 /// How much to measure.
 #[derive(Debug, Clone)]
@@ -174,20 +183,43 @@ impl RouterArm {
     }
 }
 
-/// The field's routers as more arms, in front of the same instant `backend`, requests to `path`.
-///
-/// HOOK for the peers (sglang-router, vllm-router, started by `testkit::peers`): for each peer,
-/// start it with `backend` as its one worker, wait until it reports the worker healthy, and push
-/// `RouterArm::new(name, &format!("http://{addr}{path}"), vec![(label, pid)])?.keeping(guard)`
-/// (every process of the peer: a Python launcher that execs the Rust binary is one process, one
-/// that stays its parent is two). A peer that cannot start is a note, not a failure. The arms
-/// are then measured exactly like the project's own (same rounds, same slices, same sizes).
+/// The field's routers as more arms, in front of the same instant `backend`, requests to `path`:
+/// sglang-router and vllm-router, each with its default policy (`cache_aware`, what a new user
+/// gets) and one worker, started by `testkit::peers` and ready when it reports the worker
+/// healthy. Every process of the peer counts (the launcher and what it starts: sglang's Python
+/// launcher stays the Rust router's parent). A peer that is not installed or cannot start is a
+/// note, not a failure; the arms are measured exactly like the project's own.
 async fn peer_arms(
-    _backend: SocketAddr,
-    _path: &str,
-    _opts: &OverheadOptions,
+    backend: SocketAddr,
+    path: &str,
+    opts: &OverheadOptions,
 ) -> (Vec<RouterArm>, Vec<String>) {
-    (Vec::new(), Vec::new())
+    let mut arms = Vec::new();
+    let mut notes = Vec::new();
+    for (name, kind) in PEER_ARMS {
+        if !opts.wants(name) {
+            continue;
+        }
+        let peer = match testkit::peers::start(kind, "cache_aware", &[backend]).await {
+            Ok(p) => p,
+            Err(e) => {
+                notes.push(format!("{name}: not measured: {e}"));
+                continue;
+            }
+        };
+        let root = peer.pid();
+        let mut pids = vec![root];
+        pids.extend(testkit::vllm::descendants(root));
+        let processes = pids
+            .iter()
+            .map(|&pid| (format!("{name}:{pid}"), pid))
+            .collect();
+        match RouterArm::new(name, &peer.url(path), processes) {
+            Ok(arm) => arms.push(arm.keeping(peer)),
+            Err(e) => notes.push(format!("{name}: not measured: {e}")),
+        }
+    }
+    (arms, notes)
 }
 
 /// One arm at one prompt size: the field's two figures and what they derive from.
