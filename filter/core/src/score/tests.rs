@@ -258,15 +258,31 @@ fn a_cached_prefix_counts_as_prefill_saved_against_queued_work() {
     ];
     assert_eq!(c[0].uncached_tokens(&f), 160.0);
     assert_eq!(order(&only("ttft"), &c, &f), ["a", "b"]);
-    // With 5,000 tokens queued, the cold idle pod is sooner.
-    let busy = [
+    // With 5,000 tokens queued "b" would answer sooner (3,200 vs 5,160 tokens of work ahead),
+    // but only by prefilling 3,040 tokens "a" already holds — a second copy of the context and
+    // work that every later request on "b" waits behind, charged once more: "a" stays first.
+    let busy = |queued| {
+        [
+            Candidate {
+                pending_tokens: queued,
+                ..c[0].clone()
+            },
+            pod("b"),
+        ]
+    };
+    assert_eq!(order(&only("ttft"), &busy(5_000), &f), ["a", "b"]);
+    // Past twice the re-prefill (3,200 + 3,040 = 6,240 tokens against 7,000 + 160) the home is
+    // too busy: the context gets its second copy.
+    assert_eq!(order(&only("ttft"), &busy(7_000), &f), ["b", "a"]);
+    // Where no candidate holds the prefix, nothing is charged twice: the idle pod wins at once.
+    let cold = [
         Candidate {
-            pending_tokens: 5_000,
-            ..c[0].clone()
+            pending_tokens: 1_000,
+            ..pod("a")
         },
         pod("b"),
     ];
-    assert_eq!(order(&only("ttft"), &busy, &f), ["b", "a"]);
+    assert_eq!(order(&only("ttft"), &cold, &f), ["b", "a"]);
 }
 
 #[test]
