@@ -23,22 +23,13 @@ fn brief(r: &HttpResponse) -> String {
 }
 
 fn ready(test: &str) -> bool {
-    let missing: Vec<String> = [
-        testkit::envoy_binary().err().map(|e| e.to_string()),
-        testkit::bin("extproc-noop").err().map(|e| e.to_string()),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{test}: prerequisites missing: {missing:?}"
-    );
-    eprintln!("SKIPPED {test}: {missing:?}");
-    false
+    testkit::prerequisites_ready(
+        test,
+        [
+            testkit::envoy_binary().err().map(|e| e.to_string()),
+            testkit::bin("extproc-noop").err().map(|e| e.to_string()),
+        ],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

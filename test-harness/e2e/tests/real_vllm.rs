@@ -22,6 +22,8 @@
 //! `sidecar-metrics` (`./build.sh`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod util;
+
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -29,12 +31,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 use testkit::vllm::{self, ModelSize, VllmProcess, VllmSpec};
 use testkit::{EnvoyProcess, EnvoySpec, Router};
+use util::state;
 
 const MODEL: &str = "llmr-tiny";
 const POOL: &str = "tiny";
 const CLUSTER: &str = "pool_tiny";
 const SECRET: &str = "e2e-real-vllm-secret-0123456789abcdef";
-const STATE: &str = "/__llm_router/state";
 /// vLLM's CPU block size (tokens), reported in `vllm:cache_config_info`.
 const BLOCK_SIZE: u64 = 128;
 const LIMITED_BLOCKS: u32 = 48;
@@ -62,12 +64,6 @@ fn prompt(seed: u64, words: usize) -> String {
 fn chat_body(text: &str, max_tokens: u32) -> Value {
     json!({"model": MODEL, "max_tokens": max_tokens, "ignore_eos": true,
            "messages": [{"role": "user", "content": text}]})
-}
-
-async fn state(envoy: &EnvoyProcess) -> Value {
-    let r = testkit::get(envoy.push_addr(), STATE, &[]).await.unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json().unwrap()
 }
 
 /// The filter's view of each pod, by address.

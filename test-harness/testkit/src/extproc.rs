@@ -2,41 +2,21 @@
 //! [`crate::EnvoySpec::ext_proc`], for the endpoint-picker floor of the overhead bench and its
 //! end-to-end test.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::http::blocking_get;
-use crate::paths::{bin, free_port};
-use crate::server::{spawn_and_wait_http, ServerProcess, SERVER_READY_TIMEOUT};
+use crate::server::{start_on_free_port, ServerProcess};
 
 /// Starts `target/release/extproc-noop --listen 127.0.0.1:<free port>` and waits for its
-/// HTTP/1.1 `/health` (blocking). Retries on a new port (3 tries) if the process exits early.
+/// HTTP/1.1 `/health` (blocking; [`start_on_free_port`]).
 pub fn start_extproc_noop_blocking() -> Result<ServerProcess> {
-    let program = bin("extproc-noop")?;
-    let mut last = None;
-    for _ in 0..3 {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-        let args = vec!["--listen".to_string(), addr.to_string()];
-        match spawn_and_wait_http(
-            "extproc-noop",
-            &program,
-            &args,
-            addr,
-            "/health",
-            SERVER_READY_TIMEOUT,
-        ) {
-            Ok(server) => return Ok(server),
-            Err(e @ Error::Exited { .. }) => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| Error::Format {
-        what: "extproc-noop".into(),
-        reason: "did not start".into(),
-    }))
+    start_on_free_port("extproc-noop", |addr| {
+        vec!["--listen".to_string(), addr.to_string()]
+    })
 }
 
 /// [`start_extproc_noop_blocking`] without blocking the async runtime.

@@ -71,22 +71,21 @@ pub fn spawn_and_wait_http(
     })
 }
 
-/// Starts `target/release/model-sim --port <free port> ARGS...` and waits for `/health`
-/// (blocking). `args` are the other flags, e.g. `["--profile", "h100", "--speedup", "20"]`.
-/// Retries with a new port (3 tries) if the process exits early, e.g. because the port was
-/// taken between choosing and binding it.
-pub fn start_model_sim_blocking(args: &[&str]) -> Result<ServerProcess> {
-    let program = bin("model-sim")?;
+/// Starts `target/release/<name>` with the arguments `args(addr)` for a free loopback address
+/// and waits for its `/health` (blocking). Retries with a new port (3 tries) if the process exits
+/// early, e.g. because the port was taken between choosing and binding it.
+pub fn start_on_free_port(
+    name: &str,
+    args: impl Fn(SocketAddr) -> Vec<String>,
+) -> Result<ServerProcess> {
+    let program = bin(name)?;
     let mut last = None;
     for _ in 0..3 {
-        let port = free_port()?;
-        let mut all = vec!["--port".to_string(), port.to_string()];
-        all.extend(args.iter().map(|a| a.to_string()));
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         match spawn_and_wait_http(
-            "model-sim",
+            name,
             &program,
-            &all,
+            &args(addr),
             addr,
             "/health",
             SERVER_READY_TIMEOUT,
@@ -97,9 +96,20 @@ pub fn start_model_sim_blocking(args: &[&str]) -> Result<ServerProcess> {
         }
     }
     Err(last.unwrap_or_else(|| Error::Format {
-        what: "model-sim".into(),
+        what: name.into(),
         reason: "did not start".into(),
     }))
+}
+
+/// Starts `target/release/model-sim --port <free port> ARGS...` and waits for `/health`
+/// (blocking; [`start_on_free_port`]). `args` are the other flags, e.g.
+/// `["--profile", "h100", "--speedup", "20"]`.
+pub fn start_model_sim_blocking(args: &[&str]) -> Result<ServerProcess> {
+    start_on_free_port("model-sim", |addr| {
+        let mut all = vec!["--port".to_string(), addr.port().to_string()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        all
+    })
 }
 
 /// [`start_model_sim_blocking`] without blocking the async runtime.
