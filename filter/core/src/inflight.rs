@@ -19,8 +19,8 @@
 //! outlier detection ejects it too, but the `override_host` policy sends a request to the pod the
 //! filter names whatever its health: seen in Envoy 1.40, `test-harness/e2e/tests/edges.rs`).
 //!
-//! Encoding (little-endian): `b'L' | version u8 = 3 | mean_prefill_tokens f32 | count u16 |
-//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 5 × f64 | errors u16 |
+//! Encoding (little-endian): `b'L' | version u8 = 4 | mean_prefill_tokens f32 | count u16 |
+//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 8 × f64 | errors u16 |
 //! ejected_until_ms u64) * count`. A value that
 //! does not decode reads as empty: the table is an estimate and heals itself.
 
@@ -29,7 +29,7 @@ use crate::store::{SharedStore, StoreError};
 use crate::wire::Reader;
 use std::collections::BTreeMap;
 
-const TAG: [u8; 2] = [b'L', 3];
+const TAG: [u8; 2] = [b'L', 4];
 /// Consecutive server errors after which a pod is put behind the others (Envoy's
 /// `consecutive_5xx` default is 5; the shipped clusters use the same).
 pub const EJECT_AFTER_ERRORS: u16 = 5;
@@ -130,6 +130,9 @@ impl Table {
                     st: r.f64()?,
                     sww: r.f64()?,
                     swt: r.f64()?,
+                    pn: r.f64()?,
+                    pww: r.f64()?,
+                    pwt: r.f64()?,
                 },
                 errors: r.u16()?,
                 ejected_until_ms: r.u64()?,
@@ -158,7 +161,9 @@ impl Table {
             out.extend_from_slice(addr.as_bytes());
             out.extend_from_slice(&l.in_flight.to_le_bytes());
             out.extend_from_slice(&l.pending_tokens.to_le_bytes());
-            for x in [l.fit.n, l.fit.sw, l.fit.st, l.fit.sww, l.fit.swt] {
+            for x in [
+                l.fit.n, l.fit.sw, l.fit.st, l.fit.sww, l.fit.swt, l.fit.pn, l.fit.pww, l.fit.pwt,
+            ] {
                 out.extend_from_slice(&x.to_le_bytes());
             }
             out.extend_from_slice(&l.errors.to_le_bytes());
@@ -304,7 +309,8 @@ pub fn routed_after_read(
 }
 
 /// The first response byte of a request arrived from `addr`: its `tokens` are no longer
-/// pending, and when `observed = Some((work, ttft_ms))` the pod's fit learns from it.
+/// pending, and when `observed = Some((work, ttft_ms))` the pod's fit learns from it (its own
+/// `tokens` among the `work` tell whether it measured prefill speed).
 pub fn first_byte(
     store: &impl SharedStore,
     pool: &str,
@@ -316,7 +322,7 @@ pub fn first_byte(
         t.with(addr, |l| {
             l.pending_tokens = l.pending_tokens.saturating_sub(tokens);
             if let Some((work, ttft)) = observed {
-                l.fit.observe(work, ttft);
+                l.fit.observe(work, f64::from(tokens), ttft);
             }
         });
     })

@@ -468,6 +468,7 @@ impl Router {
             adapter: adapter_name,
             prompt_tokens: prompt_tokens.min(f64::from(u32::MAX)) as u32,
             prompt_blocks: hashes.blocks.len() as u32,
+            truncated: prompt_chars / pool.prefix.block_chars.max(1) > hashes.blocks.len(),
             tokens_per_block: pool.prefix.block_chars as f64 / chars_per_token,
             // Until the pool's mean is known, a waiting request is assumed as big as this one.
             mean_prefill_tokens: if live.mean_prefill_tokens > 0.0 {

@@ -207,6 +207,9 @@ pub struct Features<'a> {
     pub prompt_tokens: u32,
     /// Blocks the prompt was cut into (0: no prefix scoring).
     pub prompt_blocks: u32,
+    /// The prompt runs past its hashed blocks (`prefix.max_blocks`): what a pod holds beyond
+    /// them is unknown.
+    pub truncated: bool,
     /// Tokens per prefix block (block characters ÷ characters per token).
     pub tokens_per_block: f64,
     /// The pool's mean prefill tokens per request (turns waiting requests into work; 0 = unknown).
@@ -221,7 +224,17 @@ pub struct Features<'a> {
 
 impl Features<'_> {
     /// Tokens of this request left to prefill on a pod that holds its first `cached_blocks`.
+    ///
+    /// A pod holding every hashed block of a prompt that runs past them is taken to hold the
+    /// rest too (nothing is left to prefill): the prompts that reached it through the same
+    /// blocks were most likely the same long document or history. Counting the unhashed rest
+    /// as uncached there would queue phantom prefill on the one pod that has the context, and
+    /// teach its rate from warm requests taken for long prefills (seen: fitted costs 4× too
+    /// low on the bench's shared-prefix documents, which run past the default 256 blocks).
     pub fn uncached_tokens(&self, cached_blocks: u32) -> f64 {
+        if self.truncated && self.prompt_blocks > 0 && cached_blocks >= self.prompt_blocks {
+            return 0.0;
+        }
         let prompt = f64::from(self.prompt_tokens);
         (prompt - f64::from(cached_blocks) * self.tokens_per_block).max(0.0)
     }

@@ -206,6 +206,7 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
                     "pending_tokens": live.get(&pod.address).pending_tokens,
                     "prefill_ms_per_token": live.get(&pod.address).fit.rate().map(|r| r.cost_ms_per_token),
                     "base_ms": live.get(&pod.address).fit.rate().map(|r| r.base_ms),
+                    "measured_prefill_ms_per_token": live.get(&pod.address).fit.prefill_cost(),
                 })).collect::<Vec<_>>(),
             })
         })

@@ -756,8 +756,31 @@ fn what_a_replica_knows_outweighs_the_prior() {
         let first = route_and_finish(&r, &s, &fleet, &doc_question(doc, 1), doc as u64);
         let again = route_and_finish(&r, &s, &fleet, &doc_question(doc, 2), 50 + doc as u64);
         assert_eq!(again.endpoints[0], first.endpoints[0], "document {doc}");
-        assert!(again.prefix_hit && again.work_tokens.is_finite());
+        assert!(again.prefix_hit);
     }
+}
+
+/// A prompt that runs past the hashed range (`prefix.max_blocks`) is taken as wholly cached on
+/// a pod holding all of that range: nothing pending is counted there, so warm requests queue no
+/// phantom prefill and teach no false rate; a pod without it still owes the whole prompt.
+#[test]
+fn a_prompt_past_the_hashed_range_is_cached_where_all_its_blocks_are() {
+    let r = router(CONFIG);
+    let (fleet, s) = replica(&r, 4, Some(1), &[0.2; 4]);
+    let long = doc_question(3, 0);
+    let hashed = r.config.pools[0].prefix.max_blocks * r.config.pools[0].prefix.block_chars;
+    assert!(
+        long.len() > hashed + 4_000,
+        "the document must run well past the hashed range"
+    );
+    let cold = route_and_finish(&r, &s, &fleet, &long, 1);
+    assert!(!cold.prefix_hit && cold.work_tokens.is_finite(), "{cold:?}");
+    let tokens_past = (long.len() - hashed) as f64 / 4.0;
+    assert!(f64::from(cold.pending_tokens) > tokens_past, "{cold:?}");
+    let warm = route_and_finish(&r, &s, &fleet, &doc_question(3, 1), 2);
+    assert_eq!(warm.endpoints[0], cold.endpoints[0]);
+    assert!(warm.prefix_hit && warm.work_tokens.is_finite(), "{warm:?}");
+    assert!(f64::from(warm.pending_tokens) < 100.0, "{warm:?}");
 }
 
 /// Turn `turn` of conversation `c`: a shared system prompt, then `turn` exchanges of long

@@ -50,6 +50,7 @@ const F: Features<'static> = Features {
     adapter: None,
     prompt_tokens: 500,
     prompt_blocks: 0,
+    truncated: false,
     tokens_per_block: 16.0,
     mean_prefill_tokens: 0.0,
     home: None,
