@@ -47,6 +47,10 @@ pub struct Outcome {
     pub itl_ms: Vec<f64>,
     /// `usage.completion_tokens`, if the stream had a usage chunk.
     pub output_tokens: Option<u64>,
+    /// `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, if reported: how
+    /// much of the prompt the serving pod had to prefill.
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
     /// Number of content chunks seen.
     pub content_chunks: u32,
     /// The pod that served it (from [`POD_HEADERS`]).
@@ -131,6 +135,10 @@ pub async fn send(
                             Some(prev) => out.itl_ms.push(ms(now - prev)),
                         }
                         last_content = Some(now);
+                    }
+                    if info.prompt_tokens.is_some() {
+                        out.prompt_tokens = info.prompt_tokens;
+                        out.cached_tokens = info.cached_tokens;
                     }
                     if let Some(n) = info.completion_tokens {
                         out.output_tokens = Some(n);

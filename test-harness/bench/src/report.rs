@@ -367,11 +367,15 @@ pub struct Target {
     pub scenario: &'static str,
     /// Summary field (or extra) compared.
     pub metric: &'static str,
-    /// The router it is compared to.
+    /// The router it is compared to ([`BEST_PEER`]: the scenario's best peer router).
     pub baseline: &'static str,
     /// The bound.
     pub bound: Bound,
 }
+
+/// A target's baseline meaning the scenario's best peer router ([`best_peer`]), judged only
+/// where peers ran.
+pub const BEST_PEER: &str = "best_peer";
 
 /// The targets of the issue (anchors' results on real GPUs). Throughput "never below round robin"
 /// is checked per scenario with a 2% allowance for run-to-run noise of an open loop.
@@ -448,6 +452,22 @@ pub fn targets() -> Vec<Target> {
             bound: Bound::AtLeast(0.98),
         });
     }
+    // Against the field: every structured scenario's TTFT p95 at most 0.7× the best peer's,
+    // uniform within ±5 % of it.
+    for s in ["mixed_gpu", "bursty", "shared_prefix", "lora"] {
+        t.push(Target {
+            scenario: s,
+            metric: "ttft_p95_ms",
+            baseline: BEST_PEER,
+            bound: Bound::AtMost(0.7),
+        });
+    }
+    t.push(Target {
+        scenario: "uniform",
+        metric: "ttft_p95_ms",
+        baseline: BEST_PEER,
+        bound: Bound::Within(0.05),
+    });
     t
 }
 
@@ -535,6 +555,14 @@ pub fn check_targets(
         let Some(rs) = scenarios.get(t.scenario) else {
             continue;
         };
+        let baseline = if t.baseline == BEST_PEER {
+            match rs.best_peer.as_deref() {
+                Some(p) => p,
+                None => continue,
+            }
+        } else {
+            t.baseline
+        };
         let routers: &[&str] = if t.baseline == "filter" {
             &REPLICA_ROUTERS
         } else {
@@ -544,11 +572,11 @@ pub fn check_targets(
             let Some(sum) = rs.get(router) else {
                 continue;
             };
-            let row = find_ratio(ratios, t.scenario, router, t.baseline, t.metric);
+            let row = find_ratio(ratios, t.scenario, router, baseline, t.metric);
             let (r, ci) = match row {
                 Some(x) => (x.ratio, x.ci95),
                 None => (
-                    ratio(scenarios, t.scenario, router, t.baseline, t.metric),
+                    ratio(scenarios, t.scenario, router, baseline, t.metric),
                     None,
                 ),
             };
@@ -559,7 +587,7 @@ pub fn check_targets(
             };
             let mut note = match (t.bound, r, met) {
                 (Bound::Within(b), Some(x), Some(false)) if x < 1.0 - b => {
-                    Some(format!("better than {} beyond the band", t.baseline))
+                    Some(format!("better than {baseline} beyond the band"))
                 }
                 (_, Some(x), None) if t.bound.holds(x) => {
                     Some("point estimate meets it; no interval".to_string())
@@ -587,7 +615,11 @@ pub fn check_targets(
                 scenario: t.scenario.into(),
                 router: router.into(),
                 metric: t.metric.into(),
-                baseline: t.baseline.into(),
+                baseline: if t.baseline == BEST_PEER {
+                    format!("best peer ({baseline})")
+                } else {
+                    baseline.into()
+                },
                 ratio: r,
                 ci95: ci,
                 target: t.bound.text(),
@@ -1191,6 +1223,7 @@ mod tests {
                     output_tokens: Some(10),
                     content_chunks: 10,
                     pod: Some("127.0.0.1:1".into()),
+                    ..Outcome::default()
                 },
             })
             .collect();
@@ -1584,6 +1617,22 @@ mod tests {
             v["scenarios"]["shared_prefix"]["best_peer"],
             "vllm_router_cache_aware"
         );
+        // The target against the best peer is judged on that peer's ratio row: 0.9 > 0.7.
+        let t = check_targets(&rep.scenarios, &rep.ratios);
+        let vs = t
+            .iter()
+            .find(|x| x.baseline == "best peer (vllm_router_cache_aware)")
+            .unwrap();
+        assert_eq!(
+            (vs.metric.as_str(), vs.ratio, vs.met),
+            ("ttft_p95_ms", Some(0.8), Some(false))
+        );
+        // Without a peer in the run there is no such row.
+        let mut none = rep.scenarios.clone();
+        none.values_mut().for_each(|s| s.best_peer = None);
+        assert!(check_targets(&none, &rep.ratios)
+            .iter()
+            .all(|x| !x.baseline.starts_with("best peer")));
         // No peer ran: no table, no key.
         let mut plain = report();
         assert!(!markdown(&plain).contains("vs the best peer"));

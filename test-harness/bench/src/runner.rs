@@ -321,6 +321,16 @@ pub async fn run_windowed(
             s
         })
         .collect();
+    if let Some(dir) = std::env::var_os(SAMPLES_ENV) {
+        if let Err(e) = dump_samples(
+            Path::new(&dir),
+            &format!("{}-{}-{}", sc.name, router.name(), sc.workload.seed),
+            &window_samples,
+            &reqs,
+        ) {
+            eprintln!("bench: {SAMPLES_ENV}: {e}");
+        }
+    }
     let window_s = w.window.as_secs_f64() * k;
     let mut summary = summarize(&RunResult {
         samples: window_samples.clone(),
@@ -434,6 +444,40 @@ pub async fn run_windowed(
         window: window_samples,
         invalid,
     })
+}
+
+/// Set to a folder: every run writes its window's requests there as JSON lines
+/// (`<scenario>-<router>-<seed>.jsonl`: the sample — pod, TTFT, prompt and cached tokens —
+/// with the request's prefix group and prompt size), to study a tail request by request.
+pub const SAMPLES_ENV: &str = "LLMR_BENCH_SAMPLES";
+
+fn dump_samples(
+    dir: &Path,
+    stem: &str,
+    samples: &[Sample],
+    reqs: &[RequestSpec],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let by_id: BTreeMap<u64, &RequestSpec> = reqs.iter().map(|r| (r.id, r)).collect();
+    let mut out =
+        std::io::BufWriter::new(std::fs::File::create(dir.join(format!("{stem}.jsonl")))?);
+    for s in samples {
+        let spec = by_id.get(&s.id);
+        let mut v = serde_json::to_value(s)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "prefix_group".into(),
+                serde_json::json!(spec.and_then(|r| r.prefix_group)),
+            );
+            o.insert(
+                "prompt_chars".into(),
+                serde_json::json!(spec.map(|r| r.prompt_chars)),
+            );
+        }
+        writeln!(out, "{v}")?;
+    }
+    out.flush()
 }
 
 /// What `bench run` does.

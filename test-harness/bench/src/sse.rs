@@ -13,6 +13,11 @@ pub struct EventInfo {
     pub content: bool,
     /// The event carried a usage block with `completion_tokens`.
     pub completion_tokens: Option<u64>,
+    /// The usage block's `prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// The usage block's `prompt_tokens_details.cached_tokens` (vLLM and model-sim report the
+    /// prompt tokens served from the prefix cache there).
+    pub cached_tokens: Option<u64>,
     /// The event was `data: [DONE]`.
     pub done: bool,
     /// The event carried an `error` object (a mid-stream failure).
@@ -41,6 +46,13 @@ struct Delta {
 #[derive(Deserialize)]
 struct Usage {
     completion_tokens: Option<u64>,
+    prompt_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 /// Classify the `data` payload of one event. Unparseable payloads mean nothing (not content).
@@ -62,9 +74,14 @@ pub fn classify(data: &str) -> EventInfo {
             .is_some_and(|s| !s.is_empty())
             || c.text.as_deref().is_some_and(|s| !s.is_empty())
     });
+    let usage = chunk.usage;
     EventInfo {
         content,
-        completion_tokens: chunk.usage.and_then(|u| u.completion_tokens),
+        completion_tokens: usage.as_ref().and_then(|u| u.completion_tokens),
+        prompt_tokens: usage.as_ref().and_then(|u| u.prompt_tokens),
+        cached_tokens: usage
+            .and_then(|u| u.prompt_tokens_details)
+            .and_then(|d| d.cached_tokens),
         done: false,
         error: chunk.error.is_some(),
     }
@@ -158,7 +175,7 @@ mod tests {
         ": a comment\n\n",
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world\"}}]}\r\n\r\n",
         "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
-        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n",
         "data: [DONE]\n\n",
     );
 
@@ -179,6 +196,8 @@ mod tests {
         assert!(i[1].content && i[2].content);
         assert!(!i[3].content);
         assert_eq!(i[4].completion_tokens, Some(2));
+        assert_eq!(i[4].prompt_tokens, Some(5));
+        assert_eq!(i[4].cached_tokens, Some(3));
         assert!(i[5].done);
     }
 

@@ -192,6 +192,7 @@ mod tests {
                 output_tokens: Some(tokens),
                 content_chunks: 3,
                 pod: Some(pod.into()),
+                ..Outcome::default()
             },
         }
     }
