@@ -81,7 +81,10 @@ fn a_rewrite_rule_sends_each_request_to_one_target_rewritten_labelled_and_report
         assert_eq!(answer(&mut r).as_deref(), Some(model.as_str()));
     }
     // 10 % of 1,000: the binomial's sd is 9.5; ±4 sd.
-    assert!((62..=138).contains(&to_qwen), "{to_qwen} of {n} to the 10% target");
+    assert!(
+        (62..=138).contains(&to_qwen),
+        "{to_qwen} of {n} to the 10% target"
+    );
     // The metrics: the requested name as `model`, the served one as `target`.
     assert_eq!(
         metric_sum(
