@@ -80,8 +80,11 @@ impl Identity {
                 p.insert("local_jwks".into(), json!({"inline_string": jwks}));
             }
         }
-        self.clusters
-            .retain(|c| !fetched.iter().any(|n| c["name"].as_str() == Some(n.as_str())));
+        self.clusters.retain(|c| {
+            !fetched
+                .iter()
+                .any(|n| c["name"].as_str() == Some(n.as_str()))
+        });
         self
     }
 
