@@ -20,6 +20,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+use crate::rewrite::{Rewrites, Rule, Sticky, Target};
 pub use crate::score::Weights;
 
 /// How prompt size and pod speed are estimated before the filter has learned them.
@@ -212,6 +213,10 @@ pub struct Config {
     pub disclose: Disclose,
     /// What happens to a request on a path the filter does not route.
     pub unknown_paths: UnknownPaths,
+    /// Canary and weighted model rewrites (`rewrites`), checked against `pools` and `models`.
+    pub rewrites: Rewrites,
+    /// Response header naming the model a rewrite rule chose (the served name).
+    pub served_model_header: String,
 }
 
 /// What the filter does with a request on a path that is neither an API path it routes, the
@@ -283,6 +288,114 @@ struct RawConfig {
     scores_header: Option<String>,
     disclose: Option<RawDisclose>,
     unknown_paths: Option<String>,
+    #[serde(default)]
+    rewrites: Vec<RawRewrite>,
+    served_model_header: Option<String>,
+}
+
+/// One `InferenceModelRewrite`-like rule.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRewrite {
+    model: String,
+    targets: Vec<RawTarget>,
+    sticky: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    model: String,
+    /// Default 1.
+    weight: Option<u32>,
+    /// The pool serving `model` when `model` is not a configured model name.
+    pool: Option<String>,
+}
+
+/// Largest weight of a rewrite target (weights are relative).
+pub const MAX_REWRITE_WEIGHT: u32 = 1_000_000;
+
+/// Checks the rules and resolves each target's pool: a configured model name (its pool and
+/// adapter flag), or a `pool` that is configured.
+fn rewrites(
+    raw: &[RawRewrite],
+    pools: &[PoolConfig],
+    models: &HashMap<String, ModelRoute>,
+) -> Result<Rewrites, ConfigError> {
+    let mut rules: Vec<Rule> = Vec::with_capacity(raw.len());
+    for (i, r) in raw.iter().enumerate() {
+        let path = format!("rewrites[{i}]");
+        if r.model.is_empty() {
+            return err(format!("{path}.model: must not be empty"));
+        }
+        if rules.iter().any(|q| q.model == r.model) {
+            return err(format!(
+                "{path}.model: {:?} already has a rule (one rule per model name)",
+                r.model
+            ));
+        }
+        if r.targets.is_empty() {
+            return err(format!("{path}.targets: at least one target is needed"));
+        }
+        let sticky = match r.sticky.as_deref() {
+            None | Some("none") => Sticky::None,
+            Some("conversation") => Sticky::Conversation,
+            Some(o) => {
+                return err(format!(
+                    "{path}.sticky: {o:?} is not one of none, conversation"
+                ))
+            }
+        };
+        let mut targets = Vec::with_capacity(r.targets.len());
+        for (j, t) in r.targets.iter().enumerate() {
+            let tpath = format!("{path}.targets[{j}]");
+            if t.model.is_empty() {
+                return err(format!("{tpath}.model: must not be empty"));
+            }
+            let weight = t.weight.unwrap_or(1);
+            if weight > MAX_REWRITE_WEIGHT {
+                return err(format!(
+                    "{tpath}.weight: {weight} must be in 0..={MAX_REWRITE_WEIGHT}"
+                ));
+            }
+            let route = models.get(&t.model);
+            let (pool, adapter) = match (&t.pool, route) {
+                (Some(name), _) => {
+                    let Some(p) = pools.iter().position(|p| &p.name == name) else {
+                        return err(format!("{tpath}.pool: {name:?} is not a configured pool"));
+                    };
+                    // The served name's own entry says whether it is an adapter there.
+                    let adapter = route.is_some_and(|m| m.pool == p && m.adapter);
+                    (p, adapter)
+                }
+                (None, Some(m)) => (m.pool, m.adapter),
+                (None, None) => {
+                    return err(format!(
+                        "{tpath}.model: {:?} is not a configured model name; list it in a \
+                         pool's models or adapters, or give the target a pool",
+                        t.model
+                    ))
+                }
+            };
+            targets.push(Target {
+                model: t.model.clone(),
+                pool,
+                adapter,
+                weight,
+            });
+        }
+        if targets.iter().all(|t| t.weight == 0) {
+            return err(format!(
+                "{path}.targets: the weights sum to 0; at least one must be above 0"
+            ));
+        }
+        rules.push(Rule {
+            model: r.model.clone(),
+            targets,
+            sticky,
+        });
+    }
+    Ok(Rewrites { rules })
 }
 
 #[derive(Deserialize, Default)]
@@ -651,6 +764,8 @@ impl Config {
             scores_header: "x-llm-router-scores".into(),
             disclose: Disclose::default(),
             unknown_paths: UnknownPaths::Pass,
+            rewrites: Rewrites::default(),
+            served_model_header: "x-llm-router-served-model".into(),
         }
     }
 
@@ -761,6 +876,7 @@ impl Config {
             Some("reject") => UnknownPaths::Reject,
             Some(o) => return err(format!("unknown_paths: {o:?} is not one of pass, reject")),
         };
+        let rewrites = rewrites(&raw.rewrites, &pools, &models)?;
         let s = raw.snapshot.unwrap_or_default();
         let path_ok = |p: &str| p.starts_with('/') && !p.contains(['?', '#', ' ']);
         let push_path = s.push_path.unwrap_or(base.snapshot.push_path.clone());
@@ -922,6 +1038,12 @@ impl Config {
                 }
             },
             unknown_paths,
+            rewrites,
+            served_model_header: header_name(
+                "served_model_header",
+                raw.served_model_header,
+                &base.served_model_header,
+            )?,
         })
     }
 
@@ -1137,6 +1259,76 @@ mod tests {
         assert_eq!(c.request_priority(Some("x"), Some("vip")), 1);
         let e = error_of(r#"{"priority":{"trust":true}}"#);
         assert!(e.contains("unknown field `trust`"), "{e}");
+    }
+
+    #[test]
+    fn rewrite_rules_need_weights_above_zero_and_targets_that_exist() {
+        let pools = r#""pools":[{"name":"a","models":["llama-v1",{"name":"llama-v2","adapter":true}]},{"name":"b"}]"#;
+        let parse =
+            |rules: &str| Config::parse(format!("{{{pools},\"rewrites\":{rules}}}").as_bytes());
+        let c = parse(
+            r#"[{"model":"llama","sticky":"conversation","targets":[
+                {"model":"llama-v1","weight":90},{"model":"llama-v2","weight":10},
+                {"model":"other","pool":"b","weight":0}]}]"#,
+        )
+        .unwrap();
+        let rule = c.rewrites.rule("llama").unwrap();
+        assert_eq!(rule.sticky, Sticky::Conversation);
+        let t: Vec<(&str, usize, bool, u32)> = rule
+            .targets
+            .iter()
+            .map(|t| (t.model.as_str(), t.pool, t.adapter, t.weight))
+            .collect();
+        assert_eq!(
+            t,
+            [
+                ("llama-v1", 0, false, 90),
+                ("llama-v2", 0, true, 10),
+                ("other", 1, false, 0)
+            ]
+        );
+        assert!(c.rewrites.rule("llama-v1").is_none());
+        assert_eq!(c.served_model_header, "x-llm-router-served-model");
+        // A single target's weight defaults to 1.
+        let c = parse(r#"[{"model":"alias","targets":[{"model":"llama-v1"}]}]"#).unwrap();
+        assert_eq!(c.rewrites.rules[0].targets[0].weight, 1);
+        for (rules, needle) in [
+            (
+                r#"[{"model":"llama","targets":[{"model":"llama-v1","weight":0}]}]"#,
+                "rewrites[0].targets: the weights sum to 0",
+            ),
+            (
+                r#"[{"model":"llama","targets":[]}]"#,
+                "rewrites[0].targets: at least one target",
+            ),
+            (
+                r#"[{"model":"llama","targets":[{"model":"llama-v3","weight":5}]}]"#,
+                "rewrites[0].targets[0].model: \"llama-v3\" is not a configured model name",
+            ),
+            (
+                r#"[{"model":"llama","targets":[{"model":"x","pool":"c"}]}]"#,
+                "rewrites[0].targets[0].pool: \"c\" is not a configured pool",
+            ),
+            (
+                r#"[{"model":"llama","targets":[{"model":"llama-v1","weight":1000001}]}]"#,
+                "rewrites[0].targets[0].weight: 1000001 must be in 0..=1000000",
+            ),
+            (
+                r#"[{"model":"llama","sticky":"session","targets":[{"model":"llama-v1"}]}]"#,
+                "rewrites[0].sticky: \"session\" is not one of none, conversation",
+            ),
+            (
+                r#"[{"model":"m","targets":[{"model":"llama-v1"}]},{"model":"m","targets":[{"model":"llama-v1"}]}]"#,
+                "rewrites[1].model: \"m\" already has a rule",
+            ),
+            (
+                r#"[{"model":"m","targets":[{"model":"llama-v1","wieght":3}]}]"#,
+                "unknown field `wieght`",
+            ),
+        ] {
+            let e = parse(rules).unwrap_err().to_string();
+            assert!(e.contains(needle), "{rules}: {e}");
+        }
     }
 
     /// From the `config` fuzz target (a crash of its round-trip property, which now builds

@@ -14,6 +14,7 @@
 //! - [`lora`]: adapter homes (bounded-load rendezvous) and inferred residency.
 //! - [`score`]: scorers (one per file), saturation and ranking.
 //! - [`trust`]: bounds on what one pod's reports and timing can claim.
+//! - [`rewrite`]: canary and weighted model rewrites (`InferenceModelRewrite`-like rules).
 //! - [`router`]: the decision for one request.
 //! - [`reject`]: OpenAI-style error replies.
 //! - [`metrics`]: metric names and their labels as Envoy stat names.
@@ -28,6 +29,7 @@ pub mod prefix;
 pub mod prior;
 pub mod reject;
 pub mod request;
+pub mod rewrite;
 pub mod router;
 pub mod score;
 pub mod store;

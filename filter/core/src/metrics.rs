@@ -14,7 +14,8 @@
 //! one label set per family). Only values from the configuration, the snapshot and fixed sets
 //! are used, never text a client chose, so the number of stats stays bounded by the fleet.
 
-/// Requests the filter handled, by `pool`, `model` and `outcome` (counter).
+/// Requests the filter handled, by `pool`, `model` (as requested), `target` (the served name a
+/// rewrite rule chose, empty when none did) and `outcome` (counter).
 pub const REQUESTS: &str = "llm_router_requests_total";
 /// Routed requests by first-choice pod (`pool`, `pod`; counter).
 pub const PICKS: &str = "llm_router_picks_total";
@@ -41,7 +42,11 @@ pub const TRAFFIC_SHARE: &str = "llm_router_traffic_share_percent";
 pub const TOKENS: &str = "llm_router_tokens_total";
 
 /// Every label the filter uses: each needs one `stats_tags` entry in Envoy's bootstrap.
-pub const LABELS: [&str; 6] = ["pool", "model", "outcome", "pod", "kind", "result"];
+/// No label name ends with another (a tag regex such as `model=\.=` would also match inside
+/// `served_model=.=`): hence `target`, not `target_model`.
+pub const LABELS: [&str; 7] = [
+    "pool", "model", "outcome", "pod", "kind", "result", "target",
+];
 
 /// `outcome` values of [`REQUESTS`] for routed requests (rejections use
 /// [`crate::Rejection::outcome`]).

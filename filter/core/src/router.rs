@@ -163,6 +163,9 @@ pub struct Routed {
     pub endpoints: Vec<String>,
     /// New value for the body's `model`.
     pub rewrite: Option<String>,
+    /// The served model name a rewrite rule chose (for the response header and the metrics);
+    /// `None` when no rule matched.
+    pub served_model: Option<String>,
     pub mode: RouteMode,
     /// `(address, score)` best first: the endpoints', or every candidate's when
     /// `debug_scores` is on (logs and the debug header).
@@ -180,6 +183,14 @@ pub struct Routed {
     /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
     /// when the pod was chosen on a guess of what it has cached ([`crate::prior`]).
     pub work_tokens: f64,
+}
+
+/// What a request's model name resolves to ([`Router::resolve`]).
+struct Resolved {
+    pool: PoolConfig,
+    rewrite: Option<String>,
+    adapter: bool,
+    served_model: Option<String>,
 }
 
 /// Priority and tie-break bits that come from the request's headers and the host.
@@ -201,15 +212,43 @@ impl Router {
         Router { config }
     }
 
-    /// Resolves a model name to its pool settings, pool name, rewrite and adapter flag.
+    /// Resolves a request's model name: the pool settings, the body's new `model` (an alias's
+    /// rewrite, or the target a rewrite rule chose), whether the served name is an adapter, and
+    /// the served name when a rewrite rule chose it ([`crate::rewrite`]; drawn from `ctx.tie`,
+    /// or the conversation for sticky rules).
     fn resolve<'r>(
         &'r self,
-        model: &str,
+        req: &ParsedRequest<'_>,
+        ctx: Context,
         fleet: Option<&'r Fleet>,
-    ) -> Option<(PoolConfig, Option<String>, bool)> {
+    ) -> Option<Resolved> {
+        let model = req.model.as_ref();
+        if let Some(rule) = self.config.rewrites.rule(model) {
+            let target = rule.choose(req, ctx.tie)?;
+            let pool = self.config.pools.get(target.pool)?.clone();
+            // A target that is itself an alias is served under the alias' rewrite.
+            let served = self
+                .config
+                .models
+                .get(&target.model)
+                .filter(|m| m.pool == target.pool)
+                .and_then(|m| m.rewrite.clone())
+                .unwrap_or_else(|| target.model.clone());
+            return Some(Resolved {
+                pool,
+                rewrite: (served != model).then(|| served.clone()),
+                adapter: target.adapter,
+                served_model: Some(served),
+            });
+        }
         if let Some(route) = self.config.models.get(model) {
             let pool = self.config.pools.get(route.pool)?.clone();
-            return Some((pool, route.rewrite.clone(), route.adapter));
+            return Some(Resolved {
+                pool,
+                rewrite: route.rewrite.clone(),
+                adapter: route.adapter,
+                served_model: None,
+            });
         }
         let fleet = fleet?;
         let &(i, adapter) = fleet.models.get(model)?;
@@ -222,7 +261,12 @@ impl Router {
                 ..self.config.default_pool.clone()
             },
         };
-        Some((pool, None, adapter))
+        Some(Resolved {
+            pool,
+            rewrite: None,
+            adapter,
+            served_model: None,
+        })
     }
 
     /// Decides where `req` goes. On success the chosen pod's in-flight count is incremented and
@@ -234,10 +278,16 @@ impl Router {
         req: &ParsedRequest<'_>,
         ctx: Context,
     ) -> Result<Routed, Rejection> {
-        let model = req.model.as_ref();
-        let (pool, rewrite, adapter) = self
-            .resolve(model, fleet)
-            .ok_or_else(|| Rejection::model_not_found(model))?;
+        let Resolved {
+            pool,
+            rewrite,
+            adapter,
+            served_model,
+        } = self
+            .resolve(req, ctx, fleet)
+            .ok_or_else(|| Rejection::model_not_found(&req.model))?;
+        // A rewrite rule's target is its own model: its own prefix cache, its own adapter home.
+        let model = served_model.as_deref().unwrap_or(req.model.as_ref());
         let fallback = |why: &str, reject: bool| -> Result<Routed, Rejection> {
             if reject {
                 return Err(Rejection::no_endpoints(&pool.name, why));
@@ -247,6 +297,7 @@ impl Router {
                 cluster: pool.cluster.clone(),
                 endpoints: Vec::new(),
                 rewrite: rewrite.clone(),
+                served_model: served_model.clone(),
                 mode: RouteMode::Fallback,
                 scores: Vec::new(),
                 prefix_hit: false,
@@ -540,6 +591,7 @@ impl Router {
             cluster: pool.cluster.clone(),
             endpoints,
             rewrite,
+            served_model,
             mode: if mode == Mode::Full {
                 RouteMode::Scored
             } else {

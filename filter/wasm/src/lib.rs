@@ -138,6 +138,7 @@ impl RootContext for Root {
             routed: None,
             usage: None,
             scores: None,
+            served_model: None,
             signature: None,
             held: Held::default(),
         }))
@@ -201,6 +202,8 @@ struct Http {
     usage: Option<UsageTrack>,
     /// The debug scores header for the response (`debug_scores`).
     scores: Option<String>,
+    /// The served name a rewrite rule chose, for `served_model_header` on the response.
+    served_model: Option<String>,
     /// A push's signature header, kept from the request headers for the body.
     signature: Option<String>,
     /// What the body's decision needs from the request headers (read once, with all the
@@ -257,7 +260,7 @@ impl Http {
         self.worker
             .borrow_mut()
             .metrics
-            .request(&r.pool, model, r.outcome());
+            .request(&r.pool, model, "", r.outcome());
         self.send(r)
     }
 
@@ -464,6 +467,8 @@ impl Http {
                 "llm-router: clear_route_cache is not available in this host",
             );
         }
+        // The name a rewrite rule chose, for the response.
+        self.served_model = routed.served_model.clone();
         if w.router.config.debug_scores {
             self.scores = Some(llm_router_core::metrics::scores_header(
                 routed.mode.name(),
@@ -477,7 +482,12 @@ impl Http {
         };
         let m = &mut w.metrics;
         m.decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
-        m.request(&routed.pool, &parsed.model, outcome);
+        m.request(
+            &routed.pool,
+            &parsed.model,
+            routed.served_model.as_deref().unwrap_or_default(),
+            outcome,
+        );
         if let Some(first) = routed.endpoints.first() {
             m.picked(&routed.pool, first, routed.prefix_hit, routed.lora_hit);
         }
@@ -716,6 +726,10 @@ impl HttpContext for Http {
         if let Some(scores) = self.scores.take() {
             let w = self.worker.borrow();
             host::set_response_header(&w.router.config.scores_header, &scores);
+        }
+        if let Some(name) = self.served_model.take() {
+            let w = self.worker.borrow();
+            host::set_response_header(&w.router.config.served_model_header, &name);
         }
         // The response headers, read at most once (one host call for all of them).
         let mut headers: Option<host::HeaderMap> = None;

@@ -31,6 +31,8 @@ fn outcome_slot(outcome: &str) -> usize {
 #[derive(Default)]
 struct ModelCounters {
     outcomes: [Option<Counter>; OUTCOMES.len()],
+    /// Outcomes of requests a rewrite rule sent to a served name (`target`), per name.
+    targets: HashMap<String, [Option<Counter>; OUTCOMES.len()]>,
     /// Prompt and completion tokens.
     tokens: [Option<Counter>; 2],
 }
@@ -94,17 +96,34 @@ impl Metrics {
         p.models.get_mut(model)
     }
 
-    /// One request with this outcome (`model` empty when it is not known or not served).
-    pub fn request(&mut self, pool: &str, model: &str, outcome: &str) {
+    /// One request with this outcome (`model` empty when it is not known or not served;
+    /// `target` the served name a rewrite rule chose, empty when none did).
+    pub fn request(&mut self, pool: &str, model: &str, target: &str, outcome: &str) {
         let slot = outcome_slot(outcome);
         let Some(m) = self.model(pool, model) else {
             return;
         };
-        if let Some(c) = m.outcomes.get_mut(slot) {
+        let slots = if target.is_empty() {
+            &mut m.outcomes
+        } else {
+            if !m.targets.contains_key(target) {
+                m.targets.insert(target.to_string(), Default::default());
+            }
+            let Some(slots) = m.targets.get_mut(target) else {
+                return;
+            };
+            slots
+        };
+        if let Some(c) = slots.get_mut(slot) {
             c.get_or_insert_with(|| {
                 Counter::define(&stat_name(
                     names::REQUESTS,
-                    &[("pool", pool), ("model", model), ("outcome", outcome)],
+                    &[
+                        ("pool", pool),
+                        ("model", model),
+                        ("target", target),
+                        ("outcome", outcome),
+                    ],
                 ))
             })
             .inc();

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::http::blocking_get;
+use crate::identity::Identity;
 use crate::paths::{envoy_binary, filter_wasm, testlog_dir};
 use crate::process::ChildGuard;
 
@@ -168,6 +169,10 @@ pub struct EnvoySpec {
     /// cluster [`EXT_PROC_CLUSTER`]. `None` (default): no such filter. Benchmarks only; no
     /// shipped configuration has it.
     pub ext_proc: Option<SocketAddr>,
+    /// Identity filters before the Wasm filter on the public listener (e.g. the shipped
+    /// `envoy/identity/jwt-authn.yaml`, [`Identity::shipped_jwt_authn`]), their clusters, and
+    /// their plugin configuration keys merged into the public copy's. `None` (default): none.
+    pub identity: Option<Identity>,
 }
 
 impl Default for EnvoySpec {
@@ -195,6 +200,7 @@ impl Default for EnvoySpec {
             pass_through_paths: Vec::new(),
             env: BTreeMap::new(),
             ext_proc: None,
+            identity: None,
         }
     }
 }
@@ -233,6 +239,13 @@ impl EnvoySpec {
         self
     }
 
+    /// Puts an identity chain in front of the filter (builder style; see
+    /// [`EnvoySpec::identity`]).
+    pub fn identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
     /// Sets `--concurrency` (builder style).
     pub fn concurrency(mut self, workers: u32) -> Self {
         self.concurrency = workers;
@@ -251,13 +264,18 @@ impl EnvoySpec {
         json!({"pools": pools, "snapshot": {"secret": DEFAULT_SECRET}})
     }
 
-    /// The plugin configuration actually used (on the public listener).
+    /// The plugin configuration actually used (on the public listener), with the
+    /// [`EnvoySpec::identity`] chain's keys merged in.
     pub fn effective_plugin_config(&self) -> Value {
-        if self.plugin_config.is_null() {
+        let mut config = if self.plugin_config.is_null() {
             self.default_plugin_config()
         } else {
             self.plugin_config.clone()
+        };
+        if let Some(identity) = &self.identity {
+            identity.merge_into(&mut config);
         }
+        config
     }
 
     /// The internal listener's plugin configuration: the public one's `snapshot` section with
@@ -321,6 +339,9 @@ impl EnvoySpec {
             }
         }
         let mut http_filters = Vec::new();
+        if let Some(identity) = &self.identity {
+            http_filters.extend(identity.http_filters.iter().cloned());
+        }
         if self.router == Router::Filter {
             http_filters.push(wasm_http_filter_with_env(
                 wasm,
@@ -356,6 +377,9 @@ impl EnvoySpec {
                 addr,
                 self.connect_timeout,
             ));
+        }
+        if let Some(identity) = &self.identity {
+            clusters.extend(identity.clusters.iter().cloned());
         }
         let mut listeners = vec![json!({
             "name": PUBLIC_LISTENER,

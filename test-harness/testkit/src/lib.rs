@@ -9,6 +9,8 @@
 //!   access log), [`validate_config`].
 //! - HTTP: [`post_json`], [`post_bytes`], [`get`], [`request`] and the in-process
 //!   [`EchoBackend`].
+//! - Identity: [`Identity`] (the shipped `envoy/identity/jwt-authn.yaml` chain, for
+//!   [`EnvoySpec::identity`]).
 //! - The shipped configurations under `envoy/`: [`shipped`] (documents, bootstraps, Wasm
 //!   configs, and running a shipped bootstrap for real on loopback).
 //! - The field's routers: [`peers`] (sglang-router and vllm-router from their venvs, ready when
@@ -19,6 +21,7 @@ mod envoy;
 mod error;
 mod extproc;
 mod http;
+pub mod identity;
 mod paths;
 pub mod peers;
 mod process;
@@ -40,6 +43,7 @@ pub use http::{
     blocking_get, get, post_bytes, post_json, request, request_with_timeout, HttpResponse,
     DEFAULT_TIMEOUT,
 };
+pub use identity::Identity;
 pub use paths::{
     bin, envoy_binary, file_tail, filter_wasm, free_port, prerequisites_ready, stack_ready,
     target_dir, testlog_dir, workspace_root,

@@ -66,8 +66,12 @@ pub fn example_docs() -> Vec<Doc> {
     // Prometheus' configuration is neither Envoy nor Kubernetes: `promtool check config` checks it
     // (test-harness/e2e/tests/prometheus.rs).
     let observability = root.join("observability");
+    // The identity chain is a fragment to merge into a bootstrap, neither a bootstrap nor a
+    // manifest: `testkit::Identity` loads it, testkit/tests/envoy_configs.rs validates it in a
+    // bootstrap and test-harness/e2e/tests/identity.rs runs it.
+    let identity = root.join("identity");
     for file in yaml_files(&root) {
-        if file.starts_with(&observability) {
+        if file.starts_with(&observability) || file.starts_with(&identity) {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();

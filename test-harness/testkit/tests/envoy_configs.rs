@@ -869,3 +869,82 @@ fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
         );
     }
 }
+
+/// The shipped identity chain (`envoy/identity/jwt-authn.yaml`) in front of the filter passes
+/// the real `envoy --mode validate`, as shipped (JWKS fetched from the issuer cluster) and as
+/// the end-to-end test runs it (JWKS inline); it removes every identity header the filter reads
+/// before jwt_authn writes them.
+#[test]
+fn the_shipped_identity_chain_passes_envoy_validate() {
+    let shipped = testkit::Identity::shipped_jwt_authn().unwrap();
+    let names: Vec<&str> = shipped
+        .http_filters
+        .iter()
+        .map(|f| f["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.header_mutation",
+            "envoy.filters.http.jwt_authn"
+        ]
+    );
+    let removed: BTreeSet<&str> = shipped.http_filters[0]["typed_config"]["mutations"]
+        ["request_mutations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["remove"].as_str())
+        .collect();
+    let defaults = llm_router_core::Config::default();
+    for h in [
+        "x-llm-d-inference-fairness-id",
+        "x-llm-d-inference-objective",
+        "x-gateway-inference-fairness-id",
+        "x-gateway-inference-objective",
+        defaults.priority_header.as_str(),
+        defaults.objective_header.as_str(),
+    ] {
+        assert!(removed.contains(h), "{h} is not removed: {removed:?}");
+    }
+    let written: BTreeSet<&str> = shipped.http_filters[1]["typed_config"]["providers"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|p| {
+            p["claim_to_headers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|c| {
+            let h = c["header_name"].as_str()?;
+            removed.get(h).copied()
+        })
+        .collect();
+    assert_eq!(written.len(), 2, "both claim headers are removed first");
+    // The filter accepts the configuration the chain needs.
+    let plugin = EnvoySpec::new(Router::Filter)
+        .pool("llama", "pool_llama", vec!["127.0.0.1:9".parse().unwrap()])
+        .identity(shipped.clone())
+        .effective_plugin_config();
+    let config = llm_router_core::Config::parse(plugin.to_string().as_bytes()).unwrap();
+    assert!(config.priority.trust_headers);
+    assert_eq!(config.objective_header, "x-llm-d-inference-objective");
+
+    let Some(wasm) = wasm_or_skip("the_shipped_identity_chain_passes_envoy_validate") else {
+        return;
+    };
+    let dir = testlog_dir("envoy-identity").unwrap();
+    let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","alg":"ES256","kid":"k","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+    for (label, identity) in [
+        ("shipped", shipped.clone()),
+        ("local-jwks", shipped.with_local_jwks(jwks)),
+    ] {
+        let spec = EnvoySpec::new(Router::Filter)
+            .pool("llama", "pool_llama", vec!["127.0.0.1:9".parse().unwrap()])
+            .identity(identity);
+        let bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
+        validate_with_envoy(&format!("identity {label}"), bootstrap, &wasm, &dir);
+    }
+}

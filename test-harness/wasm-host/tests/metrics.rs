@@ -68,7 +68,12 @@ fn every_outcome_is_counted_with_its_pool_and_model() {
     assert_eq!(
         series(&host, REQUESTS),
         vec![(
-            labels(&[("pool", "llama"), ("model", LLAMA), ("outcome", "fallback")]),
+            labels(&[
+                ("pool", "llama"),
+                ("model", LLAMA),
+                ("target", ""),
+                ("outcome", "fallback")
+            ]),
             1
         )]
     );
@@ -123,7 +128,12 @@ fn every_outcome_is_counted_with_its_pool_and_model() {
             .filter(|(l, _)| l.contains(&("outcome".into(), "unknown_model".into())))
             .collect::<Vec<_>>(),
         vec![(
-            labels(&[("pool", ""), ("model", ""), ("outcome", "unknown_model")]),
+            labels(&[
+                ("pool", ""),
+                ("model", ""),
+                ("target", ""),
+                ("outcome", "unknown_model")
+            ]),
             1
         )]
     );

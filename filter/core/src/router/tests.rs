@@ -906,3 +906,52 @@ fn at_most_half_of_a_pool_is_put_behind() {
     // One of three may be put behind: the longest run (10.0.0.1); the others rank as before.
     assert_eq!(out.endpoints, ["10.0.0.2:8000", "10.0.0.3:8000"]);
 }
+
+/// A rewrite rule picks a served name per request: the body's new model, its pool's cluster,
+/// and the served name reported; a target that is an alias is served under the alias' rewrite;
+/// a name without a rule is untouched.
+#[test]
+fn a_rewrite_rule_splits_a_model_name_over_its_targets_and_pools() {
+    let json = CONFIG.replacen(
+        r#""top_k": 2"#,
+        r#""top_k": 2, "rewrites": [{"model": "llama", "targets": [
+             {"model": "llama-8b", "weight": 90}, {"model": "Qwen/Qwen3-32B", "weight": 10}]}]"#,
+        1,
+    );
+    let r = router(&json);
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    let mut qwen = 0;
+    for i in 0..1_000u64 {
+        let c = Context {
+            tie: i,
+            ..ctx(1100)
+        };
+        let out = go(&r, &s, Some(&fleet), &chat("llama", "hi"), c).unwrap();
+        match out.served_model.as_deref() {
+            Some("Qwen/Qwen3-32B") => {
+                qwen += 1;
+                assert_eq!(out.cluster, "pool_qwen");
+                assert_eq!(out.rewrite.as_deref(), Some("Qwen/Qwen3-32B"));
+            }
+            Some("meta-llama/Llama-3.1-8B-Instruct") => {
+                assert_eq!(out.cluster, "pool_llama");
+                assert_eq!(
+                    out.rewrite.as_deref(),
+                    Some("meta-llama/Llama-3.1-8B-Instruct")
+                );
+            }
+            other => panic!("served {other:?}"),
+        }
+        let pod = out.inflight_pod.unwrap();
+        r.finished(&s, &out.pool, &pod, out.pending_tokens);
+    }
+    assert!(
+        (70..=130).contains(&qwen),
+        "{qwen} of 1000 to the 10% target"
+    );
+    let plain = go(&r, &s, Some(&fleet), &chat("llama-8b", "hi"), ctx(1100)).unwrap();
+    assert_eq!(plain.served_model, None);
+    // A rule naming a model that is not configured otherwise is not a 404.
+    assert!(!r.config.models.contains_key("llama"));
+}
