@@ -315,6 +315,8 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         },
         heartbeat_ms: 1000,
         pod_stale_after_ms: 1000,
+        mode: Default::default(),
+        hub: Default::default(),
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
         snapshot: Default::default(),

@@ -42,6 +42,13 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
+    /// `sidecar` (default: scrape, or follow the hubs, and push into the local proxy) or `hub`
+    /// (scrape and stream the snapshots to subscribed sidecars; no push).
+    #[serde(default)]
+    pub mode: Mode,
+    /// The hub: where it serves (mode `hub`), or which hubs a sidecar follows.
+    #[serde(default)]
+    pub hub: HubConfig,
     pub push: PushConfig,
     #[serde(default)]
     pub scrape: ScrapeConfig,
@@ -60,6 +67,53 @@ pub struct Config {
     #[serde(default)]
     pub snapshot: SnapshotConfig,
     pub pools: Vec<PoolConfig>,
+}
+
+/// What the process does.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Sidecar,
+    Hub,
+}
+
+/// The metrics hub (`crate::hub`), either side.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HubConfig {
+    /// Mode `hub`: address of the snapshot stream (reached by the gateway pods).
+    #[serde(default = "d_hub_listen")]
+    pub listen: String,
+    /// Mode `sidecar`: hubs to follow, `http://host:port[/path]` or `host:port` (one Service
+    /// name, or several hubs listed). Empty: scrape on its own, as without a hub.
+    #[serde(default)]
+    pub upstreams: Vec<String>,
+    /// Mode `sidecar`: scrape on its own when no hub snapshot came for this long (ms); default
+    /// three scrape intervals, at least 100 ms.
+    #[serde(default)]
+    pub fallback_after_ms: Option<u64>,
+    /// Mode `sidecar`: connect and answer timeout of a subscription (ms).
+    #[serde(default = "d_hub_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn d_hub_listen() -> String {
+    "0.0.0.0:9465".into()
+}
+fn d_hub_timeout() -> u64 {
+    1000
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            listen: d_hub_listen(),
+            upstreams: Vec::new(),
+            fallback_after_ms: None,
+            timeout_ms: d_hub_timeout(),
+        }
+    }
 }
 
 fn d_heartbeat() -> u64 {
@@ -124,7 +178,9 @@ impl Default for SnapshotConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PushConfig {
-    /// The Envoy listener, `host:port` (loopback in every supported deployment).
+    /// The Envoy listener, `host:port` (loopback in every supported deployment). Unused (and
+    /// may be left out) in mode `hub`, whose `push` section only names the secret.
+    #[serde(default)]
     pub address: String,
     #[serde(default = "d_push_path")]
     pub path: String,
@@ -404,7 +460,35 @@ impl Config {
     /// Checks everything serde cannot; each error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let addr_ok = |s: &str| s.parse::<SocketAddr>().is_ok() || host_port(s).is_some();
-        if !addr_ok(&self.push.address) {
+        match self.mode {
+            Mode::Hub => {
+                if self.hub.listen.parse::<SocketAddr>().is_err() {
+                    return Err(invalid(
+                        "hub.listen",
+                        format!("{:?} is not ip:port", self.hub.listen),
+                    ));
+                }
+                if !self.hub.upstreams.is_empty() {
+                    return Err(invalid(
+                        "hub.upstreams",
+                        "a hub follows no hub (leave it out in mode hub)",
+                    ));
+                }
+            }
+            Mode::Sidecar => {
+                for (i, u) in self.hub.upstreams.iter().enumerate() {
+                    crate::hub::hub_uri(u)
+                        .map_err(|e| invalid(format!("hub.upstreams[{i}]"), e))?;
+                }
+                if self.hub.fallback_after_ms == Some(0) {
+                    return Err(invalid("hub.fallback_after_ms", "must be > 0"));
+                }
+                if self.hub.timeout_ms == 0 {
+                    return Err(invalid("hub.timeout_ms", "must be > 0"));
+                }
+            }
+        }
+        if self.mode == Mode::Sidecar && !addr_ok(&self.push.address) {
             return Err(invalid(
                 "push.address",
                 format!("{:?} is not host:port", self.push.address),
@@ -636,6 +720,15 @@ impl Config {
 
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.scrape.interval_ms)
+    }
+
+    /// How long a sidecar following hubs waits for a hub snapshot before it scrapes on its own.
+    pub fn hub_fallback_after(&self) -> Duration {
+        Duration::from_millis(
+            self.hub
+                .fallback_after_ms
+                .unwrap_or((self.scrape.interval_ms * 3).max(100)),
+        )
     }
 }
 

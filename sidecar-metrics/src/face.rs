@@ -1,5 +1,5 @@
 //! The sidecar's own HTTP face: `/metrics` (its numbers in Prometheus text) and `/healthz`
-//! (200 while scrape rounds keep happening, 503 otherwise), with graceful shutdown.
+//! (200 while scrape rounds or hub snapshots keep coming, 503 otherwise), with graceful shutdown.
 
 use std::sync::Arc;
 
@@ -36,9 +36,11 @@ async fn metrics(State(s): State<FaceState>) -> impl IntoResponse {
 
 async fn healthz(State(s): State<FaceState>) -> impl IntoResponse {
     let sum = s.stats.summary();
-    // Alive when a round finished recently: five intervals, and never less than two seconds.
+    // Alive when a round finished recently, or (subscribed to a hub) a hub snapshot was applied
+    // recently: five intervals, and never less than two seconds.
     let limit = (s.interval_ms * 5).max(2000);
-    let ok = sum.rounds > 0 && now_ms().saturating_sub(sum.last_round_ms) <= limit;
+    let last = sum.last_round_ms.max(sum.hub.last_frame_ms);
+    let ok = last > 0 && now_ms().saturating_sub(last) <= limit;
     let code = if ok {
         StatusCode::OK
     } else {

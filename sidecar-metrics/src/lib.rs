@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod engines;
 pub mod face;
 pub mod http1;
+pub mod hub;
 pub mod kube;
 pub mod prom;
 pub mod push;

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use llm_router_snapshot::Engine;
-use sidecar_metrics::config::{Config, ConfigError, Discovery, LogFormat, PoolConfig, PushConfig};
+use sidecar_metrics::config::{
+    Config, ConfigError, Discovery, LogFormat, Mode, PoolConfig, PushConfig,
+};
 use sidecar_metrics::engines::{normalise, Options};
 
 #[derive(Parser)]
@@ -22,7 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Scrape and push until SIGTERM/SIGINT.
+    /// Scrape (or follow the hubs) and push until SIGTERM/SIGINT; `--mode hub` scrapes and
+    /// streams to subscribed sidecars instead.
     Run(Box<RunArgs>),
     /// Read one saved /metrics text (`-` = stdin) and print the normalised pod state as JSON.
     Parse {
@@ -76,6 +79,20 @@ struct RunArgs {
     /// Log filter (RUST_LOG syntax); RUST_LOG wins when set.
     #[arg(long)]
     log_level: Option<String>,
+    /// `sidecar` (push into the local proxy) or `hub` (stream the snapshots to subscribed
+    /// sidecars; no --push needed).
+    #[arg(long, value_parser = ["sidecar", "hub"])]
+    mode: Option<String>,
+    /// Mode hub: address of the snapshot stream (default 0.0.0.0:9465).
+    #[arg(long)]
+    hub_listen: Option<String>,
+    /// Mode sidecar: follow these hubs (`http://host:port[/path]` or `host:port`, comma-separated
+    /// or repeated), scraping on its own only while none answers; replaces hub.upstreams.
+    #[arg(long = "hub", value_delimiter = ',')]
+    hubs: Vec<String>,
+    /// Mode sidecar: scrape on its own after this long (ms) without a hub snapshot.
+    #[arg(long)]
+    hub_fallback_ms: Option<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,8 +178,12 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p)?,
         None if !a.pools.is_empty() => {
-            let push = a.push.as_deref().ok_or(CliError::PushSpec(String::new()))?;
-            let (address, path) = parse_push(push)?;
+            let hub = a.mode.as_deref() == Some("hub");
+            let (address, path) = match a.push.as_deref() {
+                Some(push) => parse_push(push)?,
+                None if hub => (String::new(), None),
+                None => return Err(CliError::PushSpec(String::new())),
+            };
             Config {
                 push: PushConfig {
                     address,
@@ -176,6 +197,8 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
                 snapshot: Default::default(),
                 heartbeat_ms: 1000,
                 pod_stale_after_ms: 1000,
+                mode: Default::default(),
+                hub: Default::default(),
                 listen: "127.0.0.1:9464".into(),
                 log: Default::default(),
                 pools: Vec::new(),
@@ -201,6 +224,20 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
             .iter()
             .map(|s| parse_pool(s))
             .collect::<Result<_, _>>()?;
+    }
+    match a.mode.as_deref() {
+        Some("hub") => cfg.mode = Mode::Hub,
+        Some(_) => cfg.mode = Mode::Sidecar,
+        None => {}
+    }
+    if let Some(l) = &a.hub_listen {
+        cfg.hub.listen = l.clone();
+    }
+    if !a.hubs.is_empty() {
+        cfg.hub.upstreams = a.hubs.iter().filter(|h| !h.is_empty()).cloned().collect();
+    }
+    if let Some(v) = a.hub_fallback_ms {
+        cfg.hub.fallback_after_ms = Some(v);
     }
     if let Some(v) = a.interval_ms {
         cfg.scrape.interval_ms = v;

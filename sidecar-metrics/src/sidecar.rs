@@ -22,15 +22,16 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
 use rand::Rng;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::budget::{self, Budget, Trim};
-use crate::config::{Config, MIN_SNAPSHOT_MAX_BYTES};
+use crate::config::{Config, Mode, MIN_SNAPSHOT_MAX_BYTES};
 use crate::discovery::{self, DiscoveryError, Endpoints};
 use crate::engines::PodMetrics;
 use crate::face;
 use crate::http1::Target;
+use crate::hub::HubEvent;
 use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
 use crate::scrape::{self, PodIo, ScrapeError};
 use crate::stats::Stats;
@@ -46,6 +47,8 @@ pub enum StartError {
     Discovery(#[from] DiscoveryError),
     #[error(transparent)]
     Push(#[from] PushSetupError),
+    #[error("hub.upstreams {hub:?}: {reason}")]
+    Hub { hub: String, reason: String },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
@@ -174,10 +177,21 @@ struct Done {
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// Where finished snapshots go.
+enum Output {
+    /// Mode `sidecar`: POSTed into the local proxy.
+    Push(Box<Pusher>),
+    /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`).
+    Publish {
+        secret: Vec<u8>,
+        frames: watch::Sender<Option<Bytes>>,
+    },
+}
+
 struct Loop {
     cfg: Config,
     pools: Vec<PoolRt>,
-    pusher: Pusher,
+    out: Output,
     stats: Arc<Stats>,
     /// The generation of the last push (or the newest a 409 named); 0 before the first.
     last_generation: u64,
@@ -441,6 +455,28 @@ impl Loop {
         let mut snap = self.build(now);
         let trim = self.trim(&mut snap);
         self.stats.round_done(now);
+        self.deliver(snap, trim, now, push_fut);
+    }
+
+    /// A verified snapshot from a hub, used as this round's: the hub's pod states and
+    /// `created_ms`, with this sidecar's own generation (so the proxy sees one increasing
+    /// sequence whichever hub, or its own scraping, the snapshots come from).
+    fn offer_hub(&mut self, mut snap: Snapshot, push_fut: &mut Option<BoxFut<PushOutcome>>) {
+        let now = now_ms();
+        self.stats.hub_frame_applied(now);
+        let trim = self.trim(&mut snap);
+        self.deliver(snap, trim, now, push_fut);
+    }
+
+    /// Publishes pod health, then pushes (mode sidecar: when needed and none is in flight) or
+    /// publishes to the hub's subscribers (mode hub: every round, the stream's heartbeat).
+    fn deliver(
+        &mut self,
+        mut snap: Snapshot,
+        trim: Trim,
+        now: u64,
+        push_fut: &mut Option<BoxFut<PushOutcome>>,
+    ) {
         for p in &snap.pools {
             for pod in &p.pods {
                 self.stats.pod_health(
@@ -450,6 +486,10 @@ impl Loop {
                     u32::from(pod.failures),
                 );
             }
+        }
+        if let Output::Publish { .. } = self.out {
+            self.publish(snap, &trim, now);
+            return;
         }
         if push_fut.is_some() {
             return;
@@ -496,7 +536,10 @@ impl Loop {
         };
         self.last_generation = generation;
         self.stats.snapshot_trimmed(&trim);
-        let pusher = self.pusher.clone();
+        let Output::Push(pusher) = &self.out else {
+            return;
+        };
+        let pusher = Pusher::clone(pusher);
         let (generation, created) = (snap.generation, snap.created_ms);
         tracing::debug!(
             generation,
@@ -509,6 +552,47 @@ impl Loop {
         *push_fut = Some(Box::pin(async move {
             pusher.push(bytes, generation, created).await
         }));
+    }
+
+    /// Mode hub: the snapshot, with the next generation, signed into a frame for every stream.
+    fn publish(&mut self, mut snap: Snapshot, trim: &Trim, now: u64) {
+        let Output::Publish { secret, frames } = &self.out else {
+            return;
+        };
+        if !trim.fits(&self.budget) {
+            self.stats.snapshot_over_budget();
+            return;
+        }
+        let Some(generation) = next_generation(self.last_generation, now) else {
+            tracing::error!(
+                last = self.last_generation,
+                "no generation left; not published"
+            );
+            return;
+        };
+        snap.generation = generation;
+        let bytes = match snap.encode() {
+            Ok(b) if b.len() <= self.budget.max_bytes => b,
+            Ok(b) => {
+                tracing::error!(
+                    bytes = b.len(),
+                    max_bytes = self.budget.max_bytes,
+                    "snapshot over its budget after trimming; not published"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "snapshot cannot be encoded; not published");
+                return;
+            }
+        };
+        self.stats.snapshot_encoded(bytes.len());
+        self.stats.snapshot_trimmed(trim);
+        let _ = frames.send(Some(crate::hub::frame(secret, &bytes)));
+        self.last_generation = generation;
+        self.stats.hub_published(generation, snap.created_ms);
+        let _ = self.snapshots.send(Some(snap.clone()));
+        self.last_accepted = Some(snap);
     }
 
     fn push_answered(&mut self, o: PushOutcome) {
@@ -572,7 +656,93 @@ async fn poll_opt<F: Future + Unpin>(f: &mut Option<F>) -> F::Output {
     }
 }
 
-async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
+/// A sidecar following hubs: which one it uses, and when it last heard from each.
+struct Follow {
+    events: mpsc::Receiver<HubEvent>,
+    /// No hub snapshot for this long: scrape on our own.
+    fallback_after: Duration,
+    /// The hub whose snapshots are used.
+    current: Option<usize>,
+    /// When each hub last sent a verified frame.
+    seen: Vec<Option<Instant>>,
+    /// `created_ms` of the last hub snapshot used: an older or equal one (a replay, or a
+    /// restarted hub whose clock went back) is never used.
+    last_created_ms: u64,
+    /// When the current hub's silence becomes a fallback.
+    deadline: tokio::time::Instant,
+}
+
+/// What a hub event means for the loop.
+#[derive(Debug, PartialEq, Eq)]
+enum FollowStep {
+    /// Use this snapshot (and stop scraping on our own if we were).
+    Use,
+    /// Ignore it: a standby hub's (the current one is alive).
+    Standby,
+    /// Ignore it: not newer than the last one used.
+    Old,
+    /// Nothing to use any more: scrape on our own now.
+    Fallback,
+    /// Nothing changes.
+    Nothing,
+}
+
+impl Follow {
+    fn fresh(&self, hub: usize, now: Instant) -> bool {
+        self.seen
+            .get(hub)
+            .copied()
+            .flatten()
+            .is_some_and(|t| now.duration_since(t) < self.fallback_after)
+    }
+
+    /// A verified frame from `hub`, created at `created_ms`.
+    fn on_frame(&mut self, hub: usize, created_ms: u64, now: Instant) -> FollowStep {
+        if let Some(slot) = self.seen.get_mut(hub) {
+            *slot = Some(now);
+        }
+        if let Some(c) = self.current {
+            if c != hub && self.fresh(c, now) {
+                return FollowStep::Standby;
+            }
+        }
+        if created_ms <= self.last_created_ms {
+            return FollowStep::Old;
+        }
+        self.current = Some(hub);
+        self.last_created_ms = created_ms;
+        self.deadline = tokio::time::Instant::from_std(now + self.fallback_after);
+        FollowStep::Use
+    }
+
+    /// The connection to `hub` ended. Another hub heard from recently takes over; else fall back.
+    fn on_down(&mut self, hub: usize, now: Instant) -> FollowStep {
+        if let Some(slot) = self.seen.get_mut(hub) {
+            *slot = None;
+        }
+        if self.current != Some(hub) {
+            return FollowStep::Nothing;
+        }
+        let other = (0..self.seen.len()).find(|&h| h != hub && self.fresh(h, now));
+        self.current = other;
+        match other.and_then(|h| self.seen.get(h).copied().flatten()) {
+            Some(t) => {
+                self.deadline = tokio::time::Instant::from_std(t + self.fallback_after);
+                FollowStep::Nothing
+            }
+            None => FollowStep::Fallback,
+        }
+    }
+}
+
+async fn next_event(f: &mut Option<Follow>) -> Option<HubEvent> {
+    match f.as_mut() {
+        Some(f) => f.events.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch::Receiver<bool>) {
     let mut inflight: FuturesUnordered<BoxFut<Done>> = FuturesUnordered::new();
     let mut push_fut: Option<BoxFut<PushOutcome>> = None;
     let mut round: u64 = 0;
@@ -580,7 +750,15 @@ async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
     let mut round_open = false;
     let mut next_round = tokio::time::Instant::now();
     let coalesce = Duration::from_millis(lp.cfg.scrape.coalesce_ms);
+    // Following hubs: no scraping of our own until they stay silent.
+    let mut scraping = follow.is_none();
+    let far = || tokio::time::Instant::now() + Duration::from_secs(86_400);
     loop {
+        let hub_deadline = follow
+            .as_ref()
+            .filter(|_| !scraping)
+            .map_or_else(far, |f| f.deadline);
+        let mut fall_back = None;
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
@@ -609,7 +787,42 @@ async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
                 push_fut = None;
                 lp.push_answered(outcome);
             }
-            _ = tokio::time::sleep_until(next_round) => {
+            Some(ev) = next_event(&mut follow) => {
+                let Some(f) = follow.as_mut() else { continue };
+                let now = Instant::now();
+                match ev {
+                    HubEvent::Frame { hub, snapshot } => {
+                        match f.on_frame(hub, snapshot.created_ms, now) {
+                            FollowStep::Use => {
+                                if scraping {
+                                    scraping = false;
+                                    // Scrapes still in flight finish and are applied to the
+                                    // pods' state, without closing a round.
+                                    round_open = false;
+                                    lp.stats.hub_source("hub", None);
+                                    tracing::info!(hub, "using the hub's snapshots; not scraping on our own");
+                                }
+                                lp.offer_hub(snapshot, &mut push_fut);
+                            }
+                            FollowStep::Old => lp.stats.hub_frame_refused("old"),
+                            _ => {}
+                        }
+                    }
+                    HubEvent::Down { hub, reason } => {
+                        if f.on_down(hub, now) == FollowStep::Fallback && !scraping {
+                            tracing::debug!(hub, reason = %reason, "the hub in use is gone");
+                            fall_back = Some("closed");
+                        }
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(hub_deadline), if follow.is_some() && !scraping => {
+                if let Some(f) = follow.as_mut() {
+                    f.current = None;
+                }
+                fall_back = Some("silent");
+            }
+            _ = tokio::time::sleep_until(next_round), if scraping => {
                 if round_open {
                     round_open = false;
                     lp.finish_round(&mut push_fut);
@@ -628,6 +841,12 @@ async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
                 }
             }
         }
+        if let Some(reason) = fall_back {
+            scraping = true;
+            next_round = tokio::time::Instant::now();
+            lp.stats.hub_source("scrape", Some(reason));
+            tracing::warn!(reason, "no hub answers; scraping on our own until one does");
+        }
     }
     // Let a push in flight finish (bounded by its timeout) so the last state is not lost.
     if let Some(f) = push_fut {
@@ -641,6 +860,8 @@ async fn run_loop(mut lp: Loop, mut shutdown: watch::Receiver<bool>) {
 pub struct Running {
     /// Where its own `/metrics` and `/healthz` listen.
     pub face_addr: SocketAddr,
+    /// Mode hub: where the snapshot stream listens.
+    pub hub_addr: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     /// Every snapshot the proxy accepted (latest), for tests and debugging.
     pub accepted: watch::Receiver<Option<Snapshot>>,
@@ -702,12 +923,77 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         rt.resync(&initial, &stats);
         pools.push(rt);
     }
-    let pusher = Pusher::new(
-        &cfg.push.address,
-        &cfg.push.path,
-        &secret,
-        Duration::from_millis(cfg.push.timeout_ms),
-    )?;
+    let (frames_tx, frames_rx) = watch::channel(None);
+    let out = match cfg.mode {
+        Mode::Sidecar => Output::Push(Box::new(Pusher::new(
+            &cfg.push.address,
+            &cfg.push.path,
+            &secret,
+            Duration::from_millis(cfg.push.timeout_ms),
+        )?)),
+        Mode::Hub => {
+            llm_router_snapshot::check_secret(&secret).map_err(PushSetupError::BadSecret)?;
+            Output::Publish {
+                secret: secret.as_bytes().to_vec(),
+                frames: frames_tx,
+            }
+        }
+    };
+    let mut tasks = Vec::new();
+    let mut hub_addr = None;
+    if cfg.mode == Mode::Hub {
+        let l = tokio::net::TcpListener::bind(&cfg.hub.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: cfg.hub.listen.clone(),
+                source,
+            })?;
+        hub_addr = Some(l.local_addr().map_err(|source| StartError::Bind {
+            addr: cfg.hub.listen.clone(),
+            source,
+        })?);
+        tasks.push(tokio::spawn(crate::hub::serve(
+            l,
+            secret.as_bytes().to_vec(),
+            frames_rx,
+            stats.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
+    let follow = if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
+        let (tx, rx) = mpsc::channel(8);
+        let opts = crate::hub::SubscribeOptions {
+            timeout: Duration::from_millis(cfg.hub.timeout_ms),
+            max_backoff: Duration::from_secs(1),
+        };
+        for (i, u) in cfg.hub.upstreams.iter().enumerate() {
+            let uri = crate::hub::hub_uri(u).map_err(|reason| StartError::Hub {
+                hub: u.clone(),
+                reason,
+            })?;
+            tasks.push(tokio::spawn(crate::hub::subscribe(
+                i,
+                uri,
+                secret.as_bytes().to_vec(),
+                opts,
+                tx.clone(),
+                stats.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
+        let fallback_after = cfg.hub_fallback_after();
+        stats.hub_source("hub", None);
+        Some(Follow {
+            events: rx,
+            fallback_after,
+            current: None,
+            seen: vec![None; cfg.hub.upstreams.len()],
+            last_created_ms: 0,
+            deadline: tokio::time::Instant::now() + fallback_after,
+        })
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind(&cfg.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -720,13 +1006,23 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     })?;
     stats.snapshot_budget(cfg.snapshot.max_bytes);
     let (snap_tx, snap_rx) = watch::channel(None);
-    tracing::info!(
-        face = %face_addr,
-        push = %pusher.uri(),
-        pools = cfg.pools.len(),
-        interval_ms = cfg.scrape.interval_ms,
-        "sidecar-metrics started"
-    );
+    match &out {
+        Output::Push(p) => tracing::info!(
+            face = %face_addr,
+            push = %p.uri(),
+            hubs = ?cfg.hub.upstreams,
+            pools = cfg.pools.len(),
+            interval_ms = cfg.scrape.interval_ms,
+            "sidecar-metrics started"
+        ),
+        Output::Publish { .. } => tracing::info!(
+            face = %face_addr,
+            hub = ?hub_addr,
+            pools = cfg.pools.len(),
+            interval_ms = cfg.scrape.interval_ms,
+            "sidecar-metrics hub started"
+        ),
+    }
     let face_task = tokio::spawn(face::serve(
         listener,
         stats.clone(),
@@ -735,7 +1031,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     ));
     let lp = Loop {
         pools,
-        pusher,
+        out,
         stats: stats.clone(),
         last_generation: 0,
         budget: Budget {
@@ -753,13 +1049,16 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         next_pod: 0,
         cfg,
     };
-    let loop_task = tokio::spawn(run_loop(lp, shutdown_rx));
+    let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
+    tasks.push(loop_task);
+    tasks.push(face_task);
     Ok(Running {
         face_addr,
+        hub_addr,
         stats,
         accepted: snap_rx,
         shutdown: shutdown_tx,
-        tasks: vec![loop_task, face_task],
+        tasks,
     })
 }
 
@@ -780,6 +1079,68 @@ mod tests {
         assert_eq!(next_generation(9_000, 5_000), Some(9_001));
         assert_eq!(next_generation(u64::MAX - 1, 5), Some(u64::MAX));
         assert_eq!(next_generation(u64::MAX, 5), None);
+    }
+
+    fn follow(hubs: usize) -> Follow {
+        let (_tx, rx) = mpsc::channel(1);
+        Follow {
+            events: rx,
+            fallback_after: Duration::from_millis(150),
+            current: None,
+            seen: vec![None; hubs],
+            last_created_ms: 0,
+            deadline: tokio::time::Instant::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn one_hub_is_followed_and_its_old_snapshots_are_not() {
+        let mut f = follow(1);
+        let t0 = Instant::now();
+        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Use);
+        assert_eq!(f.current, Some(0));
+        // A replay, or a restarted hub whose clock went back: never used.
+        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Old);
+        assert_eq!(f.on_frame(0, 999, t0), FollowStep::Old);
+        assert_eq!(f.on_frame(0, 1_050, t0), FollowStep::Use);
+        assert_eq!(
+            f.deadline,
+            tokio::time::Instant::from_std(t0 + Duration::from_millis(150))
+        );
+        // Its connection ends and no other hub is there: scrape on our own.
+        assert_eq!(f.on_down(0, t0), FollowStep::Fallback);
+        assert_eq!(f.current, None);
+        // Back: its next newer snapshot is used again.
+        assert_eq!(f.on_frame(0, 1_100, t0), FollowStep::Use);
+    }
+
+    #[tokio::test]
+    async fn two_hubs_one_in_use_the_other_standing_by() {
+        let mut f = follow(2);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Use);
+        assert_eq!(f.on_frame(1, 1_010, t0 + ms(10)), FollowStep::Standby);
+        assert_eq!(f.on_frame(0, 1_050, t0 + ms(50)), FollowStep::Use);
+        assert_eq!(f.on_frame(1, 1_060, t0 + ms(60)), FollowStep::Standby);
+        // Hub 0's connection ends: hub 1, heard from 10 ms ago, takes over without a fallback.
+        assert_eq!(f.on_down(0, t0 + ms(70)), FollowStep::Nothing);
+        assert_eq!(f.current, Some(1));
+        assert_eq!(
+            f.deadline,
+            tokio::time::Instant::from_std(t0 + ms(60) + ms(150))
+        );
+        assert_eq!(f.on_frame(1, 1_110, t0 + ms(110)), FollowStep::Use);
+        // Hub 0 is back, but hub 1 is alive: it stays standby.
+        assert_eq!(f.on_frame(0, 1_120, t0 + ms(120)), FollowStep::Standby);
+        // Hub 1 goes silent (no close): after fallback_after, hub 0's frames are used.
+        assert_eq!(f.on_frame(0, 1_300, t0 + ms(300)), FollowStep::Use);
+        assert_eq!(f.current, Some(0));
+        // A standby's loss changes nothing.
+        assert_eq!(f.on_down(1, t0 + ms(310)), FollowStep::Nothing);
+        assert_eq!(f.current, Some(0));
+        // Losing the last one falls back.
+        assert_eq!(f.on_down(0, t0 + ms(320)), FollowStep::Fallback);
     }
 
     #[test]

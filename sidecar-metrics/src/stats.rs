@@ -71,6 +71,29 @@ struct Inner {
     adapters_trimmed: BTreeMap<(&'static str, &'static str), u64>,
     budget_bytes: u64,
     over_budget: u64,
+    hub: HubNumbers,
+}
+
+/// The hub's and the subscriber's numbers.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct HubNumbers {
+    /// Subscriber side: where the snapshots pushed now come from (`hub`, `scrape`; empty in a
+    /// sidecar without hubs and in a hub).
+    pub source: &'static str,
+    /// Subscriber side: verified frames received (all hubs).
+    pub frames_received: u64,
+    /// Subscriber side: frames refused, by reason (`signature`, `invalid`, `old`).
+    pub frames_refused: BTreeMap<&'static str, u64>,
+    /// Subscriber side: switches to its own scraping, by reason (`silent`, `closed`).
+    pub fallbacks: BTreeMap<&'static str, u64>,
+    /// Subscriber side: when the last hub snapshot was applied (Unix ms).
+    pub last_frame_ms: u64,
+    /// Hub side: streams open now.
+    pub subscribers: i64,
+    /// Hub side: subscribe requests refused (no valid signature).
+    pub subscribes_refused: u64,
+    /// Hub side: snapshots published to the stream.
+    pub published: u64,
 }
 
 /// The `budget` × `list` label pairs of the adapter counters, all exported from the start.
@@ -98,6 +121,7 @@ pub struct Summary {
     pub last_push_result: &'static str,
     pub last_accepted_generation: u64,
     pub last_accepted_created_ms: u64,
+    pub hub: HubNumbers,
 }
 
 fn lock(m: &Mutex<Inner>) -> std::sync::MutexGuard<'_, Inner> {
@@ -282,6 +306,68 @@ impl Collector for Exposition {
             MetricType::Counter,
         )?;
         ConstCounter::new(i.rounds).encode(m)?;
+
+        let h = &i.hub;
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_source",
+            "1 for where the pushed snapshots come from now: the hub, or the sidecar's own scraping (a sidecar subscribed to hubs only).",
+            None,
+            MetricType::Gauge,
+        )?;
+        if !h.source.is_empty() {
+            for src in ["hub", "scrape"] {
+                ConstGauge::new(i64::from(h.source == src))
+                    .encode(m.encode_family(&[("source", src)])?)?;
+            }
+        }
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_frames_received",
+            "Snapshot frames received from hubs, signature verified.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(h.frames_received).encode(m)?;
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_frames_refused",
+            "Hub frames refused, by reason (signature: not signed with our secret, the connection is dropped; invalid: not a snapshot; old: not newer than the last one used).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in ["signature", "invalid", "old"] {
+            let n = h.frames_refused.get(r).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("reason", r)])?)?;
+        }
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_fallbacks",
+            "Switches from the hubs to the sidecar's own scraping, by reason (closed: every hub's connection ended; silent: no frame for hub.fallback_after_ms).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in ["closed", "silent"] {
+            let n = h.fallbacks.get(r).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("reason", r)])?)?;
+        }
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_subscribers",
+            "Hub: gateway sidecars subscribed now.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(h.subscribers).encode(m)?;
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_subscribes_refused",
+            "Hub: subscribe requests refused for want of a valid signature.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(h.subscribes_refused).encode(m)?;
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_published",
+            "Hub: snapshots published to the subscribers' streams.",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(h.published).encode(m)?;
         Ok(())
     }
 }
@@ -372,6 +458,48 @@ impl Stats {
         });
     }
 
+    /// Hub side: a subscriber stream opened (+1) or closed (-1).
+    pub fn hub_subscriber(&self, delta: i64) {
+        self.with(|i| i.hub.subscribers += delta);
+    }
+
+    pub fn hub_subscribe_refused(&self) {
+        self.with(|i| i.hub.subscribes_refused += 1);
+    }
+
+    /// Hub side: a snapshot went out to the stream.
+    pub fn hub_published(&self, generation: u64, created_ms: u64) {
+        self.with(|i| {
+            i.hub.published += 1;
+            i.last_accepted_generation = generation;
+            i.last_accepted_created_ms = created_ms;
+        });
+    }
+
+    pub fn hub_frame_received(&self) {
+        self.with(|i| i.hub.frames_received += 1);
+    }
+
+    pub fn hub_frame_refused(&self, reason: &'static str) {
+        self.with(|i| *i.hub.frames_refused.entry(reason).or_default() += 1);
+    }
+
+    /// Subscriber side: a hub snapshot is the fleet's view now.
+    pub fn hub_frame_applied(&self, now_ms: u64) {
+        self.with(|i| i.hub.last_frame_ms = now_ms);
+    }
+
+    /// Subscriber side: the source of the snapshots changed (`hub` or `scrape`), and why when it
+    /// is a fallback to scraping.
+    pub fn hub_source(&self, source: &'static str, fallback: Option<&'static str>) {
+        self.with(|i| {
+            i.hub.source = source;
+            if let Some(r) = fallback {
+                *i.hub.fallbacks.entry(r).or_default() += 1;
+            }
+        });
+    }
+
     pub fn summary(&self) -> Summary {
         self.with(|i| Summary {
             rounds: i.rounds,
@@ -386,6 +514,7 @@ impl Stats {
             },
             last_accepted_generation: i.last_accepted_generation,
             last_accepted_created_ms: i.last_accepted_created_ms,
+            hub: i.hub.clone(),
         })
     }
 

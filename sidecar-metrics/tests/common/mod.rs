@@ -339,6 +339,8 @@ pub fn config(
         },
         heartbeat_ms,
         pod_stale_after_ms: 1000,
+        mode: Default::default(),
+        hub: Default::default(),
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
         snapshot: Default::default(),

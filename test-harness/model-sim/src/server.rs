@@ -403,6 +403,8 @@ pub struct Pod {
     max_model_len: u32,
     /// Numbers the render endpoints' request ids.
     renders: AtomicU64,
+    /// `GET /metrics` requests answered (any status): the scrape load routers put on the pod.
+    metrics_requests: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -661,6 +663,7 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
         start: Instant::now(),
         start_unix,
         renders: AtomicU64::new(0),
+        metrics_requests: AtomicU64::new(0),
     });
     if !pod.cfg.metrics_only {
         tokio::spawn(scheduler(pod.clone()));
@@ -945,6 +948,7 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
             response(StatusCode::OK, "application/json", SimBody::Full(None))
         }
         (Method::GET, "/metrics") => {
+            pod.metrics_requests.fetch_add(1, Ordering::Relaxed);
             if pod.fault() == Fault::NoMetrics {
                 return response(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -1076,10 +1080,11 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
                         "preemptions": s.preemptions, "prompt_tokens": s.prompt_tokens,
                         "generation_tokens": s.generation_tokens, "steps": s.steps,
                         "finished": s.finished_stop + s.finished_length, "aborted": s.aborted,
+                        "metrics_requests": pod.metrics_requests.load(Ordering::Relaxed),
                     })
                 }
                 None => {
-                    json!({"pod": pod.addr.to_string(), "profile": pod.cfg.profile.name, "metrics_only": true, "fault": pod.fault().as_str()})
+                    json!({"pod": pod.addr.to_string(), "profile": pod.cfg.profile.name, "metrics_only": true, "fault": pod.fault().as_str(), "metrics_requests": pod.metrics_requests.load(Ordering::Relaxed)})
                 }
             };
             json_response(StatusCode::OK, body.to_string())

@@ -348,6 +348,8 @@ async fn metrics_override_and_agreement_with_state() {
         .await
         .unwrap_or_else(|e| panic!("{e}"))
         .json();
+    // Every /metrics request is counted (the scrape load on the pod): this test made one.
+    assert_eq!(st["metrics_requests"], 1, "{st}");
     let model = [("model_name", MODEL)];
     let g = |n: &str| get(&m, n, &model).unwrap_or_else(|| panic!("missing {n}"));
     assert_eq!(g("vllm:generation_tokens_total"), 3.0 * 4.0 + 2.0);

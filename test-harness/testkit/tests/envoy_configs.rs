@@ -315,7 +315,7 @@ fn snapshot_endpoints_are_served_only_on_loopback_listeners() {
                 .into_iter()
                 .next()
         })
-        .find(|v| v.get("push").is_some())
+        .find(|v| v.get("push").is_some() && v["mode"] != "hub")
         .expect("the sidecar configuration");
     assert_eq!(
         sidecar["push"]["address"],
@@ -525,8 +525,8 @@ fn filter_pools_routes_and_sidecar_agree() {
         clusters.len(),
         "every pool cluster needs a route: {routed:?}"
     );
-    // The sidecar pushes the same pools.
-    let sidecar = docs
+    // The sidecar pushes the same pools, and the metrics hub scrapes them.
+    let sidecars: Vec<Value> = docs
         .iter()
         .filter(|d| d.value["kind"] == "ConfigMap")
         .flat_map(|d| d.value["data"].as_object().cloned().unwrap_or_default())
@@ -535,27 +535,80 @@ fn filter_pools_routes_and_sidecar_agree() {
                 .into_iter()
                 .next()
         })
-        .find(|v| v.get("push").is_some() && v.get("pools").is_some())
-        .expect("a ConfigMap with the sidecar configuration");
-    let sidecar_pools: BTreeMap<String, String> = sidecar["pools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            (
-                p["name"].as_str().unwrap().into(),
-                p["cluster"].as_str().unwrap().into(),
-            )
-        })
+        .filter(|v| v.get("push").is_some() && v.get("pools").is_some())
         .collect();
     assert_eq!(
-        &sidecar_pools, reference,
-        "sidecar pools differ from the filter's"
+        sidecars.iter().filter(|v| v["mode"] == "hub").count(),
+        1,
+        "one metrics hub configuration"
     );
-    for p in sidecar["pools"].as_array().unwrap() {
-        let d = p["discovery"].as_object().unwrap();
-        assert_eq!(d.len(), 1, "exactly one discovery kind per pool: {d:?}");
+    assert_eq!(
+        sidecars.len(),
+        2,
+        "the sidecar's and the hub's configurations"
+    );
+    for sidecar in &sidecars {
+        let sidecar_pools: BTreeMap<String, String> = sidecar["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap().into(),
+                    p["cluster"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            &sidecar_pools, reference,
+            "sidecar pools differ from the filter's"
+        );
+        for p in sidecar["pools"].as_array().unwrap() {
+            let d = p["discovery"].as_object().unwrap();
+            assert_eq!(d.len(), 1, "exactly one discovery kind per pool: {d:?}");
+        }
     }
+    // The gateway sidecar follows the hub's Service, on the port the hub listens on.
+    let gateway = sidecars.iter().find(|v| v["mode"] != "hub").unwrap();
+    let hub = sidecars.iter().find(|v| v["mode"] == "hub").unwrap();
+    let port = hub["hub"]["listen"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap();
+    let service = docs
+        .iter()
+        .find(|d| d.value["kind"] == "Service" && d.value["metadata"]["name"] == "llm-router-hub")
+        .expect("the hub's Service");
+    assert_eq!(service.value["spec"]["ports"][0]["port"].to_string(), port);
+    assert_eq!(
+        gateway["hub"]["upstreams"][0],
+        json!(format!(
+            "http://llm-router-hub.llm.svc.cluster.local:{port}"
+        ))
+    );
+    let pdb = docs
+        .iter()
+        .find(|d| d.value["kind"] == "PodDisruptionBudget")
+        .expect("the hub's PodDisruptionBudget");
+    assert_eq!(
+        pdb.value["spec"]["selector"],
+        service.value["spec"]["selector"]
+            .as_object()
+            .map(|m| json!({"matchLabels": m}))
+            .unwrap()
+    );
+    let deployment = docs
+        .iter()
+        .find(|d| {
+            d.value["kind"] == "Deployment" && d.value["metadata"]["name"] == "llm-router-hub"
+        })
+        .expect("the hub's Deployment");
+    assert!(
+        deployment.value["spec"]["replicas"].as_u64().unwrap() >= 2,
+        "one hub is a single point of cost"
+    );
 }
 
 // ---- Kubernetes manifests against the CRD schemas ----
@@ -568,6 +621,7 @@ const BUILTIN: &[(&str, &str)] = &[
     ("v1", "ServiceAccount"),
     ("v1", "Namespace"),
     ("apps/v1", "Deployment"),
+    ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -816,8 +870,8 @@ fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
     }
     assert_eq!(
         found.len(),
-        1,
-        "one sidecar configuration expected: {:?}",
+        2,
+        "the sidecar's and the metrics hub's configurations expected: {:?}",
         found.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
     // The manifests start the sidecar as `sidecar-metrics run --config FILE`.
@@ -826,7 +880,7 @@ fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
             .as_array()
             .unwrap()
         {
-            if c["name"] == "sidecar-metrics" {
+            if c["name"] == "sidecar-metrics" || c["name"] == "metrics-hub" {
                 assert_eq!(c["args"][0], "run", "{}", doc.origin);
                 assert_eq!(c["args"][1], "--config", "{}", doc.origin);
             }

@@ -156,6 +156,7 @@ fn core_kubernetes_kinds_match_kubernetes_schemas() {
         "ServiceAccount",
         "Role",
         "RoleBinding",
+        "PodDisruptionBudget",
     ] {
         assert!(kinds.contains(&kind), "no {kind} among {kinds:?}");
     }

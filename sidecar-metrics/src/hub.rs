@@ -1,0 +1,436 @@
+//! The metrics hub: one process scrapes the pods and streams every snapshot to the gateway
+//! sidecars that subscribe, so N gateway replicas cost each pod one scraper's load, not N.
+//!
+//! Transport: one long HTTP/1.1 response per subscriber (`GET` [`STREAM_PATH`], chunked), whose
+//! body is a sequence of length-delimited frames (`tokio_util::codec::LengthDelimitedCodec`: a
+//! 4-byte big-endian length, then the frame). A frame is the snapshot's signature as the push
+//! header carries it (`sha256=<64 hex>`, [`SIGNATURE_LEN`] bytes) followed by the encoded
+//! snapshot, exactly the bytes and signature a push would carry. The hub writes a frame every
+//! scrape round (changed or not: the frames are also its heartbeat); a slow subscriber gets the
+//! newest frame, never a backlog (a `watch` channel feeds every stream).
+//!
+//! Authentication, both ways, from the one shared secret:
+//! - a subscriber proves it holds the secret with [`SIGNATURE_HEADER`] on its request: the HMAC
+//!   of the fixed text [`SUBSCRIBE_CONTEXT`] ([`subscribe_token`]); the hub answers 403 without it.
+//!   It is a bearer derived from the secret (the secret never travels); a sniffer who can read the
+//!   token can read the stream anyway.
+//! - the subscriber verifies every frame's signature before it decodes it, and drops the
+//!   connection on the first frame that fails: a stranger cannot feed it.
+//!
+//! The subscriber side ([`subscribe`]) keeps reconnecting with a capped backoff and reports each
+//! frame and each loss to the sidecar's loop (`crate::sidecar`), which decides between the hub and
+//! its own scraping.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use http_body_util::{BodyExt, Empty};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use llm_router_snapshot::{Snapshot, SIGNATURE_HEADER};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::{Encoder, FramedRead, LengthDelimitedCodec};
+
+use crate::stats::Stats;
+
+/// Where a hub serves its stream.
+pub const STREAM_PATH: &str = "/v1/snapshots";
+/// Content type of the stream.
+pub const CONTENT_TYPE: &str = "application/x-llm-router-snapshot-frames";
+/// What a subscriber signs to subscribe.
+pub const SUBSCRIBE_CONTEXT: &[u8] = b"llm-router hub subscribe v1";
+/// Bytes of the signature that opens each frame (`sha256=` + 64 hex digits).
+pub const SIGNATURE_LEN: usize = 7 + 64;
+/// Largest frame accepted: the largest snapshot a filter accepts (its `snapshot.max_bytes`
+/// ceiling) plus the signature.
+pub const MAX_FRAME: usize = 64 * 1024 * 1024;
+
+/// The subscribe request's [`SIGNATURE_HEADER`] value.
+pub fn subscribe_token(secret: &[u8]) -> String {
+    llm_router_snapshot::sign(secret, SUBSCRIBE_CONTEXT)
+}
+
+fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .max_frame_length(MAX_FRAME)
+        .new_codec()
+}
+
+/// One frame of the stream, length prefix included, for `snapshot` (encoded) under `secret`.
+pub fn frame(secret: &[u8], snapshot: &[u8]) -> Bytes {
+    let sig = llm_router_snapshot::sign(secret, snapshot);
+    let mut payload = BytesMut::with_capacity(sig.len() + snapshot.len());
+    payload.extend_from_slice(sig.as_bytes());
+    payload.extend_from_slice(snapshot);
+    let mut out = BytesMut::with_capacity(payload.len() + 4);
+    // Only a frame over MAX_FRAME fails, and snapshots are bounded far below it.
+    if codec().encode(payload.freeze(), &mut out).is_err() {
+        return Bytes::new();
+    }
+    out.freeze()
+}
+
+/// Why a frame was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame shorter than its signature")]
+    Short,
+    #[error("frame signature refused: {0}")]
+    Signature(llm_router_snapshot::SignatureError),
+    #[error("frame is not a valid snapshot: {0}")]
+    Snapshot(String),
+}
+
+impl FrameError {
+    /// Label for the refused-frames counter.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FrameError::Short | FrameError::Signature(_) => "signature",
+            FrameError::Snapshot(_) => "invalid",
+        }
+    }
+}
+
+/// Verifies and decodes one frame's payload (without its length prefix).
+pub fn open(secret: &[u8], payload: &[u8]) -> Result<Snapshot, FrameError> {
+    let (sig, body) = (payload.get(..SIGNATURE_LEN), payload.get(SIGNATURE_LEN..));
+    let (Some(sig), Some(body)) = (sig, body) else {
+        return Err(FrameError::Short);
+    };
+    let sig = std::str::from_utf8(sig)
+        .map_err(|_| FrameError::Signature(llm_router_snapshot::SignatureError::Malformed))?;
+    llm_router_snapshot::verify(secret, body, Some(sig)).map_err(FrameError::Signature)?;
+    Snapshot::decode(body).map_err(|e| FrameError::Snapshot(e.to_string()))
+}
+
+// ---- the hub's side ----
+
+#[derive(Clone)]
+struct HubState {
+    secret: Arc<[u8]>,
+    frames: watch::Receiver<Option<Bytes>>,
+    stats: Arc<Stats>,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// Counts a subscriber while its stream lives.
+struct Subscribed(Arc<Stats>);
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        self.0.hub_subscriber(-1);
+    }
+}
+
+async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
+    let given = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+    if llm_router_snapshot::verify(&s.secret, SUBSCRIBE_CONTEXT, given).is_err() {
+        s.stats.hub_subscribe_refused();
+        tracing::warn!("refused a subscriber without a valid {SIGNATURE_HEADER}");
+        return (StatusCode::FORBIDDEN, "subscribe refused\n").into_response();
+    }
+    s.stats.hub_subscriber(1);
+    let guard = Subscribed(s.stats.clone());
+    let mut rx = s.frames.clone();
+    // The newest frame at once (a subscriber that just connected is fed within the round),
+    // then each new one; the stream ends with the hub's shutdown.
+    rx.mark_changed();
+    let state = (rx, s.shutdown.clone(), guard);
+    let body = futures_util::stream::unfold(state, |(mut rx, mut stop, guard)| async move {
+        loop {
+            tokio::select! {
+                biased;
+                r = stop.changed() => {
+                    if r.is_err() || *stop.borrow() {
+                        return None;
+                    }
+                }
+                r = rx.changed() => {
+                    r.ok()?;
+                    let f = rx.borrow_and_update().clone();
+                    if let Some(f) = f {
+                        return Some((Ok::<Bytes, Infallible>(f), (rx, stop, guard)));
+                    }
+                }
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, CONTENT_TYPE),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The hub's stream routes.
+pub fn router(
+    secret: &[u8],
+    frames: watch::Receiver<Option<Bytes>>,
+    stats: Arc<Stats>,
+    shutdown: watch::Receiver<bool>,
+) -> Router {
+    Router::new()
+        .route(STREAM_PATH, get(stream))
+        .with_state(HubState {
+            secret: secret.into(),
+            frames,
+            stats,
+            shutdown,
+        })
+}
+
+/// Serves the stream until `shutdown` turns true (every open stream ends then).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    secret: Vec<u8>,
+    frames: watch::Receiver<Option<Bytes>>,
+    stats: Arc<Stats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let app = router(&secret, frames, stats, shutdown.clone());
+    let stop = async move {
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        tracing::error!(error = %e, "the hub's stream listener failed");
+    }
+}
+
+// ---- the subscriber's side ----
+
+/// What a subscription reports to the sidecar's loop.
+#[derive(Debug)]
+pub enum HubEvent {
+    /// A verified snapshot from hub number `hub` (its index in the configured list).
+    Frame { hub: usize, snapshot: Snapshot },
+    /// The connection to hub `hub` ended or could not be made.
+    Down { hub: usize, reason: String },
+}
+
+/// A configured hub address: `http://host:port[/path]` or `host:port`.
+pub fn hub_uri(spec: &str) -> Result<Uri, String> {
+    let rest = spec.strip_prefix("http://").unwrap_or(spec);
+    if spec.starts_with("https://") || rest.is_empty() {
+        return Err(format!(
+            "{spec:?} is not http://host:port[/path] or host:port"
+        ));
+    }
+    let with_path = if rest.contains('/') {
+        format!("http://{rest}")
+    } else {
+        format!("http://{rest}{STREAM_PATH}")
+    };
+    let uri: Uri = with_path.parse().map_err(|e| format!("{spec:?}: {e}"))?;
+    if uri.authority().is_none_or(|a| a.port_u16().is_none()) {
+        return Err(format!("{spec:?} has no port"));
+    }
+    Ok(uri)
+}
+
+/// How a subscription behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct SubscribeOptions {
+    /// Connect and first-answer timeout; also the longest wait for a frame before the connection
+    /// is dropped and made again (a hub that stopped writing).
+    pub timeout: Duration,
+    /// Longest pause between reconnection attempts.
+    pub max_backoff: Duration,
+}
+
+/// Keeps a subscription to hub `hub` at `uri` open until `shutdown`, sending each verified frame
+/// and each loss to `events`.
+pub async fn subscribe(
+    hub: usize,
+    uri: Uri,
+    secret: Vec<u8>,
+    opts: SubscribeOptions,
+    events: mpsc::Sender<HubEvent>,
+    stats: Arc<Stats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(opts.timeout));
+    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(conn);
+    let token = subscribe_token(&secret);
+    let mut backoff = Duration::from_millis(50);
+    let mut logged_down = false;
+    loop {
+        let mut delivered = false;
+        let session = async {
+            let req = hyper::Request::get(uri.clone())
+                .header(SIGNATURE_HEADER, token.as_str())
+                .body(Empty::<Bytes>::new())
+                .map_err(|e| e.to_string())?;
+            let resp = tokio::time::timeout(opts.timeout, client.request(req))
+                .await
+                .map_err(|_| format!("no answer within {:?}", opts.timeout))?
+                .map_err(|e| error_chain(&e))?;
+            if resp.status() != StatusCode::OK {
+                return Err(format!("answered {}", resp.status()));
+            }
+            let body = resp
+                .into_body()
+                .into_data_stream()
+                .map(|r| r.map_err(std::io::Error::other));
+            let mut frames = FramedRead::new(tokio_util::io::StreamReader::new(body), codec());
+            let mut first = true;
+            loop {
+                let next = tokio::time::timeout(opts.timeout, frames.next())
+                    .await
+                    .map_err(|_| format!("no frame within {:?}", opts.timeout))?;
+                let payload = match next {
+                    None => return Err("the hub closed the stream".to_string()),
+                    Some(Err(e)) => return Err(format!("stream broken: {e}")),
+                    Some(Ok(p)) => p,
+                };
+                match open(&secret, &payload) {
+                    Ok(snapshot) => {
+                        if first {
+                            first = false;
+                            delivered = true;
+                            tracing::info!(hub = %uri, "subscribed to the hub");
+                        }
+                        stats.hub_frame_received();
+                        if events
+                            .send(HubEvent::Frame { hub, snapshot })
+                            .await
+                            .is_err()
+                        {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => {
+                        stats.hub_frame_refused(e.label());
+                        // A stranger (or a hub with another secret): never fed from it.
+                        return Err(e.to_string());
+                    }
+                }
+            }
+        };
+        let reason = tokio::select! {
+            r = session => r,
+            _ = shutdown.changed() => return,
+        };
+        let reason = match reason {
+            Ok(()) => return,
+            Err(r) => r,
+        };
+        if delivered {
+            // A loss after frames, not a refusal: log it, and retry soon.
+            logged_down = false;
+            backoff = Duration::from_millis(50);
+        }
+        if logged_down {
+            tracing::debug!(hub = %uri, reason = %reason, "hub still unavailable");
+        } else {
+            tracing::warn!(hub = %uri, reason = %reason, "hub subscription lost");
+            logged_down = true;
+        }
+        if events
+            .send(HubEvent::Down {
+                hub,
+                reason: reason.clone(),
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.changed() => return,
+        }
+        backoff = (backoff * 2).min(opts.max_backoff);
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use tokio_util::codec::Decoder;
+
+    const SECRET: &[u8] = b"hub-test-secret-0123456789abcdef0123";
+
+    fn snap(generation: u64) -> Vec<u8> {
+        Snapshot {
+            generation,
+            created_ms: 5,
+            pools: vec![],
+        }
+        .encode()
+        .unwrap()
+    }
+
+    #[test]
+    fn frames_round_trip_and_refuse_other_secrets() {
+        let f = frame(SECRET, &snap(7));
+        let mut buf = BytesMut::from(&f[..]);
+        let payload = codec().decode(&mut buf).unwrap().unwrap();
+        assert!(buf.is_empty());
+        assert_eq!(open(SECRET, &payload).unwrap().generation, 7);
+        assert!(matches!(
+            open(b"another-secret-0123456789abcdef0123", &payload),
+            Err(FrameError::Signature(_))
+        ));
+        // A frame whose snapshot was changed after signing.
+        let mut bent = payload.to_vec();
+        let last = bent.len() - 1;
+        bent[last] ^= 1;
+        assert!(matches!(open(SECRET, &bent), Err(FrameError::Signature(_))));
+        assert_eq!(open(SECRET, b"sha256="), Err(FrameError::Short));
+    }
+
+    #[test]
+    fn hub_addresses() {
+        assert_eq!(
+            hub_uri("http://hub:9465").unwrap().to_string(),
+            "http://hub:9465/v1/snapshots"
+        );
+        assert_eq!(
+            hub_uri("10.0.0.1:9465").unwrap().to_string(),
+            "http://10.0.0.1:9465/v1/snapshots"
+        );
+        assert_eq!(
+            hub_uri("http://hub:1/x").unwrap().to_string(),
+            "http://hub:1/x"
+        );
+        for bad in ["", "https://hub:1", "hub", "http://hub"] {
+            assert!(hub_uri(bad).is_err(), "{bad:?}");
+        }
+    }
+}
