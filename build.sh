@@ -20,6 +20,14 @@
 #                           as OCI layouts in <target>/package/, print their digests, and rewrite
 #                           envoy/artifacts.lock and the `@sha256:` references in envoy/
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
+#   ./build.sh bench scale [ARGS]
+#                           the scale bench (on demand): synthetic fleets of 4-4,096 pods over
+#                           1-200 pools, 0 / 1,000 adapters; decision time (wasmtime, Envoy),
+#                           Envoy CPU and req/s vs plain Envoy, snapshot bytes, push to visible,
+#                           filter memory, prefix index, sidecar cost -> test-harness/bench/
+#                           results/scale.{json,md}, scale-*.svg (--wasm-only: minutes; see
+#                           test-harness/bench/README.md). Other bench subcommands
+#                           (overhead, sidecar-cost, calibrate) pass through the same way
 #   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve,
 #                           --serve --router round_robin|least_request|filter)
 #   ./build.sh soak [--full] build, then run target/release/bench soak: mixed requests through
@@ -452,6 +460,16 @@ run_bench() {
   cmd_build
   local bench="$TARGET_DIR/release/bench"
   [ -x "$bench" ] || die "$bench was not built (cargo build --release -p bench)"
+  # `./build.sh bench scale ...` (and the other subcommands) run that subcommand; anything else
+  # is `bench bench ...` (the scenario run).
+  if [ "$sub" = bench ] && [ $# -gt 0 ]; then
+    case "$1" in
+      scale | overhead | sidecar-cost | calibrate)
+        sub="$1"
+        shift
+        ;;
+    esac
+  fi
   step "$bench $sub $*"
   exec "$bench" "$sub" "$@"
 }
