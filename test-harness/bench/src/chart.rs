@@ -398,16 +398,19 @@ fn svg_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// "4", "1k", "4.1k", "0.25", "120".
+/// "4", "1,024", "0.25", "120", "12.5".
 fn tick_label(v: f64) -> String {
     if v >= 1000.0 {
-        let k = v / 1000.0;
-        if (k - k.round()).abs() < 1e-9 {
-            format!("{}k", k.round())
-        } else {
-            format!("{k:.1}k")
+        let digits = format!("{:.0}", v.round());
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
         }
-    } else if v >= 10.0 || v == 0.0 {
+        out
+    } else if v >= 10.0 || v == v.round() {
         format!("{v:.0}")
     } else if v >= 1.0 {
         format!("{v:.1}")
@@ -431,7 +434,9 @@ pub fn line_chart_svg_text(title: &str, x_label: &str, series: &[Series]) -> Str
     let xs: Vec<f64> = pts().map(|(x, _)| *x).collect();
     let (xmin, xmax) = xs
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
     let (xmin, xmax) = if xmin.is_finite() {
         (xmin, if xmax > xmin { xmax } else { xmin * 2.0 })
     } else {
@@ -630,14 +635,19 @@ mod tests {
     fn svg_line_chart_places_points_on_a_log_x_axis() {
         let s = vec![Series {
             label: "1 pool <a&b>".into(),
-            points: vec![(4.0, 10.0), (64.0, 20.0), (4096.0, f64::NAN), (1024.0, 40.0)],
+            points: vec![
+                (4.0, 10.0),
+                (64.0, 20.0),
+                (4096.0, f64::NAN),
+                (1024.0, 40.0),
+            ],
         }];
         let svg = line_chart_svg_text("t", "pods", &s);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("1 pool &lt;a&amp;b&gt;"));
-        // Three finite points: three markers; x ticks at 4, 64 and 1k.
+        // Three finite points: three markers; x ticks at 4, 64 and 1,024.
         assert_eq!(svg.matches("<circle").count(), 3);
-        for t in [">4<", ">64<", ">1k<"] {
+        for t in [">4<", ">64<", ">1,024<"] {
             assert!(svg.contains(t), "{t}");
         }
         // Log x: 64 sits halfway from 4 to 1024 (log2: 2, 6, 10).

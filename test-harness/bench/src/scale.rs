@@ -197,9 +197,13 @@ fn pod(rng: &mut StdRng, address: String, adapters: &[String], now_ms: u64) -> P
     };
     let lora = (!adapters.is_empty()).then(|| {
         let resident = rng.random_range(0..=usize::from(MAX_LORAS).min(adapters.len()));
-        let running = (0..resident)
-            .map(|_| adapters[rng.random_range(0..adapters.len())].clone())
-            .collect();
+        let mut running: Vec<String> = Vec::with_capacity(resident);
+        while running.len() < resident {
+            let a = &adapters[rng.random_range(0..adapters.len())];
+            if !running.contains(a) {
+                running.push(a.clone());
+            }
+        }
         let waiting = if rng.random_bool(0.1) {
             vec![adapters[rng.random_range(0..adapters.len())].clone()]
         } else {
@@ -400,7 +404,9 @@ fn route_wasm(vm: &Vm, body: &[u8]) -> Result<f64, String> {
     let t = Instant::now();
     r.send().map_err(|e| e.to_string())?;
     let us = t.elapsed().as_secs_f64() * 1e6;
-    if r.upstream_header("x-gateway-destination-endpoint").is_none() {
+    if r.upstream_header("x-gateway-destination-endpoint")
+        .is_none()
+    {
         return Err(format!("not routed: {}", r.explain()));
     }
     r.finish().map_err(|e| e.to_string())?;
@@ -546,9 +552,11 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
 
 /// `Pnn(interval,cumulative)` of Envoy's text histogram line → the cumulative value.
 pub fn histogram_quantile(stats: &str, name: &str, q: &str) -> Option<f64> {
-    let line = stats
-        .lines()
-        .find(|l| l.split(':').next().is_some_and(|n| n.trim().ends_with(name)))?;
+    let line = stats.lines().find(|l| {
+        l.split(':')
+            .next()
+            .is_some_and(|n| n.trim().ends_with(name))
+    })?;
     let tag = format!("{q}(");
     let rest = &line[line.find(&tag)? + tag.len()..];
     let inner = &rest[..rest.find(')')?];
@@ -655,11 +663,7 @@ pub async fn envoy_part(size: FleetSize, opts: &ScaleOptions) -> Result<EnvoyFig
     let arms = vec![
         RouterArm::new(
             DIRECT,
-            &format!(
-                "http://{}{}",
-                backends[0].addr(),
-                overhead::ROUTED_PATH
-            ),
+            &format!("http://{}{}", backends[0].addr(), overhead::ROUTED_PATH),
             Vec::new(),
         )
         .map_err(|e| e.to_string())?,
@@ -855,6 +859,14 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
             "one run per fleet size; decision_p50_us/p99_us are wasmtime's at 20 KB".into(),
         ],
     };
+    if !opts.envoy {
+        report
+            .notes
+            .push("wasmtime part only: no Envoy part (--wasm-only)".into());
+    }
+    if !opts.sidecar {
+        report.notes.push("no sidecar part".into());
+    }
     let mut sidecar_done: Vec<(usize, crate::sidecar_cost::SidecarCost)> = Vec::new();
     for size in sizes {
         eprintln!(
@@ -953,6 +965,9 @@ pub fn markdown(rep: &ScaleReport) -> String {
          (a quarter above 1,000 pods), {} s closed loop per arm; one run per fleet size.\n",
         rep.machine, rep.wasm_requests, rep.envoy_requests, rep.rps_secs
     );
+    for n in &rep.notes {
+        let _ = writeln!(out, "Note: {n}.\n");
+    }
     out.push_str(
         "| pods | pools | adapters | pods in pool | decision p50 / p99 µs (wasmtime, 20 KB) | 2 KB p50 / p99 µs | Envoy histogram p50 / p99 µs | Envoy CPU µs / req (plain) | req/s ÷ plain | snapshot KiB | push→visible ms | wasm push µs / first decision µs | filter memory MiB / worker | shared data MiB | prefix index MiB | sidecar cores | sidecar RSS MiB |\n",
     );
@@ -989,9 +1004,12 @@ pub fn markdown(rep: &ScaleReport) -> String {
         .rows
         .iter()
         .flat_map(|r| {
-            r.errors
-                .iter()
-                .map(move |e| format!("- {} pods / {} pools / {} adapters: {e}", r.pods, r.pools, r.adapters))
+            r.errors.iter().map(move |e| {
+                format!(
+                    "- {} pods / {} pools / {} adapters: {e}",
+                    r.pods, r.pools, r.adapters
+                )
+            })
         })
         .collect();
     if !errors.is_empty() {
@@ -1034,24 +1052,44 @@ it has any) with one of 16 shared system prompts and a unique user turn.
 pub fn charts(rep: &ScaleReport, dir: &Path) -> Result<Vec<PathBuf>, String> {
     type Get = fn(&ScaleRow) -> f64;
     let measures: [(&str, &str, Get); 10] = [
-        ("decision_p50_us", "decision p50, µs (wasmtime, 20 KB)", |r| r.decision_p50_us),
-        ("decision_p99_us", "decision p99, µs (wasmtime, 20 KB)", |r| r.decision_p99_us),
-        ("envoy_decision_p50_us", "decision p50, µs (Envoy histogram)", |r| {
-            r.envoy_decision_p50_us
-        }),
-        ("envoy_cpu_us_per_request", "Envoy CPU per routed request, µs", |r| {
-            r.envoy_cpu_us_per_request
-        }),
+        (
+            "decision_p50_us",
+            "decision p50, µs (wasmtime, 20 KB)",
+            |r| r.decision_p50_us,
+        ),
+        (
+            "decision_p99_us",
+            "decision p99, µs (wasmtime, 20 KB)",
+            |r| r.decision_p99_us,
+        ),
+        (
+            "envoy_decision_p50_us",
+            "decision p50, µs (Envoy histogram)",
+            |r| r.envoy_decision_p50_us,
+        ),
+        (
+            "envoy_cpu_us_per_request",
+            "Envoy CPU per routed request, µs",
+            |r| r.envoy_cpu_us_per_request,
+        ),
         ("rps_ratio", "req/s ÷ plain Envoy (2 KB)", |r| r.rps_ratio),
-        ("snapshot_bytes", "snapshot, KiB", |r| r.snapshot_bytes as f64 / 1024.0),
-        ("push_visible_ms", "push to visible, ms", |r| r.push_visible_ms),
-        ("filter_memory_bytes", "filter memory per worker, MiB", |r| {
-            r.filter_memory_bytes as f64 / 1048576.0
+        ("snapshot_bytes", "snapshot, KiB", |r| {
+            r.snapshot_bytes as f64 / 1024.0
         }),
+        ("push_visible_ms", "push to visible, ms", |r| {
+            r.push_visible_ms
+        }),
+        (
+            "filter_memory_bytes",
+            "filter memory per worker, MiB",
+            |r| r.filter_memory_bytes as f64 / 1048576.0,
+        ),
         ("prefix_index_bytes", "prefix index, MiB", |r| {
             r.prefix_index_bytes as f64 / 1048576.0
         }),
-        ("sidecar_cores", "sidecar, cores (50 ms scrapes)", |r| r.sidecar_cores),
+        ("sidecar_cores", "sidecar, cores (50 ms scrapes)", |r| {
+            r.sidecar_cores
+        }),
     ];
     let mut groups: Vec<(usize, usize)> = rep.rows.iter().map(|r| (r.pools, r.adapters)).collect();
     groups.sort_unstable();
@@ -1122,22 +1160,47 @@ mod tests {
         assert_eq!(f.snapshot.pools.len(), 20);
         assert_eq!(f.pools[0].addresses.len(), 4);
         assert_eq!(f.pools[19].addresses.len(), 3);
-        assert_eq!(f.pools.iter().map(|p| p.adapters.len()).sum::<usize>(), 1000);
+        assert_eq!(
+            f.pools.iter().map(|p| p.adapters.len()).sum::<usize>(),
+            1000
+        );
         assert_eq!(f.snapshot.pools[0].models, [MODEL]);
         // Resident adapters are the pool's own.
         for (plan, pool) in f.pools.iter().zip(&f.snapshot.pools) {
             for pod in &pool.pods {
                 let lora = pod.lora.as_ref().expect("adapters configured");
                 assert!(lora.running.iter().all(|a| plan.adapters.contains(a)));
+                let mut distinct = lora.running.clone();
+                distinct.dedup();
+                assert_eq!(distinct.len(), lora.running.len(), "{lora:?}");
             }
         }
         // The encoded snapshot decodes to the same fleet, and the config names every pool.
         let bytes = f.snapshot.encode().unwrap();
-        assert_eq!(Snapshot::decode(&bytes).unwrap(), f.snapshot);
+        let back = Snapshot::decode(&bytes).unwrap();
+        assert_eq!(back.pod_count(), 64);
+        assert_eq!(
+            back.pools[3].pods[2].address,
+            f.snapshot.pools[3].pods[2].address
+        );
+        assert_eq!(back.pools[3].pods[2].lora, f.snapshot.pools[3].pods[2].lora);
         assert_eq!(f.config["pools"].as_array().unwrap().len(), 20);
         // Without adapters the pods report no LoRA state.
-        let g = synthetic(FleetSize { adapters: 0, ..size }, &synthetic_addresses(64), 1, 1);
-        assert!(g.snapshot.pools.iter().flat_map(|p| &p.pods).all(|p| p.lora.is_none()));
+        let g = synthetic(
+            FleetSize {
+                adapters: 0,
+                ..size
+            },
+            &synthetic_addresses(64),
+            1,
+            1,
+        );
+        assert!(g
+            .snapshot
+            .pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .all(|p| p.lora.is_none()));
     }
 
     #[test]
@@ -1145,7 +1208,11 @@ mod tests {
         for size in BODY_SIZES {
             let a = chat_body(MODEL, size, 1);
             let b = chat_body(MODEL, size, 2);
-            assert!(a.len() > size * 9 / 10 && a.len() < size * 11 / 10, "{}", a.len());
+            assert!(
+                a.len() > size * 9 / 10 && a.len() < size * 11 / 10,
+                "{}",
+                a.len()
+            );
             assert_ne!(a, b);
             let v: Value = serde_json::from_slice(&a).unwrap();
             assert_eq!(v["model"], MODEL);
