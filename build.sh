@@ -14,7 +14,7 @@
 #                           own venv under .venv-peers/; the benchmark's peers and their tests)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
-#                           + the CI-sized soak
+#                           + the CI-sized soak + the scale bench's smallest sizes (wasmtime only)
 #                           + a short run (20 s) of each fuzz target
 #   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
 #                           as OCI layouts in <target>/package/, print their digests, and rewrite
@@ -438,6 +438,11 @@ cmd_test() {
   run_tests
   step "soak (CI size): $TARGET_DIR/release/bench soak"
   "$TARGET_DIR/release/bench" soak
+  # The scale bench at its smallest size, wasmtime part only (a few seconds): the pipeline runs
+  # and writes its files (outside the repository's results).
+  step "scale bench (CI size): $TARGET_DIR/release/bench scale --wasm-only --pods 4,64"
+  "$TARGET_DIR/release/bench" scale --wasm-only --pods 4,64 --pools 1,20 --adapters 0,1000 \
+    --wasm-requests 50 --prefix-prompts 50 --out "$TARGET_DIR/bench/scale-ci"
   # A short run of each fuzz target: the targets build and their properties hold on the seeds
   # and what 20 s of fuzzing finds (./build.sh fuzz runs them longer).
   cmd_fuzz 20
