@@ -14,12 +14,20 @@
 #                           own venv under .venv-peers/; the benchmark's peers and their tests)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
-#                           + the CI-sized soak
+#                           + the CI-sized soak + the scale bench's smallest sizes (wasmtime only)
 #                           + a short run (20 s) of each fuzz target
 #   ./build.sh package      build the filter's Wasm OCI image and the sidecar's container image
 #                           as OCI layouts in <target>/package/, print their digests, and rewrite
 #                           envoy/artifacts.lock and the `@sha256:` references in envoy/
 #   ./build.sh bench [ARGS] build, then run target/release/bench bench [ARGS]  (e.g. --quick)
+#   ./build.sh bench scale [ARGS]
+#                           the scale bench (on demand): synthetic fleets of 4-4,096 pods over
+#                           1-200 pools, 0 / 1,000 adapters; decision time (wasmtime, Envoy),
+#                           Envoy CPU and req/s vs plain Envoy, snapshot bytes, push to visible,
+#                           filter memory, prefix index, sidecar cost -> test-harness/bench/
+#                           results/scale.{json,md}, scale-*.svg (--wasm-only: minutes; see
+#                           test-harness/bench/README.md). Other bench subcommands
+#                           (overhead, sidecar-cost, calibrate) pass through the same way
 #   ./build.sh demo [ARGS]  build, then run target/release/bench demo [ARGS]   (e.g. --serve,
 #                           --serve --router round_robin|least_request|filter)
 #   ./build.sh soak [--full] build, then run target/release/bench soak: mixed requests through
@@ -430,6 +438,11 @@ cmd_test() {
   run_tests
   step "soak (CI size): $TARGET_DIR/release/bench soak"
   "$TARGET_DIR/release/bench" soak
+  # The scale bench at its smallest size, wasmtime part only (a few seconds): the pipeline runs
+  # and writes its files (outside the repository's results).
+  step "scale bench (CI size): $TARGET_DIR/release/bench scale --wasm-only --pods 4,64"
+  "$TARGET_DIR/release/bench" scale --wasm-only --pods 4,64 --pools 1,20 --adapters 0,1000 \
+    --wasm-requests 50 --prefix-prompts 50 --out "$TARGET_DIR/bench/scale-ci"
   # A short run of each fuzz target: the targets build and their properties hold on the seeds
   # and what 20 s of fuzzing finds (./build.sh fuzz runs them longer).
   cmd_fuzz 20
@@ -452,6 +465,16 @@ run_bench() {
   cmd_build
   local bench="$TARGET_DIR/release/bench"
   [ -x "$bench" ] || die "$bench was not built (cargo build --release -p bench)"
+  # `./build.sh bench scale ...` (and the other subcommands) run that subcommand; anything else
+  # is `bench bench ...` (the scenario run).
+  if [ "$sub" = bench ] && [ $# -gt 0 ]; then
+    case "$1" in
+      scale | overhead | sidecar-cost | calibrate)
+        sub="$1"
+        shift
+        ;;
+    esac
+  fi
   step "$bench $sub $*"
   exec "$bench" "$sub" "$@"
 }

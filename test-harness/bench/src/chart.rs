@@ -378,6 +378,174 @@ pub fn goodput_chart(scenario: &str, g: &GoodputSweep, path: &Path) -> Result<bo
     Ok(text)
 }
 
+/// One line of [`line_chart_svg`]: a label and its (x, y) points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Legend text.
+    pub label: String,
+    /// Points, any order (drawn sorted by x).
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Line colours of [`line_chart_svg`], cycled.
+const SVG_COLORS: [&str; 6] = [
+    "#2166ac", "#d6604d", "#5aae61", "#762a83", "#f4a53c", "#01665e",
+];
+
+fn svg_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// "4", "1,024", "0.25", "120", "12.5".
+fn tick_label(v: f64) -> String {
+    if v >= 1000.0 {
+        let digits = format!("{:.0}", v.round());
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    } else if v >= 10.0 || v == v.round() {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// A line chart as SVG text: x on a log scale (base 2 ticks at the points' x values), y linear
+/// from 0, one polyline with markers per series and a legend. Text needs no font at build time
+/// (the viewer draws it). Points with a non-positive x are left out.
+pub fn line_chart_svg_text(title: &str, x_label: &str, series: &[Series]) -> String {
+    let (w, h) = (720.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 200.0, 40.0, 50.0);
+    let pts = || {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|(x, y)| *x > 0.0 && y.is_finite())
+    };
+    let xs: Vec<f64> = pts().map(|(x, _)| *x).collect();
+    let (xmin, xmax) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    let (xmin, xmax) = if xmin.is_finite() {
+        (xmin, if xmax > xmin { xmax } else { xmin * 2.0 })
+    } else {
+        (1.0, 2.0)
+    };
+    let ymax = pts().map(|(_, y)| *y).fold(0.0_f64, f64::max);
+    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    let pw = w - left - right;
+    let ph = h - top - bottom;
+    let px = |x: f64| left + (x.ln() - xmin.ln()) / (xmax.ln() - xmin.ln()) * pw;
+    let py = |y: f64| top + ph - y / ymax * ph;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"12\">\n\
+         <rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
+        left + pw / 2.0,
+        svg_escape(title)
+    );
+    // Axes, y grid (5 steps), x ticks at every distinct x.
+    for i in 0..=5 {
+        let v = ymax * f64::from(i) / 5.0;
+        let y = py(v);
+        out += &format!(
+            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            tick_label(v)
+        );
+    }
+    let mut ticks = xs.clone();
+    ticks.sort_by(f64::total_cmp);
+    ticks.dedup();
+    for x in ticks {
+        let tx = px(x);
+        out += &format!(
+            "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\n\
+             <text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+            top + ph,
+            top + ph + 16.0,
+            tick_label(x)
+        );
+    }
+    out += &format!(
+        "<rect x=\"{left}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#444\"/>\n\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+        left + pw / 2.0,
+        h - 12.0,
+        svg_escape(x_label)
+    );
+    for (i, s) in series.iter().enumerate() {
+        let color = SVG_COLORS[i % SVG_COLORS.len()];
+        let mut p: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| *x > 0.0 && y.is_finite())
+            .collect();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let line: Vec<String> = p
+            .iter()
+            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+            .collect();
+        out += &format!(
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>\n",
+            line.join(" ")
+        );
+        for &(x, y) in &p {
+            out += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{} at {}: {}</title></circle>\n",
+                px(x),
+                py(y),
+                svg_escape(&s.label),
+                tick_label(x),
+                tick_label(y)
+            );
+        }
+        let ly = top + 10.0 + 18.0 * i as f64;
+        out += &format!(
+            "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>\n\
+             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
+            left + pw + 12.0,
+            left + pw + 32.0,
+            left + pw + 38.0,
+            ly + 4.0,
+            svg_escape(&s.label)
+        );
+    }
+    out += "</svg>\n";
+    out
+}
+
+/// [`line_chart_svg_text`] written to `path`.
+pub fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    series: &[Series],
+    path: &Path,
+) -> Result<(), ChartError> {
+    std::fs::write(path, line_chart_svg_text(title, x_label, series)).map_err(|e| {
+        ChartError::Draw {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,5 +629,36 @@ mod tests {
         goodput_chart("mixed_gpu", &g, &gpath).unwrap();
         assert_eq!(&std::fs::read(&gpath).unwrap()[1..4], b"PNG");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn svg_line_chart_places_points_on_a_log_x_axis() {
+        let s = vec![Series {
+            label: "1 pool <a&b>".into(),
+            points: vec![
+                (4.0, 10.0),
+                (64.0, 20.0),
+                (4096.0, f64::NAN),
+                (1024.0, 40.0),
+            ],
+        }];
+        let svg = line_chart_svg_text("t", "pods", &s);
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+        assert!(svg.contains("1 pool &lt;a&amp;b&gt;"));
+        // Three finite points: three markers; x ticks at 4, 64 and 1,024.
+        assert_eq!(svg.matches("<circle").count(), 3);
+        for t in [">4<", ">64<", ">1,024<"] {
+            assert!(svg.contains(t), "{t}");
+        }
+        // Log x: 64 sits halfway from 4 to 1024 (log2: 2, 6, 10).
+        let cx: Vec<f64> = svg
+            .match_indices("<circle cx=\"")
+            .map(|(i, m)| {
+                let rest = &svg[i + m.len()..];
+                rest[..rest.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        let frac = (cx[1] - cx[0]) / (cx[2] - cx[0]);
+        assert!((frac - 0.5).abs() < 0.01, "{frac}");
     }
 }

@@ -18,6 +18,7 @@ pub mod overhead;
 pub mod podmetrics;
 pub mod report;
 pub mod runner;
+pub mod scale;
 pub mod scenarios;
 pub mod sidecar_cost;
 pub mod soak;

@@ -1,5 +1,5 @@
-//! `bench`: the benchmark (`bench run [--quick]`), the demo (`bench demo [--serve]`) and the
-//! soak (`bench soak [--full]`).
+//! `bench`: the benchmark (`bench run [--quick]`), the demo (`bench demo [--serve]`), the
+//! soak (`bench soak [--full]`) and the scale bench (`bench scale`).
 //!
 //! `./build.sh bench [--quick]`, `./build.sh demo [--serve]` and `./build.sh soak [--full]` call
 //! this binary.
@@ -116,6 +116,49 @@ enum Cmd {
         /// Window, seconds.
         #[arg(long, default_value_t = 10)]
         secs: u64,
+    },
+    /// The scale bench: synthetic fleets of 4 to 4,096 pods over 1 to 200 pools with 0 or 1,000
+    /// adapters; per size the decision time under wasmtime (and, with the Envoy part, in Envoy),
+    /// Envoy CPU per request and req/s against plain Envoy, snapshot bytes, push-to-visible,
+    /// filter memory, the prefix index, the sidecar's CPU and memory. Writes scale.json,
+    /// scale.md and one SVG chart per measure (`./build.sh bench scale`).
+    Scale {
+        /// Pod counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_values_t = bench::scale::PODS)]
+        pods: Vec<usize>,
+        /// Pool counts (pods spread over them; sizes with fewer pods than pools are skipped).
+        #[arg(long, value_delimiter = ',', default_values_t = bench::scale::POOLS)]
+        pools: Vec<usize>,
+        /// Adapter counts (spread over the pools).
+        #[arg(long, value_delimiter = ',', default_values_t = bench::scale::ADAPTERS)]
+        adapters: Vec<usize>,
+        /// Timed wasmtime requests per body size (2 KB, 20 KB).
+        #[arg(long, default_value_t = 1000)]
+        wasm_requests: usize,
+        /// Distinct prompts sent before the prefix index's size is read.
+        #[arg(long, default_value_t = 2000)]
+        prefix_prompts: usize,
+        /// Only the wasmtime part (no Envoy, no sidecar).
+        #[arg(long)]
+        wasm_only: bool,
+        /// Skip the sidecar part.
+        #[arg(long)]
+        no_sidecar: bool,
+        /// Sequential Envoy requests per arm (a quarter above 1,000 pods).
+        #[arg(long, default_value_t = 400)]
+        envoy_requests: usize,
+        /// Closed-loop seconds per arm (0: no req/s, no closed-loop CPU).
+        #[arg(long, default_value_t = 2.0)]
+        rps_secs: f64,
+        /// Pushes timed per fleet (push to visible).
+        #[arg(long, default_value_t = 5)]
+        pushes: usize,
+        /// Sidecar window, seconds.
+        #[arg(long, default_value_t = 10)]
+        sidecar_secs: u64,
+        /// Output directory (default: test-harness/bench/results in the repository).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
     },
     /// Draw the dashboard's main panels from the series the Prometheus end-to-end test wrote.
     DashboardChart {
@@ -345,6 +388,51 @@ fn main() -> ExitCode {
                     }
                     Err(e) => {
                         eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Scale {
+                pods,
+                pools,
+                adapters,
+                wasm_requests,
+                prefix_prompts,
+                wasm_only,
+                no_sidecar,
+                envoy_requests,
+                rps_secs,
+                pushes,
+                sidecar_secs,
+                out,
+            } => {
+                let defaults = bench::scale::ScaleOptions::default();
+                let opts = bench::scale::ScaleOptions {
+                    pods,
+                    pools,
+                    adapters,
+                    wasm_requests,
+                    prefix_prompts,
+                    envoy: !wasm_only,
+                    envoy_requests,
+                    rps_secs,
+                    pushes,
+                    sidecar: !wasm_only && !no_sidecar,
+                    sidecar_secs: sidecar_secs.clamp(1, 600),
+                    out_dir: out.unwrap_or(defaults.out_dir),
+                    seed: defaults.seed,
+                };
+                match bench::scale::run(&opts).await {
+                    Ok(rep) => {
+                        println!("{}", bench::scale::markdown(&rep));
+                        println!(
+                            "Results: {0}/scale.json, {0}/scale.md, charts {0}/scale-*.svg",
+                            opts.out_dir.display()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench: scale: {e}");
                         ExitCode::FAILURE
                     }
                 }

@@ -698,11 +698,20 @@ pub async fn run(opts: OverheadOptions) -> Result<OverheadResult, OverheadError>
     let (mut arms, snapshot) = own_arms(&backend, path, &opts).await?;
     let (peers, mut notes) = peer_arms(backend.addr(), path, &opts).await;
     arms.extend(peers.into_iter().filter(|a| opts.wants(&a.name)));
+    let mut result = measure(&arms, &opts).await;
+    result.snapshot = snapshot;
+    result.notes.append(&mut notes);
+    drop(arms);
+    Ok(result)
+}
+
+/// Measures `arms` (already started; one named [`DIRECT`] is the baseline, [`ENVOY`] and
+/// [`ENVOY_FILTER`] give the plain-vs-filter case) at every size of `opts`: warm-up, the
+/// interleaved sequential rounds, the alternating closed loops. `bench scale` calls this with
+/// its own fleets behind the arms.
+pub async fn measure(arms: &[RouterArm], opts: &OverheadOptions) -> OverheadResult {
     let client = http_client();
-    let mut result = OverheadResult {
-        snapshot,
-        ..OverheadResult::default()
-    };
+    let mut result = OverheadResult::default();
     for size in opts.sizes() {
         let b = body(size);
         let n = if size > 16 * 1024 {
@@ -712,22 +721,20 @@ pub async fn run(opts: OverheadOptions) -> Result<OverheadResult, OverheadError>
         };
         // Warm up connections, the Wasm VMs and the gRPC stream pools.
         for _ in 0..20 {
-            for arm in &arms {
+            for arm in arms {
                 let _ = one(&client, &arm.uri, &b).await;
             }
         }
-        let seq = sequential(&arms, &b, n).await;
-        let loops = closed_loops(&arms, &b, &opts).await;
-        if let Some(c) = filter_case(&arms, b.len(), &seq, &loops) {
+        let seq = sequential(arms, &b, n).await;
+        let loops = closed_loops(arms, &b, opts).await;
+        if let Some(c) = filter_case(arms, b.len(), &seq, &loops) {
             result.cases.push(c);
         }
         result
             .arms
-            .extend(figures(&arms, size, b.len(), &seq, &loops));
+            .extend(figures(arms, size, b.len(), &seq, &loops));
     }
-    result.notes.append(&mut notes);
-    drop(arms);
-    Ok(result)
+    result
 }
 
 /// "290 B", "2 KiB", "2.1 KiB", "200 KiB".

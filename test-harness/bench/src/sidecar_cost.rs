@@ -1,5 +1,5 @@
-//! Sidecar cost: CPU of the real `sidecar-metrics` process scraping 100 metrics-only pods every
-//! 50 ms (one model-sim process hosts the pods), pushing into Envoy with the filter.
+//! Sidecar cost: CPU and memory of the real `sidecar-metrics` process scraping N (default 100)
+//! metrics-only pods every 50 ms (one model-sim process hosts the pods), pushing into Envoy with the filter.
 //!
 //! Measured from outside (`/proc/PID/stat`), so it is the whole process's cost; rounds are read
 //! from the sidecar's own `llm_router_sidecar_scrape_duration_seconds_count` (scrapes) ÷ pods. The
@@ -32,6 +32,8 @@ pub struct SidecarCost {
     pub cpu_ms_per_round: f64,
     /// CPU of the model-sim process serving the 100 pods' metrics, cores (context only).
     pub pods_cores: f64,
+    /// The sidecar's VmRSS at the end of the window, bytes.
+    pub rss_bytes: Option<u64>,
 }
 
 /// Errors of the measurement.
@@ -93,6 +95,7 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
         t0.elapsed().as_secs_f64(),
     );
     let s1 = scrapes(listen).await;
+    let rss_bytes = crate::scale::rss_bytes(sidecar.pid());
     drop(sidecar);
     drop(envoy);
     drop(sim);
@@ -115,5 +118,6 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
             (Some(a), Some(b)) => (b - a) / secs,
             _ => f64::NAN,
         },
+        rss_bytes,
     })
 }
