@@ -27,8 +27,15 @@ const RECENT: usize = 16;
 
 /// Rendezvous (highest-random-weight) hash of an adapter on a pod.
 pub fn rendezvous(adapter: &str, address: &str) -> u64 {
-    let a = xxhash_rust::xxh64::xxh64(adapter.as_bytes(), 0x4C6F_5241);
-    xxhash_rust::xxh64::xxh64(address.as_bytes(), a)
+    weight(adapter_seed(adapter), address)
+}
+
+fn adapter_seed(adapter: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(adapter.as_bytes(), 0x4C6F_5241)
+}
+
+fn weight(seed: u64, address: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(address.as_bytes(), seed)
 }
 
 /// Home pod (index into `pods`) of each adapter, by bounded-load rendezvous.
@@ -49,15 +56,22 @@ pub fn homes(adapters: &[String], pods: &[&str], slots: &[u16]) -> HashMap<Strin
                 .max(1)
         })
         .collect();
-    let mut order: Vec<usize> = (0..pods.len()).collect();
     for name in names {
-        order.sort_by_key(|&i| {
-            std::cmp::Reverse(rendezvous(name, pods.get(i).copied().unwrap_or_default()))
-        });
-        if let Some(&i) = order
-            .iter()
-            .find(|&&i| room.get(i).copied().unwrap_or(0) > 0)
-        {
+        // The highest-weight pod with room left (the first of equal weights): one hash per
+        // pod, no sort — adapters × pods hashes in all (a sort hashed inside its key cost
+        // adapters × pods × log pods: 7.8 s for 1,000 adapters on 4,096 pods under wasmtime).
+        let seed = adapter_seed(name);
+        let mut best: Option<(u64, usize)> = None;
+        for (i, pod) in pods.iter().enumerate() {
+            if room.get(i).copied().unwrap_or(0) == 0 {
+                continue;
+            }
+            let w = weight(seed, pod);
+            if best.is_none_or(|(b, _)| w > b) {
+                best = Some((w, i));
+            }
+        }
+        if let Some((_, i)) = best {
             if let Some(r) = room.get_mut(i) {
                 *r -= 1;
             }
@@ -65,6 +79,25 @@ pub fn homes(adapters: &[String], pods: &[&str], slots: &[u16]) -> HashMap<Strin
         }
     }
     out
+}
+
+/// What [`homes`] depends on, hashed: equal keys give equal homes, so a new snapshot of the same
+/// pods, slots and adapters reuses the last one's homes instead of solving them again.
+pub fn homes_key(adapters: &[String], pods: &[&str], slots: &[u16]) -> u64 {
+    let mut names: Vec<&String> = adapters.iter().collect();
+    names.sort();
+    names.dedup();
+    let mut h = xxhash_rust::xxh64::Xxh64::new(0x486F_6D65);
+    for n in names {
+        h.update(n.as_bytes());
+        h.update(&[0]);
+    }
+    h.update(&[1]);
+    for (i, p) in pods.iter().enumerate() {
+        h.update(p.as_bytes());
+        h.update(&slots.get(i).copied().unwrap_or(0).to_le_bytes());
+    }
+    h.digest()
 }
 
 /// The plain rendezvous home among `pods` (for adapters the configuration does not list).
@@ -300,5 +333,51 @@ mod tests {
         for cut in 0..r.encode().len() {
             assert_eq!(Recent::decode(&r.encode()[..cut]), Recent::default());
         }
+    }
+
+    /// The one-pass selection gives the homes of a full sort by weight (ties to the lower
+    /// index), on fleets where the bounded load binds.
+    #[test]
+    fn homes_are_the_highest_weight_pods_with_room() {
+        fn by_sort(adapters: &[String], pods: &[&str], slots: &[u16]) -> HashMap<String, usize> {
+            let mut names: Vec<&String> = adapters.iter().collect();
+            names.sort();
+            names.dedup();
+            let share = names.len().div_ceil(pods.len());
+            let mut room: Vec<usize> = (0..pods.len())
+                .map(|i| usize::from(slots[i]).max(share).max(1))
+                .collect();
+            let mut out = HashMap::new();
+            for name in names {
+                let mut order: Vec<usize> = (0..pods.len()).collect();
+                order.sort_by_key(|&i| std::cmp::Reverse(rendezvous(name, pods[i])));
+                if let Some(&i) = order.iter().find(|&&i| room[i] > 0) {
+                    room[i] -= 1;
+                    out.insert(name.clone(), i);
+                }
+            }
+            out
+        }
+        for (n_pods, n_adapters, slot) in [(1, 5, 0), (4, 9, 2), (7, 40, 1), (32, 200, 4)] {
+            let addrs: Vec<String> = (0..n_pods).map(|i| format!("10.1.0.{i}:8000")).collect();
+            let pods: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            let slots = vec![slot; n_pods];
+            let adapters: Vec<String> = (0..n_adapters).map(|i| format!("adapter-{i}")).collect();
+            let got = homes(&adapters, &pods, &slots);
+            assert_eq!(got, by_sort(&adapters, &pods, &slots), "{n_pods} pods");
+            assert_eq!(got.len(), n_adapters);
+        }
+    }
+
+    #[test]
+    fn the_homes_key_changes_with_what_homes_depend_on() {
+        let a: Vec<String> = ["x", "y"].iter().map(|s| s.to_string()).collect();
+        let k = homes_key(&a, &["p:1", "p:2"], &[2, 2]);
+        let reordered: Vec<String> = ["y", "x", "x"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(homes_key(&reordered, &["p:1", "p:2"], &[2, 2]), k);
+        assert_ne!(homes_key(&a, &["p:2", "p:1"], &[2, 2]), k);
+        assert_ne!(homes_key(&a, &["p:1", "p:2"], &[2, 3]), k);
+        assert_ne!(homes_key(&a, &["p:1"], &[2]), k);
+        assert_ne!(homes_key(&a[..1], &["p:1", "p:2"], &[2, 2]), k);
     }
 }

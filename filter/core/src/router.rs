@@ -26,6 +26,8 @@ struct PoolIndex {
     pod_ids: Vec<u32>,
     /// Adapter → home pod (snapshot order), by bounded-load rendezvous.
     homes: HashMap<String, usize>,
+    /// [`lora::homes_key`] of what `homes` was solved from.
+    homes_key: u64,
     /// This proxy's share of the requests the pool's engines counted ([`prior::own_share`]).
     own_share: f64,
 }
@@ -53,6 +55,18 @@ impl Fleet {
         accepted_ms: u64,
         baselines: Vec<Table>,
         config: &Config,
+    ) -> Fleet {
+        Fleet::new_after(snapshot, accepted_ms, baselines, config, None)
+    }
+
+    /// As [`Fleet::new`], reusing `prev`'s adapter homes for every pool whose pods, slots and
+    /// adapters are unchanged (the common case: a snapshot every 50 ms of the same fleet).
+    pub fn new_after(
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        baselines: Vec<Table>,
+        config: &Config,
+        prev: Option<&Fleet>,
     ) -> Fleet {
         let mut models = HashMap::new();
         for (i, pool) in snapshot.pools.iter().enumerate() {
@@ -90,9 +104,16 @@ impl Fleet {
                         .collect();
                 }
                 let own_share = baselines.get(i).map_or(1.0, |b| prior::own_share(pool, b));
+                let homes_key = lora::homes_key(&adapters, &addrs, &slots);
+                let reused = prev.and_then(|f| {
+                    let j = f.snapshot.pools.iter().position(|p| p.name == pool.name)?;
+                    let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
+                    Some(old.homes.clone())
+                });
                 PoolIndex {
                     pod_ids: addrs.iter().map(|a| prefix::pod_id(a)).collect(),
-                    homes: lora::homes(&adapters, &addrs, &slots),
+                    homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
+                    homes_key,
                     own_share,
                 }
             })
@@ -113,12 +134,24 @@ impl Fleet {
         accepted_ms: u64,
         config: &Config,
     ) -> Fleet {
+        Fleet::load_after(store, snapshot, accepted_ms, config, None)
+    }
+
+    /// As [`Fleet::load`], reusing what `prev` derived where it still holds
+    /// ([`Fleet::new_after`]).
+    pub fn load_after(
+        store: &impl SharedStore,
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        config: &Config,
+        prev: Option<&Fleet>,
+    ) -> Fleet {
         let baselines = snapshot
             .pools
             .iter()
             .map(|p| inflight::read_baseline(store, &p.name))
             .collect();
-        Fleet::new(snapshot, accepted_ms, baselines, config)
+        Fleet::new_after(snapshot, accepted_ms, baselines, config, prev)
     }
 
     /// This proxy's share of the requests the engines of pool `pool` reported, when the

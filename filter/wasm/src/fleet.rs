@@ -171,7 +171,9 @@ impl Cache {
                 .get(SNAPSHOT_KEY)
                 .and_then(|(v, _)| Snapshot::decode(&v).ok())
             {
-                self.fleet = Some(Rc::new(Fleet::load(store, snap, meta.accepted_ms, config)));
+                let fleet =
+                    Fleet::load_after(store, snap, meta.accepted_ms, config, self.fleet.as_deref());
+                self.fleet = Some(Rc::new(fleet));
                 self.generation = meta.generation;
             }
         }
