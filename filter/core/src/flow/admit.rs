@@ -167,7 +167,10 @@ mod tests {
             Admission::Admit(vec![false, true, false])
         );
         let full = [cand(9, 0.1, 0), cand(0, 0.95, 0)];
-        assert_eq!(admit(&p, &full, &[ROOM; 2], &F, Mode::Full), Admission::Wait);
+        assert_eq!(
+            admit(&p, &full, &[ROOM; 2], &F, Mode::Full),
+            Admission::Wait
+        );
         // A stale snapshot never holds.
         assert_eq!(
             admit(&p, &full, &[ROOM; 2], &F, Mode::LeastInflight),

@@ -211,7 +211,13 @@ impl<T> Queue<T> {
     /// Takes out the newest entry of the lowest sheddable band.
     fn displace_sheddable(&mut self) -> Option<Entry<T>> {
         let (priority, i, _) = self.newest_sheddable()?;
-        let e = self.bands.get_mut(&priority)?.flows.get_mut(i)?.entries.pop_back()?;
+        let e = self
+            .bands
+            .get_mut(&priority)?
+            .flows
+            .get_mut(i)?
+            .entries
+            .pop_back()?;
         self.after_removal(priority, i, &e);
         Some(e)
     }

@@ -36,7 +36,14 @@ fn higher_bands_dispatch_first() {
     let c = cfg();
     let mut q = queue(
         &c,
-        &[(1, -1, "a"), (2, 0, "a"), (3, 5, "a"), (4, 0, "a"), (5, 1, "a"), (6, -3, "a")],
+        &[
+            (1, -1, "a"),
+            (2, 0, "a"),
+            (3, 5, "a"),
+            (4, 0, "a"),
+            (5, 1, "a"),
+            (6, -3, "a"),
+        ],
     );
     assert_eq!(drain(&mut q), vec![3, 5, 2, 4, 1, 6]);
 }
@@ -47,7 +54,14 @@ fn fairness_ids_take_turns_within_a_band() {
     // Tenant a floods first; b's one request does not wait behind all of a's.
     let mut q = queue(
         &c,
-        &[(1, 0, "a"), (2, 0, "a"), (3, 0, "a"), (4, 0, "b"), (5, 0, "c"), (6, 0, "b")],
+        &[
+            (1, 0, "a"),
+            (2, 0, "a"),
+            (3, 0, "a"),
+            (4, 0, "b"),
+            (5, 0, "c"),
+            (6, 0, "b"),
+        ],
     );
     assert_eq!(drain(&mut q), vec![1, 4, 5, 2, 6, 3]);
 }
@@ -87,8 +101,14 @@ fn a_class_holds_at_most_max_requests_and_max_bytes() {
         Pushed::Refused(Refusal::Full, 3)
     ));
     // Another class is not held by the standard bound.
-    assert!(matches!(q.push(&c, 4, 1, "a", 10, 4, 4), Pushed::Queued { .. }));
-    assert!(matches!(q.push(&c, 5, 2, "a", 10, 5, 5), Pushed::Queued { .. }));
+    assert!(matches!(
+        q.push(&c, 4, 1, "a", 10, 4, 4),
+        Pushed::Queued { .. }
+    ));
+    assert!(matches!(
+        q.push(&c, 5, 2, "a", 10, 5, 5),
+        Pushed::Queued { .. }
+    ));
     // 20 bytes held, 10 more would pass 25.
     assert!(matches!(
         q.push(&c, 6, 1, "a", 10, 6, 6),
