@@ -18,6 +18,7 @@
 
 pub mod admit;
 pub mod queue;
+pub mod summary;
 
 pub use admit::{admit, Admission, PodRoom};
 pub use queue::{Band, Pushed, Queue, Refusal};
