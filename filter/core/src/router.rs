@@ -226,6 +226,11 @@ impl Router {
         Some((pool, None, adapter))
     }
 
+    /// The pool a request for `model` goes to, if any (what its wait queue is keyed by).
+    pub fn pool_of(&self, model: &str, fleet: Option<&Fleet>) -> Option<String> {
+        self.resolve(model, fleet).map(|(pool, ..)| pool.name)
+    }
+
     /// Decides where `req` goes, never holding it (flow control off, or a dispatch that may not
     /// wait). On success the chosen pod's in-flight count is incremented and the prompt's blocks
     /// are recorded for it in the prefix index.

@@ -113,7 +113,13 @@ pub fn publish(
 }
 
 /// Reads the other workers' fresh entries without writing.
-pub fn read(store: &impl SharedStore, pool: &str, me: u64, now_ms: u64, stale_ms: u64) -> Vec<Slot> {
+pub fn read(
+    store: &impl SharedStore,
+    pool: &str,
+    me: u64,
+    now_ms: u64,
+    stale_ms: u64,
+) -> Vec<Slot> {
     store
         .get(&key(pool))
         .map(|(v, _)| decode(&v))
@@ -157,7 +163,10 @@ mod tests {
         assert!(!ahead(&others, 2, 2, 150), "a critical head goes first");
         let others = read(&store, "p", 1, 1020, 500);
         assert!(!ahead(&others, 1, 1, 100), "worker 1 holds the oldest");
-        assert!(ahead(&others, 1, 0, 10), "a sheddable head waits for standard work");
+        assert!(
+            ahead(&others, 1, 0, 10),
+            "a sheddable head waits for standard work"
+        );
         // Worker 1 stops publishing: after the staleness bound it holds nobody.
         let others = read(&store, "p", 2, 1600, 500);
         assert!(!ahead(&others, 2, 1, 150));
