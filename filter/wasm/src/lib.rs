@@ -587,11 +587,9 @@ impl Http {
         if let Some(pool) = self.waiting_in.take() {
             // Hung up while waiting: nothing of it stays in the queue.
             let mut w = self.worker.borrow_mut();
+            // An emptied queue stays until the next tick publishes that it is empty.
             if let Some(q) = w.waiting.get_mut(&pool) {
                 q.remove(u64::from(self.id));
-                if q.is_empty() {
-                    w.waiting.remove(&pool);
-                }
             }
         }
         if let Some(r) = self.routed.take() {

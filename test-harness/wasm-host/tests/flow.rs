@@ -10,6 +10,12 @@ use util::*;
 
 const A: &str = "10.0.0.1:8000";
 
+/// A VM with flow control on.
+fn flow_vm(host: &Host) -> Vm {
+    host.vm(&config_with(r#", "flow": {"enabled": true}"#))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A streamed chat request of about 100 prompt tokens.
 fn stream(vm: &Vm, tag: &str) -> Request {
     let prompt = format!("{tag} {}", "word ".repeat(80));
@@ -29,7 +35,12 @@ fn nearly_full_pod(host: &Host, vm: &Vm) {
         &snapshot(
             host,
             1,
-            vec![pool("llama", "pool_llama", &[LLAMA], vec![pod(A, 4, 8, 0.1)])],
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod(A, 4, 8, 0.1)],
+            )],
         ),
     );
 }
@@ -56,7 +67,7 @@ fn waits(r: &Request) {
 #[test]
 fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
     let host = host();
-    let vm = vm(&host);
+    let vm = flow_vm(&host);
     nearly_full_pod(&host, &vm);
     let mut first = stream(&vm, "one");
     assert!(first.forwarded(), "{}", first.explain());
@@ -71,10 +82,17 @@ fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
     vm.advance(Duration::from_millis(25)).unwrap();
     assert!(second.forwarded(), "{}", second.explain());
     assert_eq!(endpoints(&second).first().map(String::as_str), Some(A));
-    assert_eq!(second.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+    assert_eq!(
+        second.upstream_header(CLUSTER).as_deref(),
+        Some("pool_llama")
+    );
     assert_eq!(inflight_of(&host, "llama", A), 1);
     served(&mut second);
-    assert_eq!(inflight_of(&host, "llama", A), 0, "the dispatched stream released");
+    assert_eq!(
+        inflight_of(&host, "llama", A),
+        0,
+        "the dispatched stream released"
+    );
     vm.advance(Duration::from_millis(25)).unwrap();
     assert_eq!(vm.tick_period(), Some(Duration::from_secs(1)));
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
@@ -83,7 +101,7 @@ fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
 #[test]
 fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
     let host = host();
-    let (a, b) = (vm(&host), vm(&host));
+    let (a, b) = (flow_vm(&host), flow_vm(&host));
     nearly_full_pod(&host, &a);
     let mut on_b = stream(&b, "one");
     assert!(on_b.forwarded(), "{}", on_b.explain());
@@ -100,7 +118,7 @@ fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
 #[test]
 fn a_client_hanging_up_while_waiting_leaves_nothing_behind() {
     let host = host();
-    let vm = vm(&host);
+    let vm = flow_vm(&host);
     nearly_full_pod(&host, &vm);
     let mut first = stream(&vm, "one");
     let mut second = stream(&vm, "two");

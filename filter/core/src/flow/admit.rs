@@ -47,7 +47,10 @@ pub fn has_room(pool: &PoolConfig, c: &Candidate<'_>, room: PodRoom, f: &Feature
     let kv_ok = match (c.kv_usage, room.kv_capacity_tokens) {
         (Some(kv), cap) if cap > 0 => {
             let added = (f64::from(c.pending_tokens) + uncached) / cap as f64;
+            // A pod with nothing of this proxy's queued takes one request however large (else
+            // a prompt bigger than the free KV would never go).
             f64::from(kv) + added <= pool.saturation.kv_threshold
+                || (queued <= 0.0 && f64::from(kv) < pool.saturation.kv_threshold)
         }
         (Some(kv), _) => f64::from(kv) < pool.saturation.kv_threshold,
         (None, _) => true,

@@ -108,7 +108,9 @@ pub struct FlowConfig {
 impl Default for FlowConfig {
     fn default() -> Self {
         FlowConfig {
-            enabled: true,
+            // Off until the bench scenarios show it helps (the lead runs them): with it on,
+            // requests the existing tests expect routed at once may wait.
+            enabled: false,
             max_requests: 1000,
             max_bytes: 64 * 1024 * 1024,
             bands: [BandLimits::default(); 3],
