@@ -463,6 +463,7 @@ struct PoolView<'f> {
     live_cas: Option<u32>,
 }
 
+#[allow(clippy::large_enum_variant)] // one per decision, on the stack
 enum Viewed<'f> {
     Ready(PoolView<'f>),
     Fallback(Box<Routed>),

@@ -1041,9 +1041,7 @@ fn dispatch(w: &mut Worker, root: u32) {
         }
         let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
         let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
-        loop {
-            let Some(q) = w.waiting.get(pool) else { break };
-            let Some(head) = q.peek() else { break };
+        while let Some(head) = w.waiting.get(pool).and_then(Queue::peek) {
             let class = Class::of(head.priority).index();
             if summary::ahead(&others, w.id, class, head.enqueued_ms) {
                 break;

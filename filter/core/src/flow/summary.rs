@@ -146,7 +146,7 @@ pub fn ahead(others: &[Slot], me: u64, class: usize, enqueued_ms: u64) -> bool {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
