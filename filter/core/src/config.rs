@@ -8,6 +8,8 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+pub use crate::flow::{BandLimits, FlowConfig};
+
 /// A configuration problem, with the path of the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -217,7 +219,17 @@ pub struct Config {
     pub rewrites: Rewrites,
     /// Response header naming the model a rewrite rule chose (the served name).
     pub served_model_header: String,
+    /// Holding requests while their pool is full ([`crate::flow`]).
+    pub flow: FlowConfig,
 }
+
+/// llm-d's objective header; read before the configured `objective_header`.
+pub const LLMD_OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// Fairness id (tenant) headers, llm-d's first, then the older GAIE name.
+pub const FAIRNESS_HEADERS: [&str; 2] = [
+    "x-llm-d-inference-fairness-id",
+    "x-gateway-inference-fairness-id",
+];
 
 /// What the filter does with a request on a path that is neither an API path it routes, the
 /// model list, nor a snapshot path.
@@ -291,6 +303,7 @@ struct RawConfig {
     #[serde(default)]
     rewrites: Vec<RawRewrite>,
     served_model_header: Option<String>,
+    flow: Option<RawFlow>,
 }
 
 /// One `InferenceModelRewrite`-like rule.
@@ -396,6 +409,96 @@ fn rewrites(
         });
     }
     Ok(Rewrites { rules })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFlow {
+    enabled: Option<bool>,
+    max_requests: Option<usize>,
+    max_bytes: Option<usize>,
+    tick_ms: Option<u64>,
+    summary_stale_ms: Option<u64>,
+    bands: Option<RawBands>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBands {
+    sheddable: Option<RawBand>,
+    standard: Option<RawBand>,
+    critical: Option<RawBand>,
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(deny_unknown_fields)]
+struct RawBand {
+    max_requests: Option<usize>,
+    max_bytes: Option<usize>,
+    ttl_ms: Option<u64>,
+}
+
+fn flow_config(raw: Option<RawFlow>) -> Result<FlowConfig, ConfigError> {
+    let mut out = FlowConfig::default();
+    let Some(raw) = raw else {
+        return Ok(out);
+    };
+    out.enabled = raw.enabled.unwrap_or(out.enabled);
+    let positive = |name: &str, v: Option<usize>, slot: &mut usize| -> Result<(), ConfigError> {
+        if let Some(v) = v {
+            if v == 0 {
+                return err(format!("{name}: must be above 0"));
+            }
+            *slot = v;
+        }
+        Ok(())
+    };
+    positive("flow.max_requests", raw.max_requests, &mut out.max_requests)?;
+    positive("flow.max_bytes", raw.max_bytes, &mut out.max_bytes)?;
+    if let Some(t) = raw.tick_ms {
+        if !(1..=1000).contains(&t) {
+            return err(format!("flow.tick_ms: {t} must be in 1..=1000"));
+        }
+        out.tick_ms = t;
+    }
+    if let Some(t) = raw.summary_stale_ms {
+        if t < out.tick_ms.saturating_mul(2) {
+            return err(format!(
+                "flow.summary_stale_ms: {t} must be at least twice flow.tick_ms ({})",
+                out.tick_ms
+            ));
+        }
+        out.summary_stale_ms = t;
+    }
+    let bands = raw.bands.unwrap_or_default();
+    for (class, b) in [
+        (crate::flow::Class::Sheddable, bands.sheddable),
+        (crate::flow::Class::Standard, bands.standard),
+        (crate::flow::Class::Critical, bands.critical),
+    ] {
+        let Some(b) = b else { continue };
+        let Some(slot) = out.bands.get_mut(class.index()) else {
+            continue;
+        };
+        let path = format!("flow.bands.{}", class.name());
+        positive(
+            &format!("{path}.max_requests"),
+            b.max_requests,
+            &mut slot.max_requests,
+        )?;
+        positive(
+            &format!("{path}.max_bytes"),
+            b.max_bytes,
+            &mut slot.max_bytes,
+        )?;
+        if let Some(t) = b.ttl_ms {
+            if t == 0 {
+                return err(format!("{path}.ttl_ms: must be above 0"));
+            }
+            slot.ttl_ms = t;
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Deserialize, Default)]
@@ -766,6 +869,7 @@ impl Config {
             unknown_paths: UnknownPaths::Pass,
             rewrites: Rewrites::default(),
             served_model_header: "x-llm-router-served-model".into(),
+            flow: FlowConfig::default(),
         }
     }
 
@@ -1044,6 +1148,7 @@ impl Config {
                 raw.served_model_header,
                 &base.served_model_header,
             )?,
+            flow: flow_config(raw.flow)?,
         })
     }
 
@@ -1057,6 +1162,16 @@ impl Config {
             .and_then(|p| p.trim().parse::<i32>().ok())
             .or_else(|| objective.and_then(|o| self.objectives.get(o).copied()))
             .unwrap_or(0)
+    }
+
+    /// The fairness id of a request from its fairness headers ([`FAIRNESS_HEADERS`], the first
+    /// present), where the configuration trusts client headers; else every request shares one
+    /// id (empty).
+    pub fn fairness_id<'a>(&self, values: impl IntoIterator<Item = Option<&'a str>>) -> &'a str {
+        if !self.priority.trust_headers {
+            return "";
+        }
+        values.into_iter().flatten().next().unwrap_or("")
     }
 
     /// The configured pool with this name.

@@ -21,6 +21,7 @@
 //! - [`usage`]: token usage read from response bodies as they stream past.
 
 pub mod config;
+pub mod flow;
 pub mod inflight;
 pub mod lora;
 pub mod metrics;

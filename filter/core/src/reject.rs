@@ -128,6 +128,31 @@ impl Rejection {
         }
     }
 
+    /// A request that could not wait for its pool (its class's queue is full, it waited past
+    /// its time to live, or a request of a higher class took its place): 429 with `reason`
+    /// (`rejected-queue-full`, `rejected-queue-bytes`, `rejected-queue-timeout`,
+    /// `rejected-displaced`).
+    pub fn not_queued(pool: &str, reason: &'static str, retry_after_s: u32) -> Self {
+        let why = match reason {
+            "rejected-queue-timeout" => "waited too long for a free server",
+            "rejected-displaced" => "a request of a higher priority took its place in the queue",
+            _ => "the queue for its servers is full",
+        };
+        Rejection {
+            status: 429,
+            kind: "rate_limit_error",
+            code: "pool_saturated",
+            message: format!(
+                "Every server of pool `{pool}` is busy and the request {why}; retry after \
+                 {retry_after_s} s."
+            ),
+            retry_after_s: Some(retry_after_s),
+            reason,
+            pool: pool.to_string(),
+            allow: None,
+        }
+    }
+
     pub fn no_endpoints(pool: &str, why: &str) -> Self {
         Rejection {
             status: 503,

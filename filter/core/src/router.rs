@@ -6,6 +6,7 @@
 //! store backed by Envoy's shared data; tests call it with [`crate::store::MemoryStore`].
 
 use crate::config::{Config, OnMissing, OnStale, PoolConfig};
+use crate::flow::{self, Admission, PodRoom};
 use crate::inflight::{self, Table};
 use crate::lora::{self, Placement};
 use crate::predict::{self, Rate};
@@ -302,8 +303,21 @@ impl Router {
         })
     }
 
-    /// Decides where `req` goes. On success the chosen pod's in-flight count is incremented and
-    /// the prompt's blocks are recorded for it in the prefix index.
+    /// The pool `req` goes to, if any (what its wait queue is keyed by). A rewrite rule whose
+    /// targets sit in different pools draws its target from `ctx.tie` here and again when the
+    /// request is dispatched: sticky rules (or one pool per rule) keep both the same.
+    pub fn pool_of(
+        &self,
+        req: &ParsedRequest<'_>,
+        ctx: Context,
+        fleet: Option<&Fleet>,
+    ) -> Option<String> {
+        self.resolve(req, ctx, fleet).map(|r| r.pool.name)
+    }
+
+    /// Decides where `req` goes, never holding it (flow control off, or a dispatch that may not
+    /// wait). On success the chosen pod's in-flight count is incremented and the prompt's blocks
+    /// are recorded for it in the prefix index.
     pub fn route<S: SharedStore>(
         &self,
         store: &S,
@@ -311,21 +325,77 @@ impl Router {
         req: &ParsedRequest<'_>,
         ctx: Context,
     ) -> Result<Routed, Rejection> {
+        match self.decide(store, fleet, req, ctx, false)? {
+            Decision::Routed(r) => Ok(r),
+            // Not reached: without `may_wait` the admission stage admits every request.
+            Decision::Wait { pool } => Err(Rejection::saturated(&pool, self.config.retry_after_s)),
+        }
+    }
+
+    /// The decision as a pipeline: resolve → pool view → candidates → admit or wait → features
+    /// → rank → account. With `may_wait`, a request no pod can take now
+    /// ([`flow::admit`]) comes back as [`Decision::Wait`] (a sheddable one in a saturated pool
+    /// is refused instead: sheddable requests are the first to go).
+    pub fn decide<S: SharedStore>(
+        &self,
+        store: &S,
+        fleet: Option<&Fleet>,
+        req: &ParsedRequest<'_>,
+        ctx: Context,
+        may_wait: bool,
+    ) -> Result<Decision, Rejection> {
+        let target = self
+            .resolve(req, ctx, fleet)
+            .ok_or_else(|| Rejection::model_not_found(&req.model))?;
+        let view = match self.pool_view(store, fleet, target, ctx)? {
+            Viewed::Ready(v) => v,
+            Viewed::Fallback(r) => return Ok(Decision::Routed(*r)),
+        };
+        let mut cands = candidates(store, &view, req, ctx)?;
+        let retry = (self.config.retry_after_s, self.config.retry_after_max_s);
+        let room = match admit_or_wait(&view, &cands, req, ctx, may_wait, retry)? {
+            Some(room) => room,
+            None => {
+                return Ok(Decision::Wait {
+                    pool: view.pool.name,
+                })
+            }
+        };
+        // Owned here: the features borrow it while `view` moves into the accounting.
+        let served = view.served_model.clone();
+        let model = served.as_deref().unwrap_or(req.model.as_ref());
+        let features = features(&view, &mut cands, req, model, ctx);
+        let ranked = self.rank(&view, &cands, &features, room.as_deref())?;
+        Ok(Decision::Routed(account(
+            store,
+            view,
+            &cands,
+            &features,
+            &ranked,
+            self.config.top_k,
+        )))
+    }
+
+    /// Stage 2: the pool's state as of the snapshot and the live load table, or the fallback
+    /// decision (no snapshot, pool not listed, stale snapshot per `on_stale`).
+    fn pool_view<'f, S: SharedStore>(
+        &self,
+        store: &S,
+        fleet: Option<&'f Fleet>,
+        target: Resolved,
+        ctx: Context,
+    ) -> Result<Viewed<'f>, Rejection> {
         let Resolved {
             pool,
             rewrite,
             adapter,
             served_model,
-        } = self
-            .resolve(req, ctx, fleet)
-            .ok_or_else(|| Rejection::model_not_found(&req.model))?;
-        // A rewrite rule's target is its own model: its own prefix cache, its own adapter home.
-        let model = served_model.as_deref().unwrap_or(req.model.as_ref());
-        let fallback = |why: &str, reject: bool| -> Result<Routed, Rejection> {
+        } = target;
+        let fallback = |why: &str, reject: bool| -> Result<Viewed<'f>, Rejection> {
             if reject {
                 return Err(Rejection::no_endpoints(&pool.name, why));
             }
-            Ok(Routed {
+            Ok(Viewed::Fallback(Box::new(Routed {
                 pool: pool.name.clone(),
                 cluster: pool.cluster.clone(),
                 endpoints: Vec::new(),
@@ -338,7 +408,7 @@ impl Router {
                 inflight_pod: None,
                 pending_tokens: 0,
                 work_tokens: 0.0,
-            })
+            })))
         };
         let snap = &self.config.snapshot;
         let reject_missing = snap.on_missing == OnMissing::Reject;
@@ -363,280 +433,51 @@ impl Router {
         } else {
             Mode::Full
         };
-
-        // Read once: ranks the pods and, with its CAS token, is the base of the write below.
+        // Read once: ranks the pods and, with its CAS token, is the base of the write in
+        // [`account`].
         let (live, live_cas) = inflight::read_for_update(store, &pool.name);
-        let empty = Table::default();
-        let baseline = fleet.baselines.get(pool_index).unwrap_or(&empty);
-        let derived = fleet.pools.get(pool_index);
-        let pod_id = |i: usize| derived.and_then(|d| d.pod_ids.get(i).copied()).unwrap_or(0);
-        let hashes = prefix::block_hashes(
-            model,
-            &req.pieces,
-            pool.prefix.block_chars,
-            pool.prefix.max_blocks,
-            req.key_pieces,
-        );
-        let index = PrefixIndex::new(
-            store,
-            &pool.name,
-            pool.prefix.index_slots,
-            pool.prefix.page_blocks,
-            pool.prefix.entries_per_page,
-        );
-        let found = index.lookup(&hashes.blocks);
-        let predict = pool.predict;
-        let prior = Rate {
-            cost_ms_per_token: predict.prior_ms_per_token,
-            base_ms: predict.prior_base_ms,
-        };
-        let addrs = || sp.pods.iter().map(|p| p.address.as_str());
-        let loads = live.get_all(addrs());
-        let baselines = baseline.get_all(addrs());
-        // Each pod's fit is solved once per decision; no pod is believed much faster than the
-        // pool's median pod (`trust::cost_floor`: a pod answering before it did the work).
-        let rates: Vec<Option<Rate>> = loads.iter().map(|l| l.fit.rate()).collect();
-        let pool_rate = predict::pool_rate(rates.iter().flatten().copied(), prior);
-        let floor = trust::cost_floor(pool_rate.cost_ms_per_token);
-        let rates: Vec<Option<Rate>> = rates
-            .into_iter()
-            .map(|r| {
-                r.map(|r| Rate {
-                    cost_ms_per_token: r.cost_ms_per_token.max(floor),
-                    ..r
-                })
-            })
-            .collect();
+        Ok(Viewed::Ready(PoolView {
+            pool,
+            rewrite,
+            adapter,
+            served_model,
+            sp,
+            baseline: fleet.baselines.get(pool_index),
+            derived: fleet.pools.get(pool_index),
+            mode,
+            live,
+            live_cas,
+        }))
+    }
 
-        let adapter_name = adapter.then_some(model);
-        let recent = match adapter_name {
-            Some(_) => lora::read(store, &pool.name),
-            None => lora::Recent::default(),
-        };
-        let home_of_adapter = adapter_name.and_then(|a| {
-            derived.and_then(|d| d.homes.get(a).copied()).or_else(|| {
-                let addrs: Vec<&str> = sp.pods.iter().map(|p| p.address.as_str()).collect();
-                lora::rendezvous_home(a, &addrs)
-            })
-        });
-
-        let full = mode == Mode::Full;
-        let mut ids = Vec::with_capacity(sp.pods.len());
-        let mut cands: Vec<Candidate<'_>> = Vec::with_capacity(sp.pods.len());
-        for (i, ((p, l), (b, r))) in sp
-            .pods
-            .iter()
-            .zip(&loads)
-            .zip(baselines.iter().zip(&rates))
-            .enumerate()
-        {
-            if p.health == Health::Failing {
-                continue;
-            }
-            let id = pod_id(i);
-            ids.push(id);
-            let placement = match adapter_name {
-                Some(a) => lora::placement(
-                    a,
-                    p.lora.as_ref(),
-                    recent.of(&p.address),
-                    home_of_adapter == Some(i),
-                ),
-                None => Placement::default(),
-            };
-            let adapter_ms = match adapter_name {
-                None => 0.0,
-                Some(_) => {
-                    let load = if placement.resident {
-                        0.0
-                    } else {
-                        pool.lora.load_ms
-                    };
-                    let stray = if placement.home {
-                        0.0
-                    } else {
-                        pool.lora.stray_ms
-                    };
-                    load + stray
-                }
-            };
-            cands.push(Candidate {
-                address: &p.address,
-                stale: p.health == Health::Stale,
-                waiting: if full { p.waiting } else { 0 },
-                running: if full { p.running } else { 0 },
-                kv_usage: if full { p.kv_usage } else { None },
-                in_flight: l.in_flight,
-                in_flight_baseline: if full { b.in_flight } else { 0 },
-                pending_tokens: l.pending_tokens,
-                rate: r.unwrap_or(pool_rate),
-                prefix_blocks: found.blocks_for(id),
-                lora: placement,
-                adapter_ms,
-                contradicted: false,
-                ejected: l.ejected(ctx.now_ms),
-            });
-        }
-        // Pods answering server errors go behind the others, at most half of the pool (the
-        // longest error runs first), as Envoy's outlier detection bounds its ejections.
-        let ejected = cands.iter().filter(|c| c.ejected).count();
-        if ejected > cands.len() / 2 {
-            let mut runs: Vec<(u16, usize)> = cands
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| c.ejected)
-                .map(|(i, c)| (live.get(c.address).errors, i))
-                .collect();
-            runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-            for &(_, i) in runs.iter().skip(cands.len() / 2) {
-                if let Some(c) = cands.get_mut(i) {
-                    c.ejected = false;
-                }
-            }
-        }
-        if full {
-            trust::distrust(&mut cands);
-        }
-        if cands.is_empty() {
-            let why = if sp.pods.is_empty() {
-                "the pool has no pods"
-            } else {
-                "every pod is failing its metrics scrapes"
-            };
-            return Err(Rejection::no_endpoints(&pool.name, why));
-        }
-        // A prompt deeper than anything this replica knows may be on the pod where other
-        // replicas put it: credit that pod with the blocks it would save, weighed by the
-        // other replicas' share of the pool's traffic (`prior`). Two places are expected: a
-        // long context's anchor home, and a conversation's home (its key's) for the history
-        // its earlier turns left. The pods' own records are kept for the work accounting below.
-        let key_home = prior::rendezvous(cands.iter().map(|c| c.address), hashes.key);
-        let prompt_chars = req.prompt_chars();
-        let mut credited: Vec<(usize, u32)> = Vec::new();
-        if full {
-            let known = cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
-            let block_chars = pool.prefix.block_chars.max(1);
-            let prompt_blocks = prompt_chars / block_chars;
-            let share = derived.map_or(1.0, |d| d.own_share);
-            let n = hashes.blocks.len();
-            let context = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
-                .filter(|&depth| (known as usize) < depth)
-                .and_then(|depth| {
-                    let anchor = hashes.blocks.get(depth - 1).copied()?;
-                    let credit = prior::credit(n, known, share)?;
-                    let home = prior::rendezvous(cands.iter().map(|c| c.address), anchor)?;
-                    Some((home, credit))
-                });
-            let conversation = req.history_bytes().and_then(|bytes| {
-                let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
-                Some((key_home?, credit))
-            });
-            for (home, credit) in context.into_iter().chain(conversation) {
-                if let Some(c) = cands.get_mut(home) {
-                    if !credited.iter().any(|&(j, _)| j == home) {
-                        credited.push((home, c.prefix_blocks));
-                    }
-                    c.prefix_blocks = c.prefix_blocks.max(credit);
-                }
-            }
-        }
-        let recorded = |i: usize, c: &Candidate<'_>| {
-            credited
-                .iter()
-                .find(|&&(j, _)| j == i)
-                .map_or(c.prefix_blocks, |&(_, blocks)| blocks)
-        };
-        let chars_per_token = predict.chars_per_token.max(0.1);
-        let prompt_tokens = (prompt_chars as f64 / chars_per_token).ceil();
-        let features = Features {
-            adapter: adapter_name,
-            prompt_tokens: prompt_tokens.min(f64::from(u32::MAX)) as u32,
-            prompt_blocks: hashes.blocks.len() as u32,
-            truncated: prompt_chars / pool.prefix.block_chars.max(1) > hashes.blocks.len(),
-            tokens_per_block: pool.prefix.block_chars as f64 / chars_per_token,
-            // Until the pool's mean is known, a waiting request is assumed as big as this one.
-            mean_prefill_tokens: if live.mean_prefill_tokens > 0.0 {
-                f64::from(live.mean_prefill_tokens)
-            } else {
-                prompt_tokens
-            },
-            home: key_home,
-            priority: ctx.priority,
-            tie: ctx.tie,
-        };
-        // Every candidate is kept ranked only when its score is shown.
-        let keep = if self.config.debug_scores {
-            cands.len()
+    /// Stage 6: scores and ranks the candidates; with `room` (some pods cannot take the
+    /// request now), only the ones that can are kept, in rank order.
+    fn rank(
+        &self,
+        view: &PoolView<'_>,
+        c: &Candidates<'_>,
+        features: &Features<'_>,
+        room: Option<&[bool]>,
+    ) -> Result<Vec<score::Scored>, Rejection> {
+        // Every candidate is kept ranked when its score is shown, or when the pods without
+        // room are to be skipped.
+        let keep = if self.config.debug_scores || room.is_some() {
+            c.cands.len()
         } else {
             self.config.top_k
         };
-        let ranked = score::rank(
-            &pool,
-            &cands,
-            &features,
-            mode,
+        let mut ranked = score::rank(
+            &view.pool,
+            &c.cands,
+            features,
+            view.mode,
             keep,
             (self.config.retry_after_s, self.config.retry_after_max_s),
         )?;
-        let endpoints: Vec<String> = ranked
-            .iter()
-            .take(self.config.top_k)
-            .filter_map(|s| cands.get(s.index))
-            .map(|c| c.address.to_string())
-            .collect();
-        let scores = ranked
-            .iter()
-            .filter_map(|s| cands.get(s.index).map(|c| (c.address.to_string(), s.score)))
-            .collect();
-        let best = ranked.first().map(|s| s.index);
-        let chosen = best.and_then(|i| cands.get(i).map(|c| (i, c)));
-        let (mut pending_tokens, mut work_tokens) = (0, 0.0);
-        let (mut prefix_hit, mut lora_hit) = (false, false);
-        if let Some((i, c)) = chosen {
-            let known = recorded(i, c);
-            prefix_hit = known > 0;
-            lora_hit = adapter_name.is_some() && (c.lora.resident || c.lora.home);
-            let uncached = features.uncached_tokens(known);
-            pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
-            // When the pod was credited with a guess of what it holds, its timing says
-            // nothing sure about its rate: no observation (NaN is ignored by the fit).
-            work_tokens = if known < c.prefix_blocks {
-                f64::NAN
-            } else {
-                c.queued_tokens(&features, mode) + uncached
-            };
-            index.record(&hashes.blocks, ids.get(i).copied().unwrap_or(0), &found);
-            inflight::routed_after_read(
-                store,
-                &pool.name,
-                // Without a CAS token (no table yet) a blind write could overwrite another
-                // worker's first entry: read again instead.
-                live_cas.map(|cas| (live, Some(cas))),
-                c.address,
-                pending_tokens,
-            );
-            if let Some(a) = adapter_name {
-                lora::note(store, &pool.name, c.address, a);
-            }
+        if let Some(room) = room {
+            ranked.retain(|s| room.get(s.index).copied().unwrap_or(false));
         }
-        Ok(Routed {
-            pool: pool.name.clone(),
-            cluster: pool.cluster.clone(),
-            endpoints,
-            rewrite,
-            served_model,
-            mode: if mode == Mode::Full {
-                RouteMode::Scored
-            } else {
-                RouteMode::LeastInflight
-            },
-            scores,
-            prefix_hit,
-            lora_hit,
-            inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
-            pending_tokens,
-            work_tokens,
-        })
+        Ok(ranked)
     }
 
     /// The first response byte of a request routed to `pod` arrived after `ttft_ms`: its
@@ -688,6 +529,431 @@ impl Router {
         pending: u32,
     ) -> bool {
         chosen == served || inflight::moved(store, pool, chosen, served, pending)
+    }
+}
+
+/// What the decision came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Routed(Routed),
+    /// No pod of pool `pool` can take the request now: hold it and ask again later.
+    Wait {
+        pool: String,
+    },
+}
+
+/// The pool as one decision sees it.
+struct PoolView<'f> {
+    pool: PoolConfig,
+    rewrite: Option<String>,
+    adapter: bool,
+    /// The served name a rewrite rule chose: its own prefix cache, its own adapter home.
+    served_model: Option<String>,
+    sp: &'f llm_router_snapshot::Pool,
+    /// In-flight counts when the snapshot was accepted.
+    baseline: Option<&'f Table>,
+    derived: Option<&'f PoolIndex>,
+    mode: Mode,
+    live: Table,
+    live_cas: Option<u32>,
+}
+
+impl PoolView<'_> {
+    /// The model name the request is served as (a rewrite rule's target, else its own).
+    fn model<'a>(&'a self, req: &'a ParsedRequest<'_>) -> &'a str {
+        self.served_model.as_deref().unwrap_or(req.model.as_ref())
+    }
+}
+
+#[allow(clippy::large_enum_variant)] // one per decision, on the stack
+enum Viewed<'f> {
+    Ready(PoolView<'f>),
+    Fallback(Box<Routed>),
+}
+
+/// The pods a request may go to, with what the later stages need of the prefix index.
+struct Candidates<'f> {
+    cands: Vec<Candidate<'f>>,
+    /// Prefix-index id per candidate.
+    ids: Vec<u32>,
+    /// KV capacity per candidate, for admission.
+    rooms: Vec<PodRoom>,
+    hashes: prefix::Hashes,
+    found: prefix::PrefixMatch,
+    /// `(candidate, its own prefix record)` for candidates credited by [`features`].
+    credited: Vec<(usize, u32)>,
+}
+
+/// Stage 3: every pod that is not failing, with its gauges, this proxy's load, its learned
+/// rate, the prompt's cached prefix there and the adapter's placement; pods with an error run
+/// put behind (at most half), contradicted pods' gauges replaced ([`trust::distrust`]).
+fn candidates<'f, S: SharedStore>(
+    store: &S,
+    view: &PoolView<'f>,
+    req: &ParsedRequest<'_>,
+    ctx: Context,
+) -> Result<Candidates<'f>, Rejection> {
+    let (pool, sp, live) = (&view.pool, view.sp, &view.live);
+    let model = view.model(req);
+    let empty = Table::default();
+    let baseline = view.baseline.unwrap_or(&empty);
+    let pod_id = |i: usize| {
+        view.derived
+            .and_then(|d| d.pod_ids.get(i).copied())
+            .unwrap_or(0)
+    };
+    let hashes = prefix::block_hashes(
+        model,
+        &req.pieces,
+        pool.prefix.block_chars,
+        pool.prefix.max_blocks,
+        req.key_pieces,
+    );
+    let index = PrefixIndex::new(
+        store,
+        &pool.name,
+        pool.prefix.index_slots,
+        pool.prefix.page_blocks,
+        pool.prefix.entries_per_page,
+    );
+    let found = index.lookup(&hashes.blocks);
+    let predict = pool.predict;
+    let prior = Rate {
+        cost_ms_per_token: predict.prior_ms_per_token,
+        base_ms: predict.prior_base_ms,
+    };
+    let addrs = || sp.pods.iter().map(|p| p.address.as_str());
+    let loads = live.get_all(addrs());
+    let baselines = baseline.get_all(addrs());
+    // Each pod's fit is solved once per decision; no pod is believed much faster than the
+    // pool's median pod (`trust::cost_floor`: a pod answering before it did the work).
+    let rates: Vec<Option<Rate>> = loads.iter().map(|l| l.fit.rate()).collect();
+    let pool_rate = predict::pool_rate(rates.iter().flatten().copied(), prior);
+    let floor = trust::cost_floor(pool_rate.cost_ms_per_token);
+    let rates: Vec<Option<Rate>> = rates
+        .into_iter()
+        .map(|r| {
+            r.map(|r| Rate {
+                cost_ms_per_token: r.cost_ms_per_token.max(floor),
+                ..r
+            })
+        })
+        .collect();
+
+    let adapter_name = view.adapter.then_some(model);
+    let recent = match adapter_name {
+        Some(_) => lora::read(store, &pool.name),
+        None => lora::Recent::default(),
+    };
+    let home_of_adapter = adapter_name.and_then(|a| {
+        view.derived
+            .and_then(|d| d.homes.get(a).copied())
+            .or_else(|| {
+                let addrs: Vec<&str> = sp.pods.iter().map(|p| p.address.as_str()).collect();
+                lora::rendezvous_home(a, &addrs)
+            })
+    });
+
+    let full = view.mode == Mode::Full;
+    let mut ids = Vec::with_capacity(sp.pods.len());
+    let mut rooms = Vec::with_capacity(sp.pods.len());
+    let mut cands: Vec<Candidate<'f>> = Vec::with_capacity(sp.pods.len());
+    for (i, ((p, l), (b, r))) in sp
+        .pods
+        .iter()
+        .zip(&loads)
+        .zip(baselines.iter().zip(&rates))
+        .enumerate()
+    {
+        if p.health == Health::Failing {
+            continue;
+        }
+        let id = pod_id(i);
+        ids.push(id);
+        rooms.push(PodRoom {
+            kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
+        });
+        let placement = match adapter_name {
+            Some(a) => lora::placement(
+                a,
+                p.lora.as_ref(),
+                recent.of(&p.address),
+                home_of_adapter == Some(i),
+            ),
+            None => Placement::default(),
+        };
+        let adapter_ms = match adapter_name {
+            None => 0.0,
+            Some(_) => {
+                let load = if placement.resident {
+                    0.0
+                } else {
+                    pool.lora.load_ms
+                };
+                let stray = if placement.home {
+                    0.0
+                } else {
+                    pool.lora.stray_ms
+                };
+                load + stray
+            }
+        };
+        cands.push(Candidate {
+            address: &p.address,
+            stale: p.health == Health::Stale,
+            waiting: if full { p.waiting } else { 0 },
+            running: if full { p.running } else { 0 },
+            kv_usage: if full { p.kv_usage } else { None },
+            in_flight: l.in_flight,
+            in_flight_baseline: if full { b.in_flight } else { 0 },
+            pending_tokens: l.pending_tokens,
+            rate: r.unwrap_or(pool_rate),
+            prefix_blocks: found.blocks_for(id),
+            lora: placement,
+            adapter_ms,
+            contradicted: false,
+            ejected: l.ejected(ctx.now_ms),
+        });
+    }
+    // Pods answering server errors go behind the others, at most half of the pool (the
+    // longest error runs first), as Envoy's outlier detection bounds its ejections.
+    let ejected = cands.iter().filter(|c| c.ejected).count();
+    if ejected > cands.len() / 2 {
+        let mut runs: Vec<(u16, usize)> = cands
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.ejected)
+            .map(|(i, c)| (live.get(c.address).errors, i))
+            .collect();
+        runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in runs.iter().skip(cands.len() / 2) {
+            if let Some(c) = cands.get_mut(i) {
+                c.ejected = false;
+            }
+        }
+    }
+    if full {
+        trust::distrust(&mut cands);
+    }
+    if cands.is_empty() {
+        let why = if sp.pods.is_empty() {
+            "the pool has no pods"
+        } else {
+            "every pod is failing its metrics scrapes"
+        };
+        return Err(Rejection::no_endpoints(&pool.name, why));
+    }
+    Ok(Candidates {
+        cands,
+        ids,
+        rooms,
+        hashes,
+        found,
+        credited: Vec::new(),
+    })
+}
+
+/// The request's size as admission and scoring see it, before any prefix credit.
+fn base_features<'r>(
+    view: &PoolView<'_>,
+    req: &ParsedRequest<'_>,
+    model: &'r str,
+    ctx: Context,
+) -> Features<'r> {
+    let pool = &view.pool;
+    let chars_per_token = pool.predict.chars_per_token.max(0.1);
+    let prompt_tokens = (req.prompt_chars() as f64 / chars_per_token).ceil();
+    Features {
+        adapter: view.adapter.then_some(model),
+        prompt_tokens: prompt_tokens.min(f64::from(u32::MAX)) as u32,
+        prompt_blocks: 0,
+        truncated: false,
+        tokens_per_block: pool.prefix.block_chars as f64 / chars_per_token,
+        // Until the pool's mean is known, a waiting request is assumed as big as this one.
+        mean_prefill_tokens: if view.live.mean_prefill_tokens > 0.0 {
+            f64::from(view.live.mean_prefill_tokens)
+        } else {
+            prompt_tokens
+        },
+        home: None,
+        priority: ctx.priority,
+        tie: ctx.tie,
+    }
+}
+
+/// Stage 4: admit or wait ([`flow::admit`]). `Ok(Some(None))`: every candidate may take the
+/// request; `Ok(Some(Some(room)))`: only those marked; `Ok(None)`: wait. A sheddable request
+/// is refused instead of waiting when the pool is saturated (as the ranking sheds it).
+#[allow(clippy::type_complexity)]
+fn admit_or_wait(
+    view: &PoolView<'_>,
+    c: &Candidates<'_>,
+    req: &ParsedRequest<'_>,
+    ctx: Context,
+    may_wait: bool,
+    retry_after: (u32, u32),
+) -> Result<Option<Option<Vec<bool>>>, Rejection> {
+    if !may_wait {
+        return Ok(Some(None));
+    }
+    let f = base_features(view, req, view.model(req), ctx);
+    match flow::admit(&view.pool, &c.cands, &c.rooms, &f, view.mode) {
+        Admission::Admit(room) if room.iter().all(|&r| r) => Ok(Some(None)),
+        Admission::Admit(room) => Ok(Some(Some(room))),
+        Admission::Wait => {
+            if ctx.priority < 0 {
+                // Ranking with every pod judges saturation exactly as without flow control:
+                // a saturated pool refuses the sheddable request now.
+                score::rank(&view.pool, &c.cands, &f, view.mode, 1, retry_after)?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Stage 5: the request's features, with the pods other gateway replicas probably warmed for
+/// it credited ([`prior`]). A prompt deeper than anything this replica knows may be on the pod
+/// where other replicas put it: credit that pod with the blocks it would save, weighed by the
+/// other replicas' share of the pool's traffic. Two places are expected: a long context's
+/// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
+/// The pods' own records are kept for the work accounting ([`Candidates::credited`]).
+fn features<'r>(
+    view: &PoolView<'_>,
+    c: &mut Candidates<'_>,
+    req: &ParsedRequest<'_>,
+    model: &'r str,
+    ctx: Context,
+) -> Features<'r> {
+    let pool = &view.pool;
+    let full = view.mode == Mode::Full;
+    let key_home = prior::rendezvous(c.cands.iter().map(|c| c.address), c.hashes.key);
+    let prompt_chars = req.prompt_chars();
+    if full {
+        let known = c.cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
+        let block_chars = pool.prefix.block_chars.max(1);
+        let prompt_blocks = prompt_chars / block_chars;
+        let share = view.derived.map_or(1.0, |d| d.own_share);
+        let n = c.hashes.blocks.len();
+        let context = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
+            .filter(|&depth| (known as usize) < depth)
+            .and_then(|depth| {
+                let anchor = c.hashes.blocks.get(depth - 1).copied()?;
+                let credit = prior::credit(n, known, share)?;
+                let home = prior::rendezvous(c.cands.iter().map(|c| c.address), anchor)?;
+                Some((home, credit))
+            });
+        let conversation = req.history_bytes().and_then(|bytes| {
+            let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
+            Some((key_home?, credit))
+        });
+        for (home, credit) in context.into_iter().chain(conversation) {
+            if let Some(cand) = c.cands.get_mut(home) {
+                if !c.credited.iter().any(|&(j, _)| j == home) {
+                    c.credited.push((home, cand.prefix_blocks));
+                }
+                cand.prefix_blocks = cand.prefix_blocks.max(credit);
+            }
+        }
+    }
+    Features {
+        prompt_blocks: c.hashes.blocks.len() as u32,
+        truncated: prompt_chars / pool.prefix.block_chars.max(1) > c.hashes.blocks.len(),
+        home: key_home,
+        ..base_features(view, req, model, ctx)
+    }
+}
+
+/// Stage 7: the decision, accounted: the chosen pod's in-flight count and pending work go up
+/// in the shared load table, the prompt's blocks are recorded for it in the prefix index, an
+/// adapter is noted as used there.
+fn account<S: SharedStore>(
+    store: &S,
+    view: PoolView<'_>,
+    c: &Candidates<'_>,
+    features: &Features<'_>,
+    ranked: &[score::Scored],
+    top_k: usize,
+) -> Routed {
+    let pool = &view.pool;
+    let endpoints: Vec<String> = ranked
+        .iter()
+        .take(top_k)
+        .filter_map(|s| c.cands.get(s.index))
+        .map(|c| c.address.to_string())
+        .collect();
+    let scores = ranked
+        .iter()
+        .filter_map(|s| {
+            c.cands
+                .get(s.index)
+                .map(|c| (c.address.to_string(), s.score))
+        })
+        .collect();
+    let best = ranked.first().map(|s| s.index);
+    let chosen = best.and_then(|i| c.cands.get(i).map(|c| (i, c)));
+    let recorded = |i: usize, cand: &Candidate<'_>| {
+        c.credited
+            .iter()
+            .find(|&&(j, _)| j == i)
+            .map_or(cand.prefix_blocks, |&(_, blocks)| blocks)
+    };
+    let (mut pending_tokens, mut work_tokens) = (0, 0.0);
+    let (mut prefix_hit, mut lora_hit) = (false, false);
+    if let Some((i, cand)) = chosen {
+        let known = recorded(i, cand);
+        prefix_hit = known > 0;
+        lora_hit = features.adapter.is_some() && (cand.lora.resident || cand.lora.home);
+        let uncached = features.uncached_tokens(known);
+        pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
+        // When the pod was credited with a guess of what it holds, its timing says nothing
+        // sure about its rate: no observation (NaN is ignored by the fit).
+        work_tokens = if known < cand.prefix_blocks {
+            f64::NAN
+        } else {
+            cand.queued_tokens(features, view.mode) + uncached
+        };
+        let index = PrefixIndex::new(
+            store,
+            &pool.name,
+            pool.prefix.index_slots,
+            pool.prefix.page_blocks,
+            pool.prefix.entries_per_page,
+        );
+        index.record(
+            &c.hashes.blocks,
+            c.ids.get(i).copied().unwrap_or(0),
+            &c.found,
+        );
+        inflight::routed_after_read(
+            store,
+            &pool.name,
+            // Without a CAS token (no table yet) a blind write could overwrite another
+            // worker's first entry: read again instead.
+            view.live_cas.map(|cas| (view.live, Some(cas))),
+            cand.address,
+            pending_tokens,
+        );
+        if let Some(a) = features.adapter {
+            lora::note(store, &pool.name, cand.address, a);
+        }
+    }
+    Routed {
+        pool: pool.name.clone(),
+        cluster: pool.cluster.clone(),
+        endpoints,
+        rewrite: view.rewrite.clone(),
+        served_model: view.served_model.clone(),
+        mode: if view.mode == Mode::Full {
+            RouteMode::Scored
+        } else {
+            RouteMode::LeastInflight
+        },
+        scores,
+        prefix_hit,
+        lora_hit,
+        inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
+        pending_tokens,
+        work_tokens,
     }
 }
 

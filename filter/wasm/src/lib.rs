@@ -18,20 +18,25 @@ mod metrics;
 
 use fleet::{Cache, PushOutcome};
 use host::HostStore;
-use llm_router_core::config::UnknownPaths;
+use llm_router_core::config::{UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER};
+use llm_router_core::flow::{self as flowctl, summary, Class, Pushed, Queue};
 use llm_router_core::request::{self, ApiKind, Entry, RequestError};
+use llm_router_core::router::Decision;
 use llm_router_core::usage::Scanner;
 use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
 use metrics::Metrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(Root { id, worker: None })
+    });
 }}
 
 /// How often the root context sets the gauges (snapshot age and generation, in flight per pod).
@@ -50,10 +55,43 @@ struct Worker {
     /// Whether Envoy logs debug lines for this VM (asked once, when the VM is configured), so
     /// per-request debug lines are not even formatted otherwise.
     debug: bool,
+    /// Paused streams waiting for their pool, per pool ([`llm_router_core::flow`]).
+    waiting: HashMap<String, Queue<Waiting>>,
+    /// What a stream dispatched from the root context needs at its response and end, by
+    /// context id (taken by the stream at its response headers or its end).
+    handoff: HashMap<u32, Handoff>,
+    /// This worker's id in the pools' queue summaries.
+    id: u64,
+    /// Other workers' queue summaries per pool, as of this worker's last tick.
+    others: HashMap<String, Vec<summary::Slot>>,
+    /// Whether the fast tick (`flow.tick_ms`) is on.
+    fast: bool,
+    /// When the gauges were last set (ms).
+    gauges_ms: u64,
 }
 
+/// A paused stream waiting for its pool: what dispatching it needs.
+struct Waiting {
+    kind: ApiKind,
+    body: Vec<u8>,
+    /// The body's size in the host's buffer.
+    size: usize,
+    content_length: bool,
+    priority: i32,
+}
+
+/// A dispatched stream's per-request state, made in the root context.
 #[derive(Default)]
+struct Handoff {
+    routed: Option<Routed>,
+    usage: Option<UsageTrack>,
+    scores: Option<String>,
+    /// The served name a rewrite rule chose (`served_model_header`).
+    served_model: Option<String>,
+}
+
 struct Root {
+    id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
 }
 
@@ -80,6 +118,12 @@ impl RootContext for Root {
                     ledger: inflight::Ledger::default(),
                     requests: 0,
                     debug: host::log_enabled(LogLevel::Debug),
+                    waiting: HashMap::new(),
+                    handoff: HashMap::new(),
+                    id: host::now_nanos() ^ (u64::from(self.id) << 48) | 1,
+                    others: HashMap::new(),
+                    fast: false,
+                    gauges_ms: 0,
                 })));
                 host::set_tick_period(TICK);
                 true
@@ -98,6 +142,14 @@ impl RootContext for Root {
             return;
         };
         let mut w = worker.borrow_mut();
+        let now_ms = host::now_ms();
+        if w.fast || !w.waiting.is_empty() {
+            dispatch(&mut w, self.id);
+        }
+        if w.fast && now_ms.saturating_sub(w.gauges_ms) < 1000 {
+            return;
+        }
+        w.gauges_ms = now_ms;
         let Worker {
             router,
             cache,
@@ -141,6 +193,7 @@ impl RootContext for Root {
             served_model: None,
             signature: None,
             held: Held::default(),
+            waiting_in: None,
         }))
     }
 
@@ -209,6 +262,8 @@ struct Http {
     /// What the body's decision needs from the request headers (read once, with all the
     /// others, at the headers).
     held: Held,
+    /// The pool whose queue this stream waits in (removed from it when the stream ends).
+    waiting_in: Option<String>,
 }
 
 /// Request header values kept from the headers to the body, so the body costs no header read
@@ -218,6 +273,8 @@ struct Held {
     /// The priority and objective headers, when the configuration trusts them.
     priority: Option<String>,
     objective: Option<String>,
+    /// The fairness id (tenant), when the configuration trusts it.
+    fairness: Option<String>,
     /// Whether the request declared a `content-length` (a rewritten body gets its new one).
     content_length: bool,
 }
@@ -429,9 +486,43 @@ impl Http {
             let Worker { cache, router, .. } = &mut *w;
             cache.current(&HostStore, &router.config)
         };
-        let decision = w.router.route(&HostStore, fleet.as_deref(), &parsed, ctx);
+        let flow = w.router.config.flow.enabled;
+        // Work already waiting for the pool goes first: a new request joins the queue.
+        let behind = flow
+            .then(|| w.router.pool_of(&parsed, ctx, fleet.as_deref()))
+            .flatten()
+            .filter(|pool| {
+                w.waiting.get(pool).is_some_and(|q| !q.is_empty())
+                    || w.others.get(pool).is_some_and(|o| {
+                        summary::ahead(o, w.id, Class::of(priority).index(), ctx.now_ms)
+                    })
+            });
+        let decision = match behind {
+            Some(pool) => Ok(Decision::Wait { pool }),
+            None => w
+                .router
+                .decide(&HostStore, fleet.as_deref(), &parsed, ctx, flow),
+        };
         let routed = match decision {
-            Ok(r) => r,
+            Ok(Decision::Routed(r)) => r,
+            Ok(Decision::Wait { pool }) => {
+                let fairness = held.fairness.unwrap_or_default();
+                let waiting = Waiting {
+                    kind,
+                    body,
+                    size,
+                    content_length: held.content_length,
+                    priority,
+                };
+                let queued = enqueue(&mut w, self.id, &pool, &fairness, ctx.now_ms, waiting);
+                drop(w);
+                if queued {
+                    self.waiting_in = Some(pool);
+                } else {
+                    self.kind = Kind::Done;
+                }
+                return Action::Pause;
+            }
             Err(rej) => {
                 w.metrics
                     .decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
@@ -439,98 +530,38 @@ impl Http {
                 return self.reject(&rej, &parsed.model);
             }
         };
-        let cfg = &w.router.config;
-        host::set_request_header(&cfg.cluster_header, &routed.cluster);
-        if !routed.endpoints.is_empty() {
-            host::set_request_header(&cfg.endpoint_header, &routed.endpoints.join(","));
-        }
-        if let Some(new_model) = &routed.rewrite {
-            let (start, end) = parsed.model_span;
-            let quoted = serde_json::Value::String(new_model.clone()).to_string();
-            if let (Some(head), Some(tail)) = (body.get(..start), body.get(end..)) {
-                let mut new_body = Vec::with_capacity(body.len() + quoted.len());
-                new_body.extend_from_slice(head);
-                new_body.extend_from_slice(quoted.as_bytes());
-                new_body.extend_from_slice(tail);
-                if host::replace_request_body(size, &new_body) {
-                    // A chunked request stays chunked; a sized one gets its new size.
-                    if held.content_length {
-                        host::set_request_header("content-length", &new_body.len().to_string());
-                    }
-                    host::set_request_header(&cfg.rewrite_header, new_model);
-                }
-            }
-        }
-        if !host::clear_route_cache() {
-            host::log(
-                LogLevel::Warn,
-                "llm-router: clear_route_cache is not available in this host",
-            );
-        }
-        // The name a rewrite rule chose, for the response.
-        self.served_model = routed.served_model.clone();
-        if w.router.config.debug_scores {
-            self.scores = Some(llm_router_core::metrics::scores_header(
-                routed.mode.name(),
-                &routed.scores,
-                SCORES_HEADER_MAX,
-            ));
-        }
-        let outcome = match routed.mode {
-            RouteMode::Scored => llm_router_core::metrics::ROUTED,
-            RouteMode::LeastInflight | RouteMode::Fallback => routed.mode.name(),
-        };
-        let m = &mut w.metrics;
-        m.decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
-        m.request(
-            &routed.pool,
-            &parsed.model,
-            routed.served_model.as_deref().unwrap_or_default(),
-            outcome,
+        let h = apply(
+            &mut w,
+            self.id,
+            kind,
+            &parsed,
+            &body,
+            size,
+            held.content_length,
+            routed,
+            now_ns,
         );
-        if let Some(first) = routed.endpoints.first() {
-            m.picked(&routed.pool, first, routed.prefix_hit, routed.lora_hit);
-        }
-        let debug = w.debug;
         drop(w);
-        // Usage is only looked for where the response carries it: unstreamed replies, streams
-        // asked for it, and the APIs whose streams always report it.
-        let reports_usage = !parsed.stream
-            || parsed.include_usage
-            || matches!(kind, ApiKind::Messages | ApiKind::Responses);
-        if reports_usage {
-            self.usage = Some(UsageTrack {
-                pool: routed.pool.clone(),
-                model: parsed.model.to_string(),
-                reading: false,
-                scanner: Scanner::default(),
-            });
-        }
-        if debug {
-            self.log(
-                LogLevel::Debug,
-                &format!(
-                    "model {} → pool {} [{}] {:?}",
-                    parsed.model,
-                    routed.pool,
-                    routed.mode.name(),
-                    routed.scores
-                ),
-            );
-        }
-        if let Some(pod) = routed.inflight_pod {
-            self.routed = Some(Routed {
-                pool: routed.pool,
-                pod,
-                pending: routed.pending_tokens,
-                work: routed.work_tokens,
-                sent_ns: now_ns,
-                observe: parsed.stream || kind == ApiKind::Embeddings,
-                streamed: parsed.stream,
-                status: 0,
-            });
-        }
+        self.routed = h.routed;
+        self.usage = h.usage;
+        self.scores = h.scores;
+        self.served_model = h.served_model;
         Action::Continue
+    }
+
+    /// Takes what the root context left when it dispatched this stream.
+    fn take_handoff(&mut self) {
+        if self.waiting_in.is_none() {
+            return;
+        }
+        let h = self.worker.borrow_mut().handoff.remove(&self.id);
+        if let Some(h) = h {
+            self.waiting_in = None;
+            self.routed = h.routed;
+            self.usage = h.usage;
+            self.scores = h.scores;
+            self.served_model = h.served_model;
+        }
     }
 
     /// The first response byte arrived: the request's prefill is done; learn from its timing.
@@ -559,6 +590,15 @@ impl Http {
     }
 
     fn release(&mut self) {
+        self.take_handoff();
+        if let Some(pool) = self.waiting_in.take() {
+            // Hung up while waiting: nothing of it stays in the queue.
+            let mut w = self.worker.borrow_mut();
+            // An emptied queue stays until the next tick publishes that it is empty.
+            if let Some(q) = w.waiting.get_mut(&pool) {
+                q.remove(u64::from(self.id));
+            }
+        }
         if let Some(r) = self.routed.take() {
             let mut w = self.worker.borrow_mut();
             // The clock is read only when the answer extends or ends an error run.
@@ -669,7 +709,8 @@ impl HttpContext for Http {
         };
         self.held = Held {
             priority: trusted(&c.priority_header),
-            objective: trusted(&c.objective_header),
+            objective: trusted(LLMD_OBJECTIVE_HEADER).or_else(|| trusted(&c.objective_header)),
+            fairness: FAIRNESS_HEADERS.iter().find_map(|h| trusted(h)),
             content_length: headers.contains("content-length"),
         };
         drop(w);
@@ -723,6 +764,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.take_handoff();
         if let Some(scores) = self.scores.take() {
             let w = self.worker.borrow();
             host::set_response_header(&w.router.config.scores_header, &scores);
@@ -806,5 +848,317 @@ impl Drop for Http {
     /// A stream torn down without a log callback still releases its count.
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// Applies a routing decision to the effective stream (context `id`): the cluster and endpoint
+/// headers, the body's model rewrite, the route cache, the metrics; returns the stream's
+/// per-request state.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    w: &mut Worker,
+    id: u32,
+    kind: ApiKind,
+    parsed: &request::ParsedRequest<'_>,
+    body: &[u8],
+    size: usize,
+    content_length: bool,
+    routed: llm_router_core::Routed,
+    now_ns: u64,
+) -> Handoff {
+    let mut out = Handoff::default();
+    let cfg = &w.router.config;
+    host::set_request_header(&cfg.cluster_header, &routed.cluster);
+    if !routed.endpoints.is_empty() {
+        host::set_request_header(&cfg.endpoint_header, &routed.endpoints.join(","));
+    }
+    if let Some(new_model) = &routed.rewrite {
+        let (start, end) = parsed.model_span;
+        let quoted = serde_json::Value::String(new_model.clone()).to_string();
+        if let (Some(head), Some(tail)) = (body.get(..start), body.get(end..)) {
+            let mut new_body = Vec::with_capacity(body.len() + quoted.len());
+            new_body.extend_from_slice(head);
+            new_body.extend_from_slice(quoted.as_bytes());
+            new_body.extend_from_slice(tail);
+            if host::replace_request_body(size, &new_body) {
+                // A chunked request stays chunked; a sized one gets its new size.
+                if content_length {
+                    host::set_request_header("content-length", &new_body.len().to_string());
+                }
+                host::set_request_header(&cfg.rewrite_header, new_model);
+            }
+        }
+    }
+    if !host::clear_route_cache() {
+        host::log(
+            LogLevel::Warn,
+            "llm-router: clear_route_cache is not available in this host",
+        );
+    }
+    if w.router.config.debug_scores {
+        out.scores = Some(llm_router_core::metrics::scores_header(
+            routed.mode.name(),
+            &routed.scores,
+            SCORES_HEADER_MAX,
+        ));
+    }
+    let outcome = match routed.mode {
+        RouteMode::Scored => llm_router_core::metrics::ROUTED,
+        RouteMode::LeastInflight | RouteMode::Fallback => routed.mode.name(),
+    };
+    let m = &mut w.metrics;
+    m.decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
+    m.request(
+        &routed.pool,
+        &parsed.model,
+        routed.served_model.as_deref().unwrap_or_default(),
+        outcome,
+    );
+    // The name a rewrite rule chose, for the response.
+    out.served_model = routed.served_model.clone();
+    if let Some(first) = routed.endpoints.first() {
+        m.picked(&routed.pool, first, routed.prefix_hit, routed.lora_hit);
+    }
+    // Usage is only looked for where the response carries it: unstreamed replies, streams
+    // asked for it, and the APIs whose streams always report it.
+    let reports_usage = !parsed.stream
+        || parsed.include_usage
+        || matches!(kind, ApiKind::Messages | ApiKind::Responses);
+    if reports_usage {
+        out.usage = Some(UsageTrack {
+            pool: routed.pool.clone(),
+            model: parsed.model.to_string(),
+            reading: false,
+            scanner: Scanner::default(),
+        });
+    }
+    if w.debug {
+        host::log(
+            LogLevel::Debug,
+            &format!(
+                "llm-router[{id}]: model {} → pool {} [{}] {:?}",
+                parsed.model,
+                routed.pool,
+                routed.mode.name(),
+                routed.scores
+            ),
+        );
+    }
+    if let Some(pod) = routed.inflight_pod {
+        out.routed = Some(Routed {
+            pool: routed.pool,
+            pod,
+            pending: routed.pending_tokens,
+            work: routed.work_tokens,
+            sent_ns: now_ns,
+            observe: parsed.stream || kind == ApiKind::Embeddings,
+            streamed: parsed.stream,
+            status: 0,
+        });
+    }
+    out
+}
+
+/// Answers the effective stream with `r` (redacted unless `disclose.pool_detail`), counted.
+fn send_reply(w: &mut Worker, r: &Rejection, model: &str) {
+    let cfg = &w.router.config;
+    let r = if !cfg.disclose.pool_detail && !r.pool.is_empty() {
+        r.clone().without_pool_detail()
+    } else {
+        r.clone()
+    };
+    let model = if r.pool.is_empty() { "" } else { model };
+    let retry = r.retry_after_s.map(|s| s.to_string());
+    let mut headers = vec![(cfg.reason_header.as_str(), r.reason)];
+    if let Some(s) = &retry {
+        headers.push(("retry-after", s.as_str()));
+    }
+    host::send_response(r.status, &json_headers(&headers), r.body().as_bytes());
+    w.metrics.request(&r.pool, model, "", r.outcome());
+}
+
+/// Answers waiting stream `key` (not the current one) with a 429 for `refusal`, then makes
+/// `back` the effective context again.
+fn refuse_waiting(w: &mut Worker, key: u64, pool: &str, refusal: flowctl::Refusal, back: u32) {
+    let Ok(ctx) = u32::try_from(key) else {
+        return;
+    };
+    if proxy_wasm::hostcalls::set_effective_context(ctx).is_ok() {
+        let r = Rejection::not_queued(pool, refusal.reason(), w.router.config.retry_after_s);
+        send_reply(w, &r, "");
+    }
+    let _ = proxy_wasm::hostcalls::set_effective_context(back);
+}
+
+/// Queues the current stream (context `id`) for `pool`; false when it was refused (answered
+/// with a 429 already). Turns the fast tick on.
+fn enqueue(
+    w: &mut Worker,
+    id: u32,
+    pool: &str,
+    fairness: &str,
+    now_ms: u64,
+    waiting: Waiting,
+) -> bool {
+    let cfg = w.router.config.flow.clone();
+    let (priority, bytes) = (waiting.priority, waiting.body.len());
+    let q = w.waiting.entry(pool.to_string()).or_default();
+    match q.push(
+        &cfg,
+        u64::from(id),
+        priority,
+        fairness,
+        bytes,
+        now_ms,
+        waiting,
+    ) {
+        Pushed::Queued { displaced } => {
+            if let Some(d) = displaced {
+                refuse_waiting(w, d.key, pool, flowctl::Refusal::Displaced, id);
+            }
+            if !w.fast {
+                w.fast = host::set_tick_period(Duration::from_millis(cfg.tick_ms));
+            }
+            true
+        }
+        Pushed::Refused(why, _) => {
+            if w.waiting.get(pool).is_some_and(Queue::is_empty) {
+                w.waiting.remove(pool);
+            }
+            let r = Rejection::not_queued(pool, why.reason(), w.router.config.retry_after_s);
+            send_reply(w, &r, "");
+            false
+        }
+    }
+}
+
+/// The root context's dispatch: per pool, refuses what waited past its TTL, publishes this
+/// worker's queue summary, then dispatches heads in order while a pod can take them and no
+/// other worker holds work that goes first. The tick goes back to [`TICK`] once nothing waits.
+fn dispatch(w: &mut Worker, root: u32) {
+    let now_ns = host::now_nanos();
+    let now_ms = now_ns / 1_000_000;
+    let cfg = w.router.config.flow.clone();
+    let fleet = {
+        let Worker { cache, router, .. } = &mut *w;
+        cache.current(&HostStore, &router.config)
+    };
+    let pools: Vec<String> = w.waiting.keys().cloned().collect();
+    let known: Vec<String> = w.others.keys().cloned().collect();
+    for pool in pools
+        .iter()
+        .chain(known.iter().filter(|p| !pools.contains(p)))
+    {
+        let expired = w
+            .waiting
+            .get_mut(pool)
+            .map(|q| q.expire(&cfg, now_ms))
+            .unwrap_or_default();
+        for e in expired {
+            refuse_waiting(w, e.key, pool, flowctl::Refusal::Expired, root);
+        }
+        let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
+        let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
+        while let Some(head) = w.waiting.get(pool).and_then(Queue::peek) {
+            let class = Class::of(head.priority).index();
+            if summary::ahead(&others, w.id, class, head.enqueued_ms) {
+                break;
+            }
+            let (key, item) = (head.key, &head.item);
+            let Ok(parsed) = request::parse(item.kind, &item.body) else {
+                // Parsed once already: cannot happen; never leave it waiting.
+                if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                    refuse_waiting(w, e.key, pool, flowctl::Refusal::Expired, root);
+                }
+                continue;
+            };
+            w.requests = w.requests.wrapping_add(1);
+            let ctx = RouteContext {
+                priority: item.priority,
+                now_ms,
+                tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key,
+            };
+            let decision = w
+                .router
+                .decide(&HostStore, fleet.as_deref(), &parsed, ctx, true);
+            let model = parsed.model.to_string();
+            match decision {
+                Ok(Decision::Wait { .. }) => break,
+                Ok(Decision::Routed(routed)) => {
+                    let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) else {
+                        break;
+                    };
+                    let Ok(stream) = u32::try_from(e.key) else {
+                        continue;
+                    };
+                    let parsed = match request::parse(e.item.kind, &e.item.body) {
+                        Ok(p) => p,
+                        Err(_) => continue,
+                    };
+                    if proxy_wasm::hostcalls::set_effective_context(stream).is_ok() {
+                        let h = apply(
+                            w,
+                            stream,
+                            e.item.kind,
+                            &parsed,
+                            &e.item.body,
+                            e.item.size,
+                            e.item.content_length,
+                            routed,
+                            now_ns,
+                        );
+                        w.handoff.insert(stream, h);
+                        let _ = proxy_wasm::hostcalls::resume_http_request();
+                    } else if let Some(pod) = &routed.inflight_pod {
+                        // The stream is gone: its count comes back at once.
+                        if !w
+                            .router
+                            .finished(&HostStore, &routed.pool, pod, routed.pending_tokens)
+                        {
+                            w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+                        }
+                    }
+                    let _ = proxy_wasm::hostcalls::set_effective_context(root);
+                }
+                Err(rej) => {
+                    if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                        if let Ok(stream) = u32::try_from(e.key) {
+                            if proxy_wasm::hostcalls::set_effective_context(stream).is_ok() {
+                                send_reply(w, &rej, &model);
+                            }
+                        }
+                        let _ = proxy_wasm::hostcalls::set_effective_context(root);
+                    }
+                }
+            }
+        }
+        if w.waiting.get(pool).is_some_and(Queue::is_empty) {
+            w.waiting.remove(pool);
+            summary::publish(
+                &HostStore,
+                pool,
+                w.id,
+                [None; 3],
+                now_ms,
+                cfg.summary_stale_ms,
+            );
+        }
+        // Other workers' waiting work is remembered so new requests here queue behind it.
+        if others.iter().any(|s| s.oldest.iter().any(|&o| o > 0)) {
+            w.others.insert(pool.clone(), others);
+        } else {
+            w.others.remove(pool);
+        }
+    }
+    let want_fast = !w.waiting.is_empty();
+    if want_fast != w.fast {
+        let period = if want_fast {
+            Duration::from_millis(cfg.tick_ms)
+        } else {
+            TICK
+        };
+        if host::set_tick_period(period) {
+            w.fast = want_fast;
+        }
     }
 }

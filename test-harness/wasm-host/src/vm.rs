@@ -759,6 +759,9 @@ impl VmInner {
                 format!("proxy_on_tick(ctx={root})"),
                 root,
             )?;
+            // Streams the tick resumed or answered (`proxy_continue_stream`, a local reply
+            // from the root context through `proxy_set_effective_context`) go on now.
+            self.after_out_of_band(root)?;
             fired += 1;
         }
         let mut sh = lock(&self.store.data().shared);

@@ -226,9 +226,14 @@ fn the_snapshot_is_read_once_per_generation_not_per_request() {
         c.get("proxy_get_shared_data")
             .map_or((0, 0), |c| (c.calls, c.bytes_out))
     };
-    let (g1, b1) = gets(&first);
-    let (g2, b2) = gets(&second);
+    let third = routed_request(&vm, true, "steady again");
+    let (g1, _) = gets(&first);
+    let (g2, _) = gets(&second);
+    let (g3, _) = gets(&third);
     // The first request reads the encoded snapshot (and its baselines) too; later ones do not.
+    // (Bytes are no measure: the load table and the prefix pages grow with the requests, and
+    // four pods' snapshot is smaller than either.)
     assert!(g1 > g2, "first {g1} gets, then {g2}");
-    assert!(b1 > b2, "first {b1} bytes, then {b2}");
+    // Steady state: the same number of reads, request after request.
+    assert_eq!(g3, g2, "steady requests read the same keys");
 }

@@ -1,0 +1,184 @@
+//! Admission: can some pod of the pool take this request now without passing a saturation
+//! bound? Judged per pod on the view the ranking uses (gauges of contradicted pods already
+//! replaced by their peers', this proxy's live in-flight and pending work):
+//!
+//! - **queued prefill work**: the prefill work queued on the pod after admission (its queued
+//!   tokens, [`Candidate::queued_tokens`], plus this request's uncached tokens) stays within
+//!   `saturation.queue_threshold` mean-sized requests — the bound at which the pool sheds, in
+//!   tokens (5 requests of the pool's mean prompt by default). A pod with nothing queued always
+//!   takes one request, however large (else a prompt larger than the bound would never go);
+//! - **predicted KV use**: the pod's reported KV use plus the KV blocks its pending prefill and
+//!   this request will fill (tokens over the pod's KV capacity, `block_size × num_blocks` from
+//!   the snapshot) stays within `saturation.kv_threshold` (0.8): what is admitted past it is
+//!   what the engine preempts (recomputes) later. A pod reporting no KV gauge or capacity is
+//!   judged on its queue alone;
+//! - a pod put behind the others for a run of server errors takes nothing while others wait.
+//!
+//! With a stale snapshot ([`Mode::LeastInflight`]) nothing waits: the gauges are not known.
+
+use crate::config::PoolConfig;
+use crate::score::{Candidate, Features, Mode};
+
+/// What admission needs of one pod that the ranking's candidate does not carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodRoom {
+    /// KV capacity in tokens (`block_size × num_blocks`; 0 = unknown).
+    pub kv_capacity_tokens: u64,
+}
+
+/// The admission stage's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// `room[i]`: candidate `i` can take the request; at least one can.
+    Admit(Vec<bool>),
+    /// No pod can: the request waits (or, for a sheddable one in a saturated pool, is refused).
+    Wait,
+}
+
+/// Whether candidate `c` can take a request of features `f` (see the module documentation).
+pub fn has_room(pool: &PoolConfig, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>) -> bool {
+    if c.ejected {
+        return false;
+    }
+    let queued = c.queued_tokens(f, Mode::Full);
+    let uncached = c.uncached_tokens(f);
+    let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens.max(1.0);
+    let queue_ok = queued <= 0.0 || queued + uncached <= allowed;
+    let kv_ok = match (c.kv_usage, room.kv_capacity_tokens) {
+        (Some(kv), cap) if cap > 0 => {
+            let added = (f64::from(c.pending_tokens) + uncached) / cap as f64;
+            // A pod with nothing of this proxy's queued takes one request however large (else
+            // a prompt bigger than the free KV would never go).
+            f64::from(kv) + added <= pool.saturation.kv_threshold
+                || (queued <= 0.0 && f64::from(kv) < pool.saturation.kv_threshold)
+        }
+        (Some(kv), _) => f64::from(kv) < pool.saturation.kv_threshold,
+        (None, _) => true,
+    };
+    queue_ok && kv_ok
+}
+
+/// The admission stage: which candidates can take the request, or [`Admission::Wait`].
+/// `rooms[i]` belongs to `cands[i]` (missing = unknown capacity).
+pub fn admit(
+    pool: &PoolConfig,
+    cands: &[Candidate<'_>],
+    rooms: &[PodRoom],
+    f: &Features<'_>,
+    mode: Mode,
+) -> Admission {
+    if mode != Mode::Full {
+        return Admission::Admit(vec![true; cands.len()]);
+    }
+    let room: Vec<bool> = cands
+        .iter()
+        .enumerate()
+        .map(|(i, c)| has_room(pool, c, rooms.get(i).copied().unwrap_or_default(), f))
+        .collect();
+    if room.iter().any(|&r| r) {
+        Admission::Admit(room)
+    } else {
+        Admission::Wait
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::lora::Placement;
+    use crate::predict::Rate;
+
+    fn pool() -> PoolConfig {
+        crate::Config::default().default_pool
+    }
+
+    fn cand(waiting: u32, kv: f32, pending: u32) -> Candidate<'static> {
+        Candidate {
+            address: "10.0.0.1:8000",
+            stale: false,
+            waiting,
+            running: 4,
+            kv_usage: Some(kv),
+            in_flight: 0,
+            in_flight_baseline: 0,
+            pending_tokens: pending,
+            rate: Rate {
+                cost_ms_per_token: 0.2,
+                base_ms: 30.0,
+            },
+            prefix_blocks: 0,
+            lora: Placement::default(),
+            adapter_ms: 0.0,
+            contradicted: false,
+            ejected: false,
+        }
+    }
+
+    const F: Features<'static> = Features {
+        adapter: None,
+        prompt_tokens: 1000,
+        prompt_blocks: 0,
+        truncated: false,
+        tokens_per_block: 16.0,
+        mean_prefill_tokens: 1000.0,
+        home: None,
+        priority: 0,
+        tie: 0,
+    };
+
+    const ROOM: PodRoom = PodRoom {
+        kv_capacity_tokens: 100_000,
+    };
+
+    #[test]
+    fn queued_prefill_work_past_the_queue_threshold_waits() {
+        let p = pool();
+        assert!(has_room(&p, &cand(0, 0.1, 0), ROOM, &F));
+        // 4 mean requests queued + this one = 5: at the bound, admitted.
+        assert!(has_room(&p, &cand(0, 0.1, 4000), ROOM, &F));
+        assert!(!has_room(&p, &cand(0, 0.1, 4001), ROOM, &F));
+        // The engine's own waiting count counts the same way (other proxies' work).
+        assert!(!has_room(&p, &cand(5, 0.1, 0), ROOM, &F));
+        // An empty pod takes even a prompt larger than the bound.
+        let huge = Features {
+            prompt_tokens: 50_000,
+            ..F
+        };
+        assert!(has_room(&p, &cand(0, 0.0, 0), PodRoom::default(), &huge));
+    }
+
+    #[test]
+    fn predicted_kv_use_past_the_kv_threshold_waits() {
+        let p = pool();
+        // 0.75 + (1000 + 1000) / 100k = 0.77 ≤ 0.8.
+        assert!(has_room(&p, &cand(0, 0.75, 1000), ROOM, &F));
+        // 0.78 + 3000 / 100k = 0.81 > 0.8.
+        assert!(!has_room(&p, &cand(0, 0.78, 2000), ROOM, &F));
+        // Unknown capacity: the reported use alone.
+        assert!(has_room(&p, &cand(0, 0.79, 2000), PodRoom::default(), &F));
+        assert!(!has_room(&p, &cand(0, 0.8, 0), PodRoom::default(), &F));
+    }
+
+    #[test]
+    fn one_pod_with_room_admits_and_only_it() {
+        let p = pool();
+        let mut ejected = cand(0, 0.0, 0);
+        ejected.ejected = true;
+        let cands = [cand(9, 0.1, 0), cand(0, 0.1, 0), ejected];
+        assert_eq!(
+            admit(&p, &cands, &[ROOM; 3], &F, Mode::Full),
+            Admission::Admit(vec![false, true, false])
+        );
+        let full = [cand(9, 0.1, 0), cand(0, 0.95, 0)];
+        assert_eq!(
+            admit(&p, &full, &[ROOM; 2], &F, Mode::Full),
+            Admission::Wait
+        );
+        // A stale snapshot never holds.
+        assert_eq!(
+            admit(&p, &full, &[ROOM; 2], &F, Mode::LeastInflight),
+            Admission::Admit(vec![true, true])
+        );
+    }
+}

@@ -1,0 +1,127 @@
+//! Flow control: requests wait in the proxy while their pool is full, instead of joining a pod's
+//! queue early (issue 21, "hold, don't dump").
+//!
+//! Two parts, both pure (time is passed in, nothing here knows proxy-wasm):
+//!
+//! - [`admit`]: the admission stage of [`crate::Router`]'s pipeline. Given the pool's pods as the
+//!   router sees them (trusted gauges, this proxy's live load table) and the request's predicted
+//!   work, can some pod take it without passing a saturation bound? If none can, the request
+//!   waits; the pods that can are the only candidates the ranking chooses from.
+//! - [`queue`]: where waiting requests wait, per pool: bands by integer priority (strict order,
+//!   higher first), round robin between fairness ids within a band, first come first served
+//!   within one id; per priority class bounds (`max_requests`, `max_bytes`) and a time to live.
+//!
+//! Priority classes follow llm-d's `InferenceObjective.priority`: `< 0` sheddable, `0` standard,
+//! `> 0` critical. Sheddable requests are the first to go: they are refused when the pool is
+//! saturated (as before flow control), and a waiting sheddable request is displaced when the
+//! queue is full and a request of a higher class arrives.
+
+pub mod admit;
+pub mod queue;
+pub mod summary;
+
+pub use admit::{admit, Admission, PodRoom};
+pub use queue::{Band, Pushed, Queue, Refusal};
+
+/// The three priority classes, each with its own bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    Sheddable,
+    Standard,
+    Critical,
+}
+
+impl Class {
+    pub fn of(priority: i32) -> Class {
+        match priority {
+            p if p < 0 => Class::Sheddable,
+            0 => Class::Standard,
+            _ => Class::Critical,
+        }
+    }
+
+    /// Index into per-class arrays (`[sheddable, standard, critical]`).
+    pub fn index(self) -> usize {
+        match self {
+            Class::Sheddable => 0,
+            Class::Standard => 1,
+            Class::Critical => 2,
+        }
+    }
+
+    /// Label value in metrics and the configuration key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Sheddable => "sheddable",
+            Class::Standard => "standard",
+            Class::Critical => "critical",
+        }
+    }
+
+    pub const ALL: [Class; 3] = [Class::Sheddable, Class::Standard, Class::Critical];
+}
+
+/// Bounds of one priority class of one pool's queue (on one Envoy worker: each worker holds
+/// the streams it paused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BandLimits {
+    /// Requests waiting at most.
+    pub max_requests: usize,
+    /// Request body bytes held at most.
+    pub max_bytes: usize,
+    /// Longest wait (ms); then the request is refused with 429.
+    pub ttl_ms: u64,
+}
+
+impl Default for BandLimits {
+    fn default() -> Self {
+        // llm-d's default TTL is 60 s; its per-band request bound is 5,000 per gateway. Here the
+        // bound is per Envoy worker and the body is held in the VM's memory: 1,000 requests and
+        // 64 MiB per class keep a worker's queue well inside a Wasm VM's memory.
+        BandLimits {
+            max_requests: 1000,
+            max_bytes: 64 * 1024 * 1024,
+            ttl_ms: 60_000,
+        }
+    }
+}
+
+/// The `flow` section of the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowConfig {
+    /// Hold requests while their pool is full (else every request is routed at once, the
+    /// behaviour before flow control).
+    pub enabled: bool,
+    /// Bounds of a pool's whole queue (every class): when it is full, a request of a higher
+    /// class than sheddable displaces the newest waiting sheddable one.
+    pub max_requests: usize,
+    pub max_bytes: usize,
+    /// Per class, `[sheddable, standard, critical]`.
+    pub bands: [BandLimits; 3],
+    /// How often a worker with waiting requests tries to dispatch them (ms).
+    pub tick_ms: u64,
+    /// A worker's published queue summary older than this is ignored by the others (ms): a
+    /// worker that stopped cannot hold the pool's order.
+    pub summary_stale_ms: u64,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            // Off until the bench scenarios show it helps (the lead runs them): with it on,
+            // requests the existing tests expect routed at once may wait.
+            enabled: false,
+            max_requests: 1000,
+            max_bytes: 64 * 1024 * 1024,
+            bands: [BandLimits::default(); 3],
+            tick_ms: 20,
+            summary_stale_ms: 1000,
+        }
+    }
+}
+
+impl FlowConfig {
+    pub fn limits(&self, class: Class) -> BandLimits {
+        self.bands.get(class.index()).copied().unwrap_or_default()
+    }
+}

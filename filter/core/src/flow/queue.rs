@@ -1,0 +1,334 @@
+//! One pool's wait queue: strict priority between bands, round robin between fairness ids
+//! within a band, first come first served within an id; bounded per class and in total.
+//!
+//! The queue holds opaque items (the glue's paused streams), each with a key (to remove it
+//! when its client hangs up), its body size and its enqueue time. Memory is bounded by the
+//! limits: at most `max_requests` entries whatever the load, and no fairness id or band
+//! outlives its last entry.
+
+use super::{BandLimits, Class, FlowConfig};
+use std::collections::{BTreeMap, VecDeque};
+
+/// Why a request was not queued (or was taken out of the queue unserved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its class, or the whole queue, holds `max_requests`.
+    Full,
+    /// Its class, or the whole queue, holds `max_bytes`.
+    Bytes,
+    /// It waited longer than its class's time to live.
+    Expired,
+    /// A request of a higher class took its place.
+    Displaced,
+}
+
+impl Refusal {
+    /// The reason header value of the 429.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::Full => "rejected-queue-full",
+            Refusal::Bytes => "rejected-queue-bytes",
+            Refusal::Expired => "rejected-queue-timeout",
+            Refusal::Displaced => "rejected-displaced",
+        }
+    }
+}
+
+/// A waiting request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry<T> {
+    pub key: u64,
+    pub priority: i32,
+    pub bytes: usize,
+    pub enqueued_ms: u64,
+    pub item: T,
+}
+
+#[derive(Debug, Clone)]
+struct Flow<T> {
+    id: String,
+    entries: VecDeque<Entry<T>>,
+}
+
+/// The requests of one priority: one FIFO per fairness id, served in turn.
+#[derive(Debug, Clone)]
+pub struct Band<T> {
+    flows: VecDeque<Flow<T>>,
+}
+
+impl<T> Default for Band<T> {
+    fn default() -> Self {
+        Band {
+            flows: VecDeque::new(),
+        }
+    }
+}
+
+/// What [`Queue::push`] did.
+#[derive(Debug, PartialEq)]
+pub enum Pushed<T> {
+    /// Queued; `displaced` was taken out to make room (refuse it with [`Refusal::Displaced`]).
+    Queued { displaced: Option<Entry<T>> },
+    /// Not queued: the item comes back with the reason.
+    Refused(Refusal, T),
+}
+
+/// One pool's waiting requests.
+#[derive(Debug, Clone)]
+pub struct Queue<T> {
+    /// By priority; iterated from the highest.
+    bands: BTreeMap<i32, Band<T>>,
+    counts: [usize; 3],
+    bytes: [usize; 3],
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Queue {
+            bands: BTreeMap::new(),
+            counts: [0; 3],
+            bytes: [0; 3],
+        }
+    }
+}
+
+fn at(a: &[usize; 3], c: Class) -> usize {
+    a.get(c.index()).copied().unwrap_or(0)
+}
+
+fn add(a: &mut [usize; 3], c: Class, n: usize, up: bool) {
+    if let Some(v) = a.get_mut(c.index()) {
+        *v = if up {
+            v.saturating_add(n)
+        } else {
+            v.saturating_sub(n)
+        };
+    }
+}
+
+impl<T> Queue<T> {
+    pub fn len(&self) -> usize {
+        self.counts.iter().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Requests waiting in `class`.
+    pub fn count(&self, class: Class) -> usize {
+        at(&self.counts, class)
+    }
+
+    /// Body bytes held in `class`.
+    pub fn bytes(&self, class: Class) -> usize {
+        at(&self.bytes, class)
+    }
+
+    fn total_bytes(&self) -> usize {
+        self.bytes.iter().sum()
+    }
+
+    /// Queues `item` (key `key`, `bytes` of body) at `now_ms` under the limits of `cfg`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        cfg: &FlowConfig,
+        key: u64,
+        priority: i32,
+        fairness_id: &str,
+        bytes: usize,
+        now_ms: u64,
+        item: T,
+    ) -> Pushed<T> {
+        let class = Class::of(priority);
+        let BandLimits {
+            max_requests,
+            max_bytes,
+            ..
+        } = cfg.limits(class);
+        if self.count(class) >= max_requests {
+            return Pushed::Refused(Refusal::Full, item);
+        }
+        if self.bytes(class).saturating_add(bytes) > max_bytes {
+            return Pushed::Refused(Refusal::Bytes, item);
+        }
+        let mut displaced = None;
+        let full = self.len() >= cfg.max_requests;
+        let heavy = self.total_bytes().saturating_add(bytes) > cfg.max_bytes;
+        if full || heavy {
+            let why = if full { Refusal::Full } else { Refusal::Bytes };
+            // Sheddable requests go first: a request of a higher class takes the place of the
+            // newest waiting sheddable one, when that makes room.
+            let room = class != Class::Sheddable
+                && self.newest_sheddable().is_some_and(|(.., freed)| {
+                    self.total_bytes()
+                        .saturating_sub(freed)
+                        .saturating_add(bytes)
+                        <= cfg.max_bytes
+                });
+            if !room {
+                return Pushed::Refused(why, item);
+            }
+            displaced = self.displace_sheddable();
+        }
+        let entry = Entry {
+            key,
+            priority,
+            bytes,
+            enqueued_ms: now_ms,
+            item,
+        };
+        self.insert(fairness_id, entry);
+        Pushed::Queued { displaced }
+    }
+
+    fn insert(&mut self, fairness_id: &str, entry: Entry<T>) {
+        let class = Class::of(entry.priority);
+        add(&mut self.counts, class, 1, true);
+        add(&mut self.bytes, class, entry.bytes, true);
+        let band = self.bands.entry(entry.priority).or_default();
+        match band.flows.iter_mut().find(|f| f.id == fairness_id) {
+            Some(f) => f.entries.push_back(entry),
+            None => band.flows.push_back(Flow {
+                id: fairness_id.to_string(),
+                entries: VecDeque::from([entry]),
+            }),
+        }
+    }
+
+    /// The newest entry of the lowest sheddable band: `(priority, flow index, bytes)`.
+    fn newest_sheddable(&self) -> Option<(i32, usize, usize)> {
+        let (&priority, band) = self.bands.iter().next().filter(|(&p, _)| p < 0)?;
+        band.flows
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| f.entries.back().map(|e| (e.enqueued_ms, i, e.bytes)))
+            .max_by_key(|&(t, i, _)| (t, i))
+            .map(|(_, i, b)| (priority, i, b))
+    }
+
+    /// Takes out the newest entry of the lowest sheddable band.
+    fn displace_sheddable(&mut self) -> Option<Entry<T>> {
+        let (priority, i, _) = self.newest_sheddable()?;
+        let e = self
+            .bands
+            .get_mut(&priority)?
+            .flows
+            .get_mut(i)?
+            .entries
+            .pop_back()?;
+        self.after_removal(priority, i, &e);
+        Some(e)
+    }
+
+    /// Drops an emptied flow and band and lowers the counts after `e` left flow `flow` of band
+    /// `priority`.
+    fn after_removal(&mut self, priority: i32, flow: usize, e: &Entry<T>) {
+        let class = Class::of(e.priority);
+        add(&mut self.counts, class, 1, false);
+        add(&mut self.bytes, class, e.bytes, false);
+        if let Some(band) = self.bands.get_mut(&priority) {
+            if band.flows.get(flow).is_some_and(|f| f.entries.is_empty()) {
+                band.flows.remove(flow);
+            }
+            if band.flows.is_empty() {
+                self.bands.remove(&priority);
+            }
+        }
+    }
+
+    /// The next entry to dispatch: the highest band's current flow's oldest entry.
+    pub fn peek(&self) -> Option<&Entry<T>> {
+        let (_, band) = self.bands.iter().next_back()?;
+        band.flows.front()?.entries.front()
+    }
+
+    /// Takes out [`Queue::peek`]'s entry; that flow goes to the back of its band (round robin).
+    pub fn pop(&mut self) -> Option<Entry<T>> {
+        let (&priority, band) = self.bands.iter_mut().next_back()?;
+        let mut flow = band.flows.pop_front()?;
+        let e = flow.entries.pop_front();
+        if !flow.entries.is_empty() {
+            band.flows.push_back(flow);
+        }
+        let class = Class::of(priority);
+        if let Some(e) = &e {
+            add(&mut self.counts, class, 1, false);
+            add(&mut self.bytes, class, e.bytes, false);
+        }
+        if band.flows.is_empty() {
+            self.bands.remove(&priority);
+        }
+        e
+    }
+
+    /// Takes out the entry with `key` (its client hung up).
+    pub fn remove(&mut self, key: u64) -> Option<Entry<T>> {
+        let mut found = None;
+        for (&p, band) in &mut self.bands {
+            for (i, f) in band.flows.iter_mut().enumerate() {
+                if let Some(j) = f.entries.iter().position(|e| e.key == key) {
+                    found = Some((p, i, f.entries.remove(j)));
+                    break;
+                }
+            }
+            if found.is_some() {
+                break;
+            }
+        }
+        let (p, i, e) = found?;
+        let e = e?;
+        self.after_removal(p, i, &e);
+        Some(e)
+    }
+
+    /// Takes out every entry that waited longer than its class's time to live at `now_ms`.
+    pub fn expire(&mut self, cfg: &FlowConfig, now_ms: u64) -> Vec<Entry<T>> {
+        let mut out = Vec::new();
+        let mut counts = self.counts;
+        let mut bytes = self.bytes;
+        for (&p, band) in &mut self.bands {
+            let class = Class::of(p);
+            let ttl = cfg.limits(class).ttl_ms;
+            for f in &mut band.flows {
+                // FCFS within a flow: the expired ones are at its front.
+                while f
+                    .entries
+                    .front()
+                    .is_some_and(|e| now_ms.saturating_sub(e.enqueued_ms) > ttl)
+                {
+                    if let Some(e) = f.entries.pop_front() {
+                        add(&mut counts, class, 1, false);
+                        add(&mut bytes, class, e.bytes, false);
+                        out.push(e);
+                    }
+                }
+            }
+            band.flows.retain(|f| !f.entries.is_empty());
+        }
+        self.bands.retain(|_, b| !b.flows.is_empty());
+        self.counts = counts;
+        self.bytes = bytes;
+        out
+    }
+
+    /// The enqueue time of the oldest entry per class (`[sheddable, standard, critical]`).
+    pub fn oldest(&self) -> [Option<u64>; 3] {
+        let mut out = [None; 3];
+        for (&p, band) in &self.bands {
+            let oldest = band
+                .flows
+                .iter()
+                .filter_map(|f| f.entries.front().map(|e| e.enqueued_ms))
+                .min();
+            if let (Some(slot), Some(t)) = (out.get_mut(Class::of(p).index()), oldest) {
+                *slot = Some(slot.map_or(t, |s: u64| s.min(t)));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

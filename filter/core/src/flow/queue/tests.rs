@@ -1,0 +1,183 @@
+//! The queue's rules, one test each: band order, round robin between fairness ids, first come
+//! first served within one, time to live, bounds, displacement.
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+
+use super::*;
+
+fn cfg() -> FlowConfig {
+    FlowConfig::default()
+}
+
+/// Pushes `(key, priority, fairness id)` at time `key` with 10 bytes each.
+fn queue(cfg: &FlowConfig, items: &[(u64, i32, &str)]) -> Queue<u64> {
+    let mut q = Queue::default();
+    for &(key, p, id) in items {
+        match q.push(cfg, key, p, id, 10, key, key) {
+            Pushed::Queued { displaced: None } => {}
+            other => panic!("{key} not queued: {other:?}"),
+        }
+    }
+    q
+}
+
+fn drain(q: &mut Queue<u64>) -> Vec<u64> {
+    let mut out = Vec::new();
+    while let Some(head) = q.peek().map(|e| e.key) {
+        let e = q.pop().unwrap();
+        assert_eq!(e.key, head, "pop takes what peek showed");
+        out.push(e.item);
+    }
+    assert!(q.is_empty() && q.bands.is_empty());
+    out
+}
+
+#[test]
+fn higher_bands_dispatch_first() {
+    let c = cfg();
+    let mut q = queue(
+        &c,
+        &[
+            (1, -1, "a"),
+            (2, 0, "a"),
+            (3, 5, "a"),
+            (4, 0, "a"),
+            (5, 1, "a"),
+            (6, -3, "a"),
+        ],
+    );
+    assert_eq!(drain(&mut q), vec![3, 5, 2, 4, 1, 6]);
+}
+
+#[test]
+fn fairness_ids_take_turns_within_a_band() {
+    let c = cfg();
+    // Tenant a floods first; b's one request does not wait behind all of a's.
+    let mut q = queue(
+        &c,
+        &[
+            (1, 0, "a"),
+            (2, 0, "a"),
+            (3, 0, "a"),
+            (4, 0, "b"),
+            (5, 0, "c"),
+            (6, 0, "b"),
+        ],
+    );
+    assert_eq!(drain(&mut q), vec![1, 4, 5, 2, 6, 3]);
+}
+
+#[test]
+fn one_fairness_id_is_first_come_first_served() {
+    let c = cfg();
+    let mut q = queue(&c, &[(1, 0, "a"), (2, 0, "a"), (3, 0, "a"), (4, 0, "a")]);
+    assert_eq!(drain(&mut q), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn entries_past_their_class_ttl_expire() {
+    let mut c = cfg();
+    c.bands[Class::Sheddable.index()].ttl_ms = 5;
+    c.bands[Class::Standard.index()].ttl_ms = 100;
+    let mut q = queue(&c, &[(1, -1, "a"), (2, 0, "a"), (3, 0, "b"), (4, -1, "a")]);
+    let gone: Vec<u64> = q.expire(&c, 10).into_iter().map(|e| e.key).collect();
+    // Sheddable 1 waited 9 ms > 5; 4 waited 6 ms > 5; standard ones are within 100 ms.
+    assert_eq!(gone, vec![1, 4]);
+    assert_eq!(q.count(Class::Sheddable), 0);
+    assert_eq!(q.bytes(Class::Sheddable), 0);
+    assert_eq!(q.len(), 2);
+    let gone: Vec<u64> = q.expire(&c, 103).into_iter().map(|e| e.key).collect();
+    assert_eq!(gone, vec![2]);
+    assert_eq!(drain(&mut q), vec![3]);
+}
+
+#[test]
+fn a_class_holds_at_most_max_requests_and_max_bytes() {
+    let mut c = cfg();
+    c.bands[Class::Standard.index()].max_requests = 2;
+    c.bands[Class::Critical.index()].max_bytes = 25;
+    let mut q = queue(&c, &[(1, 0, "a"), (2, 0, "b")]);
+    assert!(matches!(
+        q.push(&c, 3, 0, "c", 10, 3, 3),
+        Pushed::Refused(Refusal::Full, 3)
+    ));
+    // Another class is not held by the standard bound.
+    assert!(matches!(
+        q.push(&c, 4, 1, "a", 10, 4, 4),
+        Pushed::Queued { .. }
+    ));
+    assert!(matches!(
+        q.push(&c, 5, 2, "a", 10, 5, 5),
+        Pushed::Queued { .. }
+    ));
+    // 20 bytes held, 10 more would pass 25.
+    assert!(matches!(
+        q.push(&c, 6, 1, "a", 10, 6, 6),
+        Pushed::Refused(Refusal::Bytes, 6)
+    ));
+    assert_eq!(q.bytes(Class::Critical), 20);
+    assert_eq!(Refusal::Full.reason(), "rejected-queue-full");
+    assert_eq!(Refusal::Bytes.reason(), "rejected-queue-bytes");
+}
+
+#[test]
+fn a_full_queue_sheds_waiting_sheddable_requests_first() {
+    let mut c = cfg();
+    c.max_requests = 3;
+    let mut q = queue(&c, &[(1, -1, "a"), (2, -1, "b"), (3, 0, "a")]);
+    // A sheddable arrival is refused.
+    assert!(matches!(
+        q.push(&c, 4, -1, "c", 10, 4, 4),
+        Pushed::Refused(Refusal::Full, 4)
+    ));
+    // A critical one displaces the newest sheddable (2), not the oldest.
+    match q.push(&c, 5, 1, "a", 10, 5, 5) {
+        Pushed::Queued {
+            displaced: Some(d), ..
+        } => assert_eq!(d.key, 2),
+        other => panic!("{other:?}"),
+    }
+    // A standard one displaces the last sheddable.
+    match q.push(&c, 6, 0, "b", 10, 6, 6) {
+        Pushed::Queued {
+            displaced: Some(d), ..
+        } => assert_eq!(d.key, 1),
+        other => panic!("{other:?}"),
+    }
+    // Nothing sheddable left: refused.
+    assert!(matches!(
+        q.push(&c, 7, 1, "a", 10, 7, 7),
+        Pushed::Refused(Refusal::Full, 7)
+    ));
+    assert_eq!(drain(&mut q), vec![5, 3, 6]);
+}
+
+#[test]
+fn displacement_needs_to_make_room_for_the_bytes() {
+    let mut c = cfg();
+    c.max_bytes = 30;
+    let mut q = queue(&c, &[(1, -1, "a"), (2, 0, "a"), (3, 0, "a")]);
+    // 30 held; a 25-byte critical request would need more than the one sheddable frees.
+    assert!(matches!(
+        q.push(&c, 4, 1, "a", 25, 4, 4),
+        Pushed::Refused(Refusal::Bytes, 4)
+    ));
+    assert_eq!(q.len(), 3, "nothing was displaced for nothing");
+    match q.push(&c, 5, 1, "a", 10, 5, 5) {
+        Pushed::Queued { displaced: Some(d) } => assert_eq!(d.key, 1),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_removed_entry_leaves_nothing_behind() {
+    let c = cfg();
+    let mut q = queue(&c, &[(1, 0, "a"), (2, 3, "b"), (3, 0, "a")]);
+    assert_eq!(q.remove(2).map(|e| e.item), Some(2));
+    assert_eq!(q.remove(2), None);
+    assert_eq!(q.count(Class::Critical), 0);
+    assert_eq!(q.oldest(), [None, Some(1), None]);
+    assert_eq!(q.remove(1).map(|e| e.item), Some(1));
+    assert_eq!(q.remove(3).map(|e| e.item), Some(3));
+    assert!(q.is_empty() && q.bands.is_empty());
+    assert_eq!(q.oldest(), [None; 3]);
+}

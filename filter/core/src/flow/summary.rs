@@ -1,0 +1,189 @@
+//! One pool, one order across Envoy workers: each worker holds the streams it paused, and
+//! publishes per pool what it holds — the enqueue time of its oldest waiting request per
+//! priority class — in one shared-data key. A worker dispatches its head only when no other
+//! worker holds older work of the same class or any work of a higher class ([`ahead`]); the
+//! admitted work itself is shared already (the in-flight tables). A worker's entry older than
+//! `summary_stale_ms` is ignored and dropped at the next write: a worker that stopped cannot
+//! hold the others.
+//!
+//! Encoding (little-endian): `b'Q' | version u8 = 1 | count u8 | (worker u64 | updated_ms u64 |
+//! oldest 3 × u64 (0 = none)) * count`. A value that does not decode reads as empty.
+
+use crate::store::SharedStore;
+use crate::wire::Reader;
+
+const TAG: [u8; 2] = [b'Q', 1];
+/// Workers remembered per pool at most (Envoy runs one VM per worker thread).
+pub const MAX_SLOTS: usize = 128;
+
+/// Shared-data key of a pool's queue summary.
+pub fn key(pool: &str) -> String {
+    format!("llmr/fq/{pool}")
+}
+
+/// One worker's entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slot {
+    pub worker: u64,
+    pub updated_ms: u64,
+    /// Enqueue time of the oldest waiting request per class (`[sheddable, standard,
+    /// critical]`; 0 = none).
+    pub oldest: [u64; 3],
+}
+
+pub fn decode(bytes: &[u8]) -> Vec<Slot> {
+    let mut r = Reader(bytes);
+    let mut out = Vec::new();
+    if r.array::<2>() != Some(TAG) {
+        return out;
+    }
+    let Some(n) = r.u8() else {
+        return out;
+    };
+    for _ in 0..n {
+        let (Some(worker), Some(updated_ms), Some(a), Some(b), Some(c)) =
+            (r.u64(), r.u64(), r.u64(), r.u64(), r.u64())
+        else {
+            return Vec::new();
+        };
+        out.push(Slot {
+            worker,
+            updated_ms,
+            oldest: [a, b, c],
+        });
+    }
+    out
+}
+
+pub fn encode(slots: &[Slot]) -> Vec<u8> {
+    let n = slots.len().min(MAX_SLOTS);
+    let mut out = Vec::with_capacity(3 + n * 40);
+    out.extend_from_slice(&TAG);
+    out.push(n as u8);
+    for s in slots.iter().take(n) {
+        out.extend_from_slice(&s.worker.to_le_bytes());
+        out.extend_from_slice(&s.updated_ms.to_le_bytes());
+        for o in s.oldest {
+            out.extend_from_slice(&o.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// Writes worker `me`'s entry (removed when it holds nothing), drops stale ones, and returns
+/// the other workers' fresh entries. A write lost to contention five times is skipped: the next
+/// tick writes again.
+pub fn publish(
+    store: &impl SharedStore,
+    pool: &str,
+    me: u64,
+    oldest: [Option<u64>; 3],
+    now_ms: u64,
+    stale_ms: u64,
+) -> Vec<Slot> {
+    let k = key(pool);
+    let mine = oldest.map(|o| o.map_or(0, |t| t.max(1)));
+    let mut others = Vec::new();
+    for _ in 0..5 {
+        let (slots, cas) = match store.get(&k) {
+            Some((v, cas)) => (decode(&v), Some(cas)),
+            None => (Vec::new(), None),
+        };
+        others = slots
+            .into_iter()
+            .filter(|s| s.worker != me && now_ms.saturating_sub(s.updated_ms) <= stale_ms)
+            .take(MAX_SLOTS - 1)
+            .collect();
+        let mut all = others.clone();
+        if mine.iter().any(|&t| t > 0) {
+            all.push(Slot {
+                worker: me,
+                updated_ms: now_ms,
+                oldest: mine,
+            });
+        }
+        if cas.is_none() && all.is_empty() {
+            break;
+        }
+        if store.set(&k, &encode(&all), cas).is_ok() {
+            break;
+        }
+    }
+    others
+}
+
+/// Reads the other workers' fresh entries without writing.
+pub fn read(
+    store: &impl SharedStore,
+    pool: &str,
+    me: u64,
+    now_ms: u64,
+    stale_ms: u64,
+) -> Vec<Slot> {
+    store
+        .get(&key(pool))
+        .map(|(v, _)| decode(&v))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.worker != me && now_ms.saturating_sub(s.updated_ms) <= stale_ms)
+        .collect()
+}
+
+/// Whether another worker holds work that goes before worker `me`'s head (of class index
+/// `class`, enqueued at `enqueued_ms`): any work of a higher class, or older work of the same
+/// class (equal times: the lower worker id first, so exactly one worker goes).
+pub fn ahead(others: &[Slot], me: u64, class: usize, enqueued_ms: u64) -> bool {
+    let t = enqueued_ms.max(1);
+    others.iter().any(|s| {
+        let higher = s
+            .oldest
+            .iter()
+            .enumerate()
+            .any(|(c, &o)| c > class && o > 0);
+        let same = s.oldest.get(class).copied().unwrap_or(0);
+        higher || (same > 0 && (same < t || (same == t && s.worker < me)))
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    #[test]
+    fn older_or_higher_work_elsewhere_goes_first_and_stale_workers_are_ignored() {
+        let store = MemoryStore::new();
+        // Worker 1 holds a standard request from t=100; worker 2's head is from t=150.
+        let others = publish(&store, "p", 1, [None, Some(100), None], 1000, 500);
+        assert!(others.is_empty());
+        let others = publish(&store, "p", 2, [None, Some(150), None], 1010, 500);
+        assert_eq!(others.len(), 1);
+        assert!(ahead(&others, 2, 1, 150), "worker 1's is older");
+        assert!(!ahead(&others, 2, 2, 150), "a critical head goes first");
+        let others = read(&store, "p", 1, 1020, 500);
+        assert!(!ahead(&others, 1, 1, 100), "worker 1 holds the oldest");
+        assert!(
+            ahead(&others, 1, 0, 10),
+            "a sheddable head waits for standard work"
+        );
+        // Worker 1 stops publishing: after the staleness bound it holds nobody.
+        let others = read(&store, "p", 2, 1600, 500);
+        assert!(!ahead(&others, 2, 1, 150));
+        // An emptied worker removes its entry.
+        publish(&store, "p", 2, [None; 3], 1600, 500);
+        assert!(decode(&store.get(&key("p")).unwrap().0).is_empty());
+    }
+
+    #[test]
+    fn encoding_round_trips_and_garbage_reads_empty() {
+        let s = [Slot {
+            worker: 7,
+            updated_ms: 9,
+            oldest: [0, 3, 4],
+        }];
+        assert_eq!(decode(&encode(&s)), s.to_vec());
+        assert!(decode(b"junk").is_empty());
+        assert!(decode(&encode(&s)[..20]).is_empty());
+    }
+}

@@ -1,0 +1,141 @@
+//! Flow control at the Wasm level: a request no pod can take waits with its stream paused, is
+//! dispatched on the root context's tick once load frees (also when the load freed on another
+//! worker VM), and a client that hangs up while waiting leaves nothing behind.
+
+mod util;
+
+use proxy_wasm_host::{Host, Request, Response, Vm};
+use std::time::Duration;
+use util::*;
+
+const A: &str = "10.0.0.1:8000";
+
+/// A VM with flow control on.
+fn flow_vm(host: &Host) -> Vm {
+    host.vm(&config_with(r#", "flow": {"enabled": true}"#))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A streamed chat request of about 100 prompt tokens.
+fn stream(vm: &Vm, tag: &str) -> Request {
+    let prompt = format!("{tag} {}", "word ".repeat(80));
+    let body = serde_json::json!({"model": LLAMA, "stream": true,
+        "messages": [{"role": "user", "content": prompt}]})
+    .to_string();
+    let mut r = post(vm, "/v1/chat/completions", body.as_bytes());
+    r.body(body.as_bytes());
+    r.send().unwrap_or_else(|e| panic!("{e}"));
+    r
+}
+
+/// One pod with 4 requests waiting in its engine: it takes one more, then is full.
+fn nearly_full_pod(host: &Host, vm: &Vm) {
+    push_ok(
+        vm,
+        &snapshot(
+            host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod(A, 4, 8, 0.1)],
+            )],
+        ),
+    );
+}
+
+fn served(r: &mut Request) {
+    r.property("upstream.address", A);
+    r.respond_with(
+        Response::new(200)
+            .header("content-type", "text/event-stream")
+            .chunk("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"),
+    )
+    .unwrap();
+    r.finish().unwrap();
+}
+
+fn waits(r: &Request) {
+    assert!(
+        !r.forwarded() && r.local_response().is_none(),
+        "should wait\n{}",
+        r.explain()
+    );
+}
+
+#[test]
+fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
+    let host = host();
+    let vm = flow_vm(&host);
+    nearly_full_pod(&host, &vm);
+    let mut first = stream(&vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    let mut second = stream(&vm, "two");
+    waits(&second);
+    assert_eq!(vm.tick_period(), Some(Duration::from_millis(20)));
+    // Still full: a tick does not dispatch it.
+    vm.advance(Duration::from_millis(50)).unwrap();
+    waits(&second);
+    assert_eq!(inflight_of(&host, "llama", A), 1);
+    served(&mut first);
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert!(second.forwarded(), "{}", second.explain());
+    assert_eq!(endpoints(&second).first().map(String::as_str), Some(A));
+    assert_eq!(
+        second.upstream_header(CLUSTER).as_deref(),
+        Some("pool_llama")
+    );
+    assert_eq!(inflight_of(&host, "llama", A), 1);
+    served(&mut second);
+    assert_eq!(
+        inflight_of(&host, "llama", A),
+        0,
+        "the dispatched stream released"
+    );
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert_eq!(vm.tick_period(), Some(Duration::from_secs(1)));
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
+#[test]
+fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
+    let host = host();
+    let (a, b) = (flow_vm(&host), flow_vm(&host));
+    nearly_full_pod(&host, &a);
+    let mut on_b = stream(&b, "one");
+    assert!(on_b.forwarded(), "{}", on_b.explain());
+    let waiting = stream(&a, "two");
+    waits(&waiting);
+    a.advance(Duration::from_millis(40)).unwrap();
+    waits(&waiting);
+    served(&mut on_b);
+    a.advance(Duration::from_millis(25)).unwrap();
+    assert!(waiting.forwarded(), "{}", waiting.explain());
+    assert_eq!(inflight_of(&host, "llama", A), 1);
+}
+
+#[test]
+fn a_client_hanging_up_while_waiting_leaves_nothing_behind() {
+    let host = host();
+    let vm = flow_vm(&host);
+    nearly_full_pod(&host, &vm);
+    let mut first = stream(&vm, "one");
+    let mut second = stream(&vm, "two");
+    waits(&second);
+    vm.advance(Duration::from_millis(25)).unwrap();
+    second.finish().unwrap();
+    // Nothing waits: the tick slows down, and the queue summary holds no entry.
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert_eq!(vm.tick_period(), Some(Duration::from_secs(1)));
+    let summary = host
+        .shared_data(&llm_router_core::flow::summary::key("llama"))
+        .map(|(v, _)| llm_router_core::flow::summary::decode(&v))
+        .unwrap_or_default();
+    assert!(summary.is_empty(), "{summary:?}");
+    assert_eq!(inflight_of(&host, "llama", A), 1, "only the first");
+    served(&mut first);
+    vm.advance(Duration::from_millis(1000)).unwrap();
+    assert!(inflight(&host, "llama").is_empty());
+    assert!(!second.forwarded());
+}
