@@ -247,15 +247,30 @@ async fn a_scripted_run_leaves_exactly_its_counts_in_stats_prometheus() {
         {
             let mut want = vec![
                 (
-                    labels(&[("pool", ""), ("model", ""), ("outcome", "unknown_model")]),
+                    labels(&[
+                        ("pool", ""),
+                        ("model", ""),
+                        ("target", ""),
+                        ("outcome", "unknown_model"),
+                    ]),
                     2.0,
                 ),
                 (
-                    labels(&[("pool", "llama"), ("model", MODEL), ("outcome", "routed")]),
+                    labels(&[
+                        ("pool", "llama"),
+                        ("model", MODEL),
+                        ("target", ""),
+                        ("outcome", "routed"),
+                    ]),
                     7.0,
                 ),
                 (
-                    labels(&[("pool", "llama"), ("model", MODEL), ("outcome", "shed")]),
+                    labels(&[
+                        ("pool", "llama"),
+                        ("model", MODEL),
+                        ("target", ""),
+                        ("outcome", "shed"),
+                    ]),
                     3.0,
                 ),
             ];

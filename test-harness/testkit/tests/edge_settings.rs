@@ -686,8 +686,11 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
             assert!(!from.is_empty());
             for f in from {
                 let labels = &f["podSelector"]["matchLabels"];
+                // The gateway, and the metrics hub that scrapes the pods for every gateway
+                // replica (envoy/kubernetes/metrics-hub.yaml): both are the router's own parts.
                 assert!(
                     labels["app"] == "llm-gateway"
+                        || labels["app"] == "llm-router-hub"
                         || labels["gateway.networking.k8s.io/gateway-name"] == "llm-gateway"
                         || labels["gateway.envoyproxy.io/owning-gateway-name"] == "llm-gateway",
                     "{}: {app} reachable from {f}",
