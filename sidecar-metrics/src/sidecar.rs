@@ -504,37 +504,11 @@ impl Loop {
         if !(changed || heartbeat || self.retry) {
             return;
         }
-        if !trim.fits(&self.budget) {
-            self.stats.snapshot_over_budget();
-            return;
-        }
-        let Some(generation) = next_generation(self.last_generation, now) else {
-            tracing::error!(
-                last = self.last_generation,
-                "no generation left after the last one; not pushed (restart the proxy)"
-            );
+        let Some(bytes) = self.stamp_and_encode(&mut snap, &trim, now, "pushed") else {
             return;
         };
-        snap.generation = generation;
-        let bytes = match snap.encode() {
-            Ok(b) if b.len() <= self.budget.max_bytes => {
-                self.stats.snapshot_encoded(b.len());
-                Bytes::from(b)
-            }
-            Ok(b) => {
-                tracing::error!(
-                    bytes = b.len(),
-                    max_bytes = self.budget.max_bytes,
-                    "snapshot over its budget after trimming; not pushed"
-                );
-                return;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "snapshot cannot be encoded; not pushed");
-                return;
-            }
-        };
-        self.last_generation = generation;
+        let bytes = Bytes::from(bytes);
+        self.last_generation = snap.generation;
         self.stats.snapshot_trimmed(&trim);
         let Output::Push(pusher) = &self.out else {
             return;
@@ -554,39 +528,60 @@ impl Loop {
         }));
     }
 
-    /// Mode hub: the snapshot, with the next generation, signed into a frame for every stream.
-    fn publish(&mut self, mut snap: Snapshot, trim: &Trim, now: u64) {
-        let Output::Publish { secret, frames } = &self.out else {
-            return;
-        };
+    /// The snapshot within its budget, given the next generation and encoded (counted), or
+    /// `None` with the reason logged; `what` is "pushed" or "published". The caller records the
+    /// generation once the snapshot is sent.
+    fn stamp_and_encode(
+        &mut self,
+        snap: &mut Snapshot,
+        trim: &Trim,
+        now: u64,
+        what: &str,
+    ) -> Option<Vec<u8>> {
         if !trim.fits(&self.budget) {
             self.stats.snapshot_over_budget();
-            return;
+            return None;
         }
         let Some(generation) = next_generation(self.last_generation, now) else {
             tracing::error!(
                 last = self.last_generation,
-                "no generation left; not published"
+                "no generation left after the last one; not {what} (restart the proxy)"
             );
-            return;
+            return None;
         };
         snap.generation = generation;
-        let bytes = match snap.encode() {
-            Ok(b) if b.len() <= self.budget.max_bytes => b,
+        match snap.encode() {
+            Ok(b) if b.len() <= self.budget.max_bytes => {
+                self.stats.snapshot_encoded(b.len());
+                Some(b)
+            }
             Ok(b) => {
                 tracing::error!(
                     bytes = b.len(),
                     max_bytes = self.budget.max_bytes,
-                    "snapshot over its budget after trimming; not published"
+                    "snapshot over its budget after trimming; not {what}"
                 );
-                return;
+                None
             }
             Err(e) => {
-                tracing::error!(error = %e, "snapshot cannot be encoded; not published");
-                return;
+                tracing::error!(error = %e, "snapshot cannot be encoded; not {what}");
+                None
             }
+        }
+    }
+
+    /// Mode hub: the snapshot, with the next generation, signed into a frame for every stream.
+    fn publish(&mut self, mut snap: Snapshot, trim: &Trim, now: u64) {
+        if !matches!(self.out, Output::Publish { .. }) {
+            return;
+        }
+        let Some(bytes) = self.stamp_and_encode(&mut snap, trim, now, "published") else {
+            return;
         };
-        self.stats.snapshot_encoded(bytes.len());
+        let Output::Publish { secret, frames } = &self.out else {
+            return;
+        };
+        let generation = snap.generation;
         self.stats.snapshot_trimmed(trim);
         let _ = frames.send(Some(crate::hub::frame(secret, &bytes)));
         self.last_generation = generation;
