@@ -419,6 +419,7 @@ struct RawFlow {
     max_bytes: Option<usize>,
     tick_ms: Option<u64>,
     summary_stale_ms: Option<u64>,
+    kv_threshold: Option<f64>,
     bands: Option<RawBands>,
 }
 
@@ -469,6 +470,12 @@ fn flow_config(raw: Option<RawFlow>) -> Result<FlowConfig, ConfigError> {
             ));
         }
         out.summary_stale_ms = t;
+    }
+    if let Some(k) = raw.kv_threshold {
+        if !(k > 0.0 && k <= 1.0) {
+            return err(format!("flow.kv_threshold: {k} must be in (0, 1]"));
+        }
+        out.kv_threshold = k;
     }
     let bands = raw.bands.unwrap_or_default();
     for (class, b) in [
@@ -1199,6 +1206,50 @@ mod tests {
 
     fn error_of(json: &str) -> String {
         Config::parse(json.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_readmes_configuration_reference_parses() {
+        let readme = include_str!("../../README.md");
+        let reference = readme
+            .split("## Configuration reference")
+            .nth(1)
+            .and_then(|rest| rest.split("```json\n").nth(1))
+            .and_then(|block| block.split("```").next())
+            .unwrap_or_default();
+        assert!(
+            !reference.is_empty(),
+            "filter/README.md lost its JSON reference"
+        );
+        // The reference names the secret's environment variable, as a deployment does.
+        let env = |name: &str| {
+            (name == "LLM_ROUTER_SNAPSHOT_SECRET")
+                .then(|| "reference-secret-0123456789abcdef".into())
+        };
+        let c = Config::parse_with_env(reference.as_bytes(), &env);
+        assert!(c.is_ok(), "filter/README.md's reference: {:?}", c.err());
+        let c = c.unwrap();
+        assert!(c.flow.enabled);
+        assert_eq!(c.rewrites.rules.len(), 1);
+    }
+
+    #[test]
+    fn flow_control_is_on_by_default_and_its_admission_bound_is_checked() {
+        let c = Config::parse(br#"{"pools":[{"name":"a","models":["x"]}]}"#).unwrap();
+        assert!(c.flow.enabled);
+        assert!((c.flow.kv_threshold - 0.95).abs() < 1e-9);
+        let c = Config::parse(
+            br#"{"pools":[{"name":"a","models":["x"]}],"flow":{"enabled":false,"kv_threshold":0.9}}"#,
+        )
+        .unwrap();
+        assert!(!c.flow.enabled);
+        assert!((c.flow.kv_threshold - 0.9).abs() < 1e-9);
+        for bad in ["0", "1.5", "-0.2"] {
+            let e = error_of(&format!(
+                r#"{{"pools":[{{"name":"a","models":["x"]}}],"flow":{{"kv_threshold":{bad}}}}}"#
+            ));
+            assert!(e.contains("flow.kv_threshold"), "{bad}: {e}");
+        }
     }
 
     #[test]

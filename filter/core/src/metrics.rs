@@ -41,11 +41,32 @@ pub const TRAFFIC_SHARE: &str = "llm_router_traffic_share_percent";
 /// Tokens reported in the responses' `usage` (`pool`, `model`, `kind`; counter).
 pub const TOKENS: &str = "llm_router_tokens_total";
 
+/// Requests waiting in this proxy for a pod of their pool (`pool`, `band`: sheddable, standard,
+/// critical; gauge, summed over the workers, updated on the root context's tick).
+pub const FLOW_WAITING: &str = "llm_router_flow_waiting";
+/// How flow control ended a held request (`pool`, `band`, `outcome`: `dispatched`, `shed`,
+/// `queue_full`, `queue_bytes`, `queue_timeout`, `displaced`, `abandoned` — the client hung
+/// up; counter). `queue_full` and `queue_bytes` were refused on arrival, the others waited.
+pub const FLOW_OUTCOMES: &str = "llm_router_flow_requests_total";
+/// How long a dispatched request waited, in milliseconds (`pool`, `band`; histogram).
+pub const FLOW_WAIT: &str = "llm_router_flow_wait_milliseconds";
+
+/// `outcome` values of [`FLOW_OUTCOMES`], in slot order.
+pub const FLOW_OUTCOME_NAMES: [&str; 7] = [
+    "dispatched",
+    "shed",
+    "queue_full",
+    "queue_bytes",
+    "queue_timeout",
+    "displaced",
+    "abandoned",
+];
+
 /// Every label the filter uses: each needs one `stats_tags` entry in Envoy's bootstrap.
 /// No label name ends with another (a tag regex such as `model=\.=` would also match inside
 /// `served_model=.=`): hence `target`, not `target_model`.
-pub const LABELS: [&str; 7] = [
-    "pool", "model", "outcome", "pod", "kind", "result", "target",
+pub const LABELS: [&str; 8] = [
+    "pool", "model", "outcome", "pod", "kind", "result", "target", "band",
 ];
 
 /// `outcome` values of [`REQUESTS`] for routed requests (rejections use

@@ -325,24 +325,25 @@ impl Router {
         req: &ParsedRequest<'_>,
         ctx: Context,
     ) -> Result<Routed, Rejection> {
-        match self.decide(store, fleet, req, ctx, false)? {
+        match self.decide(store, fleet, req, ctx, Hold::Never)? {
             Decision::Routed(r) => Ok(r),
-            // Not reached: without `may_wait` the admission stage admits every request.
+            // Not reached: with `Hold::Never` the admission stage admits every request.
             Decision::Wait { pool } => Err(Rejection::saturated(&pool, self.config.retry_after_s)),
         }
     }
 
     /// The decision as a pipeline: resolve → pool view → candidates → admit or wait → features
-    /// → rank → account. With `may_wait`, a request no pod can take now
-    /// ([`flow::admit`]) comes back as [`Decision::Wait`] (a sheddable one in a saturated pool
-    /// is refused instead: sheddable requests are the first to go).
+    /// → rank → account. With [`Hold::IfFull`], a request no pod can take now
+    /// ([`flow::admit`]) comes back as [`Decision::Wait`], with [`Hold::Behind`] every request
+    /// does; either way one the pool would shed (sheddable in a saturated pool, standard far
+    /// past it) is refused instead: sheddable requests are the first to go.
     pub fn decide<S: SharedStore>(
         &self,
         store: &S,
         fleet: Option<&Fleet>,
         req: &ParsedRequest<'_>,
         ctx: Context,
-        may_wait: bool,
+        hold: Hold,
     ) -> Result<Decision, Rejection> {
         let target = self
             .resolve(req, ctx, fleet)
@@ -353,19 +354,17 @@ impl Router {
         };
         let mut cands = candidates(store, &view, req, ctx)?;
         let retry = (self.config.retry_after_s, self.config.retry_after_max_s);
-        let room = match admit_or_wait(&view, &cands, req, ctx, may_wait, retry)? {
-            Some(room) => room,
-            None => {
-                return Ok(Decision::Wait {
-                    pool: view.pool.name,
-                })
-            }
+        let kv_threshold = self.config.flow.kv_threshold;
+        let Some(fits) = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry)? else {
+            return Ok(Decision::Wait {
+                pool: view.pool.name,
+            });
         };
         // Owned here: the features borrow it while `view` moves into the accounting.
         let served = view.served_model.clone();
         let model = served.as_deref().unwrap_or(req.model.as_ref());
         let features = features(&view, &mut cands, req, model, ctx);
-        let ranked = self.rank(&view, &cands, &features, room.as_deref())?;
+        let ranked = self.rank(&view, &cands, &features, fits.as_deref())?;
         Ok(Decision::Routed(account(
             store,
             view,
@@ -450,23 +449,24 @@ impl Router {
         }))
     }
 
-    /// Stage 6: scores and ranks the candidates; with `room` (some pods cannot take the
-    /// request now), only the ones that can are kept, in rank order.
+    /// Stage 6: scores and ranks the candidates; with `fits` (some pods would pass their KV
+    /// bound), the first pick is the best-ranked pod that fits, the others stay behind it as
+    /// fallbacks in rank order (a retry to a full pod beats none).
     fn rank(
         &self,
         view: &PoolView<'_>,
         c: &Candidates<'_>,
         features: &Features<'_>,
-        room: Option<&[bool]>,
+        fits: Option<&[bool]>,
     ) -> Result<Vec<score::Scored>, Rejection> {
-        // Every candidate is kept ranked when its score is shown, or when the pods without
-        // room are to be skipped.
-        let keep = if self.config.debug_scores || room.is_some() {
+        // Every candidate is kept ranked when its score is shown, or when those that fit are
+        // to be put first.
+        let keep = if self.config.debug_scores || fits.is_some() {
             c.cands.len()
         } else {
             self.config.top_k
         };
-        let mut ranked = score::rank(
+        let ranked = score::rank(
             &view.pool,
             &c.cands,
             features,
@@ -474,10 +474,13 @@ impl Router {
             keep,
             (self.config.retry_after_s, self.config.retry_after_max_s),
         )?;
-        if let Some(room) = room {
-            ranked.retain(|s| room.get(s.index).copied().unwrap_or(false));
-        }
-        Ok(ranked)
+        let Some(fits) = fits else {
+            return Ok(ranked);
+        };
+        let fit = |s: &score::Scored| fits.get(s.index).copied().unwrap_or(false);
+        let (mut first, rest): (Vec<_>, Vec<_>) = ranked.into_iter().partition(fit);
+        first.extend(rest);
+        Ok(first)
     }
 
     /// The first response byte of a request routed to `pod` arrived after `ttft_ms`: its
@@ -530,6 +533,18 @@ impl Router {
     ) -> bool {
         chosen == served || inflight::moved(store, pool, chosen, served, pending)
     }
+}
+
+/// Whether a request may be held in the proxy ([`crate::flow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Route at once (flow control off): placed or refused, never held.
+    Never,
+    /// Hold it if no pod of its pool can take it now.
+    IfFull,
+    /// Work of its band or above already waits for the pool: it queues behind that work
+    /// unless the pool would shed it.
+    Behind,
 }
 
 /// What the decision came to.
@@ -781,31 +796,40 @@ fn base_features<'r>(
     }
 }
 
-/// Stage 4: admit or wait ([`flow::admit`]). `Ok(Some(None))`: every candidate may take the
-/// request; `Ok(Some(Some(room)))`: only those marked; `Ok(None)`: wait. A sheddable request
-/// is refused instead of waiting when the pool is saturated (as the ranking sheds it).
+/// Stage 4: admit or wait ([`flow::admit`]): `Ok(None)` when the request waits; else
+/// `Ok(Some(None))` when any pod may be picked, `Ok(Some(Some(fits)))` when only the pods
+/// marked keep their KV bound. A request the ranking would shed (sheddable in a saturated pool,
+/// standard far past it) is refused instead. A pod past the *queue* bound may still be picked
+/// when some pod has room: a busy pod holding the prompt's prefix may still answer first, and
+/// the ranking weighs that (restricting the pick to pods with room sent shared-prefix requests
+/// to cold pods: TTFT p95 591 against 160 ms, results/flow-v1-bursty.md). A pod past the *KV*
+/// bound may not: the engine would preempt what runs there.
 #[allow(clippy::type_complexity)]
 fn admit_or_wait(
     view: &PoolView<'_>,
     c: &Candidates<'_>,
     req: &ParsedRequest<'_>,
     ctx: Context,
-    may_wait: bool,
+    hold: Hold,
+    kv_threshold: f64,
     retry_after: (u32, u32),
 ) -> Result<Option<Option<Vec<bool>>>, Rejection> {
-    if !may_wait {
+    if hold == Hold::Never {
         return Ok(Some(None));
     }
     let f = base_features(view, req, view.model(req), ctx);
-    match flow::admit(&view.pool, &c.cands, &c.rooms, &f, view.mode) {
-        Admission::Admit(room) if room.iter().all(|&r| r) => Ok(Some(None)),
-        Admission::Admit(room) => Ok(Some(Some(room))),
+    let admission = match hold {
+        Hold::Behind => Admission::Wait,
+        _ => flow::admit(&view.pool, kv_threshold, &c.cands, &c.rooms, &f, view.mode),
+    };
+    match admission {
+        Admission::Admit(fits) if fits.iter().all(|&f| f) => Ok(Some(None)),
+        Admission::Admit(fits) => Ok(Some(Some(fits))),
         Admission::Wait => {
-            if ctx.priority < 0 {
-                // Ranking with every pod judges saturation exactly as without flow control:
-                // a saturated pool refuses the sheddable request now.
-                score::rank(&view.pool, &c.cands, &f, view.mode, 1, retry_after)?;
-            }
+            // Ranking with every pod judges saturation exactly as without flow control: a
+            // saturated pool refuses a sheddable request now, and a pool `critical_factor`
+            // times past saturation a standard one, rather than hold what would time out.
+            score::rank(&view.pool, &c.cands, &f, view.mode, 1, retry_after)?;
             Ok(None)
         }
     }

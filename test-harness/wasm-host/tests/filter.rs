@@ -641,9 +641,12 @@ fn saturated_fleet(host: &proxy_wasm_host::Host, waiting: u32) -> Vec<u8> {
 #[test]
 fn a_saturated_pool_sheds_sheddable_requests_first_with_429() {
     let host = host();
-    // Priority headers count only when trusted (a filter before this one sets them).
+    // Priority headers count only when trusted (a filter before this one sets them). Without
+    // flow control every request is placed or shed at once (held work: tests/flow.rs).
     let vm = host
-        .vm(&config_with(r#", "priority": {"trust_headers": true}"#))
+        .vm(&config_with(
+            r#", "priority": {"trust_headers": true}, "flow": {"enabled": false}"#,
+        ))
         .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6)); // every pod past the queue threshold of 5
     let body = chat_body(LLAMA, "batch job");
@@ -694,7 +697,9 @@ fn a_saturated_pool_sheds_sheddable_requests_first_with_429() {
 fn client_priority_headers_are_ignored_unless_trusted() {
     let host = host();
     let vm = host
-        .vm(&config_with(r#", "objectives": {"batch": -1, "vip": 1}"#))
+        .vm(&config_with(
+            r#", "objectives": {"batch": -1, "vip": 1}, "flow": {"enabled": false}"#,
+        ))
         .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6)); // 1.2x saturated
     let body = chat_body(LLAMA, "cheap");
@@ -1781,7 +1786,8 @@ fn an_inference_objective_header_maps_to_a_priority() {
     let host = host();
     let vm = host
         .vm(&config_with(
-            r#", "objectives": {"batch": -1, "chat": 0}, "priority": {"trust_headers": true}"#,
+            r#", "objectives": {"batch": -1, "chat": 0}, "priority": {"trust_headers": true},
+               "flow": {"enabled": false}"#,
         ))
         .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6));

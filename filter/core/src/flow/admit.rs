@@ -9,9 +9,10 @@
 //!   takes one request, however large (else a prompt larger than the bound would never go);
 //! - **predicted KV use**: the pod's reported KV use plus the KV blocks its pending prefill and
 //!   this request will fill (tokens over the pod's KV capacity, `block_size × num_blocks` from
-//!   the snapshot) stays within `saturation.kv_threshold` (0.8): what is admitted past it is
-//!   what the engine preempts (recomputes) later. A pod reporting no KV gauge or capacity is
-//!   judged on its queue alone;
+//!   the snapshot) stays within `flow.kv_threshold` (0.95): what is admitted past it is what
+//!   the engine preempts (recomputes) later, and what is held below it leaves KV idle (the
+//!   default is measured: [`crate::flow::FlowConfig::kv_threshold`]). A pod reporting no KV
+//!   gauge or capacity is judged on its queue alone;
 //! - a pod put behind the others for a run of server errors takes nothing while others wait.
 //!
 //! With a stale snapshot ([`Mode::LeastInflight`]) nothing waits: the gauges are not known.
@@ -29,39 +30,57 @@ pub struct PodRoom {
 /// The admission stage's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admission {
-    /// `room[i]`: candidate `i` can take the request; at least one can.
+    /// Some pod can take the request; `fits[i]`: candidate `i` may be picked, its KV bound
+    /// kept (queueing on a busy pod is the ranking's trade-off to make: a pod holding the
+    /// prompt's prefix may still answer first; passing the KV bound is not, it makes the
+    /// engine preempt — recompute — the requests running there).
     Admit(Vec<bool>),
     /// No pod can: the request waits (or, for a sheddable one in a saturated pool, is refused).
     Wait,
 }
 
 /// Whether candidate `c` can take a request of features `f` (see the module documentation).
-pub fn has_room(pool: &PoolConfig, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>) -> bool {
+pub fn has_room(
+    pool: &PoolConfig,
+    kv_bound: f64,
+    c: &Candidate<'_>,
+    room: PodRoom,
+    f: &Features<'_>,
+) -> bool {
+    queue_fits(pool, c, f) && kv_fits(kv_bound, c, room, f)
+}
+
+/// The queued-prefill-work bound of [`has_room`].
+fn queue_fits(pool: &PoolConfig, c: &Candidate<'_>, f: &Features<'_>) -> bool {
+    let queued = c.queued_tokens(f, Mode::Full);
+    let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens.max(1.0);
+    queued <= 0.0 || queued + c.uncached_tokens(f) <= allowed
+}
+
+/// The predicted-KV bound of [`has_room`] (a pod with a run of errors fits nothing).
+pub fn kv_fits(kv_bound: f64, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>) -> bool {
     if c.ejected {
         return false;
     }
     let queued = c.queued_tokens(f, Mode::Full);
     let uncached = c.uncached_tokens(f);
-    let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens.max(1.0);
-    let queue_ok = queued <= 0.0 || queued + uncached <= allowed;
-    let kv_ok = match (c.kv_usage, room.kv_capacity_tokens) {
+    match (c.kv_usage, room.kv_capacity_tokens) {
         (Some(kv), cap) if cap > 0 => {
             let added = (f64::from(c.pending_tokens) + uncached) / cap as f64;
             // A pod with nothing of this proxy's queued takes one request however large (else
             // a prompt bigger than the free KV would never go).
-            f64::from(kv) + added <= pool.saturation.kv_threshold
-                || (queued <= 0.0 && f64::from(kv) < pool.saturation.kv_threshold)
+            f64::from(kv) + added <= kv_bound || (queued <= 0.0 && f64::from(kv) < kv_bound)
         }
-        (Some(kv), _) => f64::from(kv) < pool.saturation.kv_threshold,
+        (Some(kv), _) => f64::from(kv) < kv_bound,
         (None, _) => true,
-    };
-    queue_ok && kv_ok
+    }
 }
 
-/// The admission stage: which candidates can take the request, or [`Admission::Wait`].
-/// `rooms[i]` belongs to `cands[i]` (missing = unknown capacity).
+/// The admission stage: [`Admission::Wait`] when no candidate has room, else which ones may be
+/// picked. `rooms[i]` belongs to `cands[i]` (missing = unknown capacity).
 pub fn admit(
     pool: &PoolConfig,
+    kv_threshold: f64,
     cands: &[Candidate<'_>],
     rooms: &[PodRoom],
     f: &Features<'_>,
@@ -70,13 +89,18 @@ pub fn admit(
     if mode != Mode::Full {
         return Admission::Admit(vec![true; cands.len()]);
     }
-    let room: Vec<bool> = cands
+    let room = |i: usize| rooms.get(i).copied().unwrap_or_default();
+    let fits: Vec<bool> = cands
         .iter()
         .enumerate()
-        .map(|(i, c)| has_room(pool, c, rooms.get(i).copied().unwrap_or_default(), f))
+        .map(|(i, c)| kv_fits(kv_threshold, c, room(i), f))
         .collect();
-    if room.iter().any(|&r| r) {
-        Admission::Admit(room)
+    let any_room = cands
+        .iter()
+        .zip(&fits)
+        .any(|(c, &kv)| kv && queue_fits(pool, c, f));
+    if any_room {
+        Admission::Admit(fits)
     } else {
         Admission::Wait
     }
@@ -134,30 +158,45 @@ mod tests {
     #[test]
     fn queued_prefill_work_past_the_queue_threshold_waits() {
         let p = pool();
-        assert!(has_room(&p, &cand(0, 0.1, 0), ROOM, &F));
+        assert!(has_room(&p, 0.8, &cand(0, 0.1, 0), ROOM, &F));
         // 4 mean requests queued + this one = 5: at the bound, admitted.
-        assert!(has_room(&p, &cand(0, 0.1, 4000), ROOM, &F));
-        assert!(!has_room(&p, &cand(0, 0.1, 4001), ROOM, &F));
+        assert!(has_room(&p, 0.8, &cand(0, 0.1, 4000), ROOM, &F));
+        assert!(!has_room(&p, 0.8, &cand(0, 0.1, 4001), ROOM, &F));
         // The engine's own waiting count counts the same way (other proxies' work).
-        assert!(!has_room(&p, &cand(5, 0.1, 0), ROOM, &F));
+        assert!(!has_room(&p, 0.8, &cand(5, 0.1, 0), ROOM, &F));
         // An empty pod takes even a prompt larger than the bound.
         let huge = Features {
             prompt_tokens: 50_000,
             ..F
         };
-        assert!(has_room(&p, &cand(0, 0.0, 0), PodRoom::default(), &huge));
+        assert!(has_room(
+            &p,
+            0.8,
+            &cand(0, 0.0, 0),
+            PodRoom::default(),
+            &huge
+        ));
     }
 
     #[test]
     fn predicted_kv_use_past_the_kv_threshold_waits() {
         let p = pool();
+        // The bound is the one given: at 0.95 the pod that waits at 0.8 takes the request.
+        assert!(has_room(&p, 0.95, &cand(0, 0.78, 2000), ROOM, &F));
+        assert!(!has_room(&p, 0.95, &cand(0, 0.93, 2000), ROOM, &F));
         // 0.75 + (1000 + 1000) / 100k = 0.77 ≤ 0.8.
-        assert!(has_room(&p, &cand(0, 0.75, 1000), ROOM, &F));
+        assert!(has_room(&p, 0.8, &cand(0, 0.75, 1000), ROOM, &F));
         // 0.78 + 3000 / 100k = 0.81 > 0.8.
-        assert!(!has_room(&p, &cand(0, 0.78, 2000), ROOM, &F));
+        assert!(!has_room(&p, 0.8, &cand(0, 0.78, 2000), ROOM, &F));
         // Unknown capacity: the reported use alone.
-        assert!(has_room(&p, &cand(0, 0.79, 2000), PodRoom::default(), &F));
-        assert!(!has_room(&p, &cand(0, 0.8, 0), PodRoom::default(), &F));
+        assert!(has_room(
+            &p,
+            0.8,
+            &cand(0, 0.79, 2000),
+            PodRoom::default(),
+            &F
+        ));
+        assert!(!has_room(&p, 0.8, &cand(0, 0.8, 0), PodRoom::default(), &F));
     }
 
     #[test]
@@ -165,19 +204,33 @@ mod tests {
         let p = pool();
         let mut ejected = cand(0, 0.0, 0);
         ejected.ejected = true;
-        let cands = [cand(9, 0.1, 0), cand(0, 0.1, 0), ejected];
+        // The pod past the queue bound may still be picked (the ranking weighs its queue);
+        // the ejected one may not; one past the KV bound may not either.
+        let cands = [cand(9, 0.1, 0), cand(0, 0.1, 0), ejected, cand(0, 0.95, 0)];
         assert_eq!(
-            admit(&p, &cands, &[ROOM; 3], &F, Mode::Full),
-            Admission::Admit(vec![false, true, false])
+            admit(&p, 0.8, &cands, &[ROOM; 4], &F, Mode::Full),
+            Admission::Admit(vec![true, true, false, false])
+        );
+        // Only pods past the queue bound: it waits, though their KV has room.
+        assert_eq!(
+            admit(
+                &p,
+                0.8,
+                &[cand(9, 0.1, 0), cand(7, 0.1, 0)],
+                &[ROOM; 2],
+                &F,
+                Mode::Full
+            ),
+            Admission::Wait
         );
         let full = [cand(9, 0.1, 0), cand(0, 0.95, 0)];
         assert_eq!(
-            admit(&p, &full, &[ROOM; 2], &F, Mode::Full),
+            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::Full),
             Admission::Wait
         );
         // A stale snapshot never holds.
         assert_eq!(
-            admit(&p, &full, &[ROOM; 2], &F, Mode::LeastInflight),
+            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::LeastInflight),
             Admission::Admit(vec![true, true])
         );
     }

@@ -32,6 +32,16 @@ impl Refusal {
             Refusal::Displaced => "rejected-displaced",
         }
     }
+
+    /// The `outcome` label of `llm_router_flow_requests_total`.
+    pub fn outcome(self) -> &'static str {
+        match self {
+            Refusal::Full => "queue_full",
+            Refusal::Bytes => "queue_bytes",
+            Refusal::Expired => "queue_timeout",
+            Refusal::Displaced => "displaced",
+        }
+    }
 }
 
 /// A waiting request.

@@ -387,6 +387,47 @@ fn saturated_pool_sheds_sheddable_requests_with_retry_after() {
 }
 
 #[test]
+fn held_work_waits_behind_earlier_work_unless_the_pool_would_shed_it() {
+    let r = router(CONFIG);
+    let s = MemoryStore::new();
+    let body = chat("meta-llama/Llama-3.1-8B-Instruct", "hi");
+    let req = parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
+    let at = |priority| Context {
+        priority,
+        ..ctx(1100)
+    };
+    let is_wait = |d: Result<Decision, Rejection>| matches!(d, Ok(Decision::Wait { .. }));
+    // A pod with room: placed at once, or held behind work already waiting for the pool.
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    let f = Some(&fleet);
+    assert!(matches!(
+        r.decide(&s, f, &req, at(0), Hold::IfFull),
+        Ok(Decision::Routed(_))
+    ));
+    assert!(is_wait(r.decide(&s, f, &req, at(0), Hold::Behind)));
+    assert!(is_wait(r.decide(&s, f, &req, at(-1), Hold::Behind)));
+    // A saturated pool: the sheddable request is refused whether or not work waits ahead,
+    // the standard and the critical one wait.
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        p.waiting = 8;
+    }
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let f = Some(&fleet);
+    for hold in [Hold::IfFull, Hold::Behind] {
+        let e = r.decide(&s, f, &req, at(-1), hold).unwrap_err();
+        assert_eq!(e.status, 429, "{hold:?}");
+        assert!(is_wait(r.decide(&s, f, &req, at(0), hold)), "{hold:?}");
+        assert!(is_wait(r.decide(&s, f, &req, at(1), hold)), "{hold:?}");
+    }
+    // Without holding the standard request is placed however full the pods.
+    assert!(matches!(
+        r.decide(&s, f, &req, at(0), Hold::Never),
+        Ok(Decision::Routed(_))
+    ));
+}
+
+#[test]
 fn a_burst_between_snapshots_spreads_over_pods() {
     let r = router(CONFIG);
     let s = MemoryStore::new();
