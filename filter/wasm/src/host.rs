@@ -213,7 +213,7 @@ impl Counter {
     }
 }
 
-/// A gauge (set, not incremented); a no-op when it could not be defined.
+/// A gauge (set, or moved by a delta); a no-op when it could not be defined.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Gauge(Option<u32>);
 
@@ -225,6 +225,14 @@ impl Gauge {
     pub fn set(self, value: u64) {
         if let Some(id) = self.0 {
             let _ = hostcalls::record_metric(id, value);
+        }
+    }
+
+    /// Moves the gauge by `delta` (Envoy adds or subtracts atomically: several workers can
+    /// share one gauge).
+    pub fn add(self, delta: i64) {
+        if let (Some(id), true) = (self.0, delta != 0) {
+            let _ = hostcalls::increment_metric(id, delta);
         }
     }
 }

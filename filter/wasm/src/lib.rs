@@ -21,7 +21,7 @@ use host::HostStore;
 use llm_router_core::config::{UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER};
 use llm_router_core::flow::{self as flowctl, summary, Class, Pushed, Queue};
 use llm_router_core::request::{self, ApiKind, Entry, RequestError};
-use llm_router_core::router::Decision;
+use llm_router_core::router::{Decision, Hold};
 use llm_router_core::usage::Scanner;
 use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
 use metrics::Metrics;
@@ -165,7 +165,11 @@ impl RootContext for Root {
             Some(f) => {
                 let age_ms = host::now_ms().saturating_sub(f.accepted_ms);
                 metrics.snapshot(f.snapshot.generation, Some(age_ms / 1000));
+                let flow = router.config.flow.enabled;
                 for pool in &f.snapshot.pools {
+                    if flow {
+                        metrics.flow_defined(&pool.name);
+                    }
                     if let Some(share) = f.own_share(&pool.name) {
                         metrics.traffic_share(&pool.name, share);
                     }
@@ -497,12 +501,14 @@ impl Http {
                         summary::ahead(o, w.id, Class::of(priority).index(), ctx.now_ms)
                     })
             });
-        let decision = match behind {
-            Some(pool) => Ok(Decision::Wait { pool }),
-            None => w
-                .router
-                .decide(&HostStore, fleet.as_deref(), &parsed, ctx, flow),
+        let hold = match (flow, behind) {
+            (false, _) => Hold::Never,
+            (true, None) => Hold::IfFull,
+            (true, Some(_)) => Hold::Behind,
         };
+        let decision = w
+            .router
+            .decide(&HostStore, fleet.as_deref(), &parsed, ctx, hold);
         let routed = match decision {
             Ok(Decision::Routed(r)) => r,
             Ok(Decision::Wait { pool }) => {
@@ -595,8 +601,13 @@ impl Http {
             // Hung up while waiting: nothing of it stays in the queue.
             let mut w = self.worker.borrow_mut();
             // An emptied queue stays until the next tick publishes that it is empty.
-            if let Some(q) = w.waiting.get_mut(&pool) {
-                q.remove(u64::from(self.id));
+            let gone = w
+                .waiting
+                .get_mut(&pool)
+                .and_then(|q| q.remove(u64::from(self.id)));
+            if let Some(e) = gone {
+                w.metrics
+                    .flow_outcome(&pool, Class::of(e.priority), "abandoned", None);
             }
         }
         if let Some(r) = self.routed.take() {
@@ -977,9 +988,16 @@ fn send_reply(w: &mut Worker, r: &Rejection, model: &str) {
     w.metrics.request(&r.pool, model, "", r.outcome());
 }
 
-/// Answers waiting stream `key` (not the current one) with a 429 for `refusal`, then makes
-/// `back` the effective context again.
-fn refuse_waiting(w: &mut Worker, key: u64, pool: &str, refusal: flowctl::Refusal, back: u32) {
+/// Answers waiting stream `key` of `class` (not the current one) with a 429 for `refusal`,
+/// counts it, then makes `back` the effective context again.
+fn refuse_waiting(
+    w: &mut Worker,
+    (key, class): (u64, Class),
+    pool: &str,
+    refusal: flowctl::Refusal,
+    back: u32,
+) {
+    w.metrics.flow_outcome(pool, class, refusal.outcome(), None);
     let Ok(ctx) = u32::try_from(key) else {
         return;
     };
@@ -1014,7 +1032,8 @@ fn enqueue(
     ) {
         Pushed::Queued { displaced } => {
             if let Some(d) = displaced {
-                refuse_waiting(w, d.key, pool, flowctl::Refusal::Displaced, id);
+                let d = (d.key, Class::of(d.priority));
+                refuse_waiting(w, d, pool, flowctl::Refusal::Displaced, id);
             }
             if !w.fast {
                 w.fast = host::set_tick_period(Duration::from_millis(cfg.tick_ms));
@@ -1022,6 +1041,8 @@ fn enqueue(
             true
         }
         Pushed::Refused(why, _) => {
+            w.metrics
+                .flow_outcome(pool, Class::of(priority), why.outcome(), None);
             if w.waiting.get(pool).is_some_and(Queue::is_empty) {
                 w.waiting.remove(pool);
             }
@@ -1055,7 +1076,8 @@ fn dispatch(w: &mut Worker, root: u32) {
             .map(|q| q.expire(&cfg, now_ms))
             .unwrap_or_default();
         for e in expired {
-            refuse_waiting(w, e.key, pool, flowctl::Refusal::Expired, root);
+            let e = (e.key, Class::of(e.priority));
+            refuse_waiting(w, e, pool, flowctl::Refusal::Expired, root);
         }
         let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
         let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
@@ -1068,7 +1090,8 @@ fn dispatch(w: &mut Worker, root: u32) {
             let Ok(parsed) = request::parse(item.kind, &item.body) else {
                 // Parsed once already: cannot happen; never leave it waiting.
                 if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
-                    refuse_waiting(w, e.key, pool, flowctl::Refusal::Expired, root);
+                    let e = (e.key, Class::of(e.priority));
+                    refuse_waiting(w, e, pool, flowctl::Refusal::Expired, root);
                 }
                 continue;
             };
@@ -1078,9 +1101,9 @@ fn dispatch(w: &mut Worker, root: u32) {
                 now_ms,
                 tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key,
             };
-            let decision = w
-                .router
-                .decide(&HostStore, fleet.as_deref(), &parsed, ctx, true);
+            let decision =
+                w.router
+                    .decide(&HostStore, fleet.as_deref(), &parsed, ctx, Hold::IfFull);
             let model = parsed.model.to_string();
             match decision {
                 Ok(Decision::Wait { .. }) => break,
@@ -1088,6 +1111,7 @@ fn dispatch(w: &mut Worker, root: u32) {
                     let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) else {
                         break;
                     };
+                    let class = Class::of(e.priority);
                     let Ok(stream) = u32::try_from(e.key) else {
                         continue;
                     };
@@ -1096,6 +1120,9 @@ fn dispatch(w: &mut Worker, root: u32) {
                         Err(_) => continue,
                     };
                     if proxy_wasm::hostcalls::set_effective_context(stream).is_ok() {
+                        let waited = now_ms.saturating_sub(e.enqueued_ms);
+                        w.metrics
+                            .flow_outcome(pool, class, "dispatched", Some(waited));
                         let h = apply(
                             w,
                             stream,
@@ -1109,19 +1136,26 @@ fn dispatch(w: &mut Worker, root: u32) {
                         );
                         w.handoff.insert(stream, h);
                         let _ = proxy_wasm::hostcalls::resume_http_request();
-                    } else if let Some(pod) = &routed.inflight_pod {
+                    } else {
+                        w.metrics.flow_outcome(pool, class, "abandoned", None);
                         // The stream is gone: its count comes back at once.
-                        if !w
-                            .router
-                            .finished(&HostStore, &routed.pool, pod, routed.pending_tokens)
-                        {
-                            w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+                        if let Some(pod) = &routed.inflight_pod {
+                            if !w.router.finished(
+                                &HostStore,
+                                &routed.pool,
+                                pod,
+                                routed.pending_tokens,
+                            ) {
+                                w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+                            }
                         }
                     }
                     let _ = proxy_wasm::hostcalls::set_effective_context(root);
                 }
                 Err(rej) => {
                     if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                        w.metrics
+                            .flow_outcome(pool, Class::of(e.priority), "shed", None);
                         if let Ok(stream) = u32::try_from(e.key) {
                             if proxy_wasm::hostcalls::set_effective_context(stream).is_ok() {
                                 send_reply(w, &rej, &model);
@@ -1149,6 +1183,19 @@ fn dispatch(w: &mut Worker, root: u32) {
         } else {
             w.others.remove(pool);
         }
+    }
+    // The waiting gauges: this worker's counts per pool and band (0 for pools it emptied).
+    let mut counted = w.metrics.flow_pools();
+    for pool in w.waiting.keys() {
+        if !counted.contains(pool) {
+            counted.push(pool.clone());
+        }
+    }
+    for pool in &counted {
+        let counts = w.waiting.get(pool).map_or([0; 3], |q| {
+            Class::ALL.map(|c| u64::try_from(q.count(c)).unwrap_or(u64::MAX))
+        });
+        w.metrics.flow_waiting(pool, counts);
     }
     let want_fast = !w.waiting.is_empty();
     if want_fast != w.fast {

@@ -4,6 +4,7 @@
 //! `llm_router_core::metrics`; gauges are set from the root context's tick, not per request.
 
 use crate::host::{Counter, Gauge, Histogram};
+use llm_router_core::flow::Class;
 use llm_router_core::metrics::{self as names, stat_name};
 use std::collections::HashMap;
 
@@ -49,9 +50,20 @@ struct PoolMetrics {
     traffic_share: Option<Gauge>,
 }
 
+/// Flow control's metrics of one pool, per band (`[sheddable, standard, critical]`).
+#[derive(Default)]
+struct FlowMetrics {
+    waiting: [Option<Gauge>; 3],
+    /// What this worker last added to each `waiting` gauge (the gauge sums the workers).
+    published: [u64; 3],
+    outcomes: [[Option<Counter>; names::FLOW_OUTCOME_NAMES.len()]; 3],
+    wait: [Option<Histogram>; 3],
+}
+
 /// Every metric of one worker, defined on first use.
 pub struct Metrics {
     pools: HashMap<String, PoolMetrics>,
+    flow: HashMap<String, FlowMetrics>,
     decision: Histogram,
     snapshot_age: Gauge,
     snapshot_generation: Gauge,
@@ -65,6 +77,7 @@ impl Metrics {
     pub fn define() -> Metrics {
         Metrics {
             pools: HashMap::new(),
+            flow: HashMap::new(),
             decision: Histogram::define(names::DECISION_DURATION),
             snapshot_age: Gauge::define(names::SNAPSHOT_AGE),
             snapshot_generation: Gauge::define(names::SNAPSHOT_GENERATION),
@@ -235,6 +248,118 @@ impl Metrics {
                 Gauge::define(&stat_name(names::TRAFFIC_SHARE, &[("pool", pool)]))
             })
             .set(percent);
+    }
+
+    fn flow_pool(&mut self, pool: &str) -> Option<&mut FlowMetrics> {
+        if !self.flow.contains_key(pool) {
+            self.flow.insert(pool.to_string(), FlowMetrics::default());
+        }
+        self.flow.get_mut(pool)
+    }
+
+    /// Defines a pool's waiting gauges and dispatch counters (at 0) before anything waits, so
+    /// dashboards and alerts see the series from the start.
+    pub fn flow_defined(&mut self, pool: &str) {
+        let Some(f) = self.flow_pool(pool) else {
+            return;
+        };
+        if f.waiting.iter().all(Option::is_some) {
+            return;
+        }
+        for class in Class::ALL {
+            let band = class.index();
+            if let Some(g) = f.waiting.get_mut(band) {
+                g.get_or_insert_with(|| {
+                    Gauge::define(&stat_name(
+                        names::FLOW_WAITING,
+                        &[("pool", pool), ("band", class.name())],
+                    ))
+                });
+            }
+            if let Some(c) = f.outcomes.get_mut(band).and_then(|b| b.first_mut()) {
+                c.get_or_insert_with(|| {
+                    Counter::define(&stat_name(
+                        names::FLOW_OUTCOMES,
+                        &[
+                            ("pool", pool),
+                            ("band", class.name()),
+                            ("outcome", "dispatched"),
+                        ],
+                    ))
+                });
+            }
+        }
+    }
+
+    /// How flow control ended one request of `class`; `waited_ms` for a dispatched one.
+    pub fn flow_outcome(
+        &mut self,
+        pool: &str,
+        class: Class,
+        outcome: &str,
+        waited_ms: Option<u64>,
+    ) {
+        let (band, band_name) = (class.index(), class.name());
+        let Some(f) = self.flow_pool(pool) else {
+            return;
+        };
+        let slot = names::FLOW_OUTCOME_NAMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(names::FLOW_OUTCOME_NAMES.len() - 1);
+        if let Some(c) = f.outcomes.get_mut(band).and_then(|b| b.get_mut(slot)) {
+            c.get_or_insert_with(|| {
+                Counter::define(&stat_name(
+                    names::FLOW_OUTCOMES,
+                    &[("pool", pool), ("band", band_name), ("outcome", outcome)],
+                ))
+            })
+            .inc();
+        }
+        if let (Some(ms), Some(h)) = (waited_ms, f.wait.get_mut(band)) {
+            h.get_or_insert_with(|| {
+                Histogram::define(&stat_name(
+                    names::FLOW_WAIT,
+                    &[("pool", pool), ("band", band_name)],
+                ))
+            })
+            .record(ms);
+        }
+    }
+
+    /// This worker's waiting requests of `pool` per band now: the summed gauges move by the
+    /// difference to what this worker published last.
+    pub fn flow_waiting(&mut self, pool: &str, counts: [u64; 3]) {
+        let Some(f) = self.flow_pool(pool) else {
+            return;
+        };
+        for (class, &n) in Class::ALL.iter().zip(&counts) {
+            let band = class.index();
+            let (Some(last), Some(g)) = (f.published.get_mut(band), f.waiting.get_mut(band)) else {
+                continue;
+            };
+            if n == *last {
+                continue;
+            }
+            let gauge = g.get_or_insert_with(|| {
+                Gauge::define(&stat_name(
+                    names::FLOW_WAITING,
+                    &[("pool", pool), ("band", class.name())],
+                ))
+            });
+            let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            gauge.add(signed(n).saturating_sub(signed(*last)));
+            *last = n;
+        }
+    }
+
+    /// Pools whose waiting gauges this worker has moved (to bring back to 0 once empty).
+    pub fn flow_pools(&self) -> Vec<String> {
+        self.flow
+            .iter()
+            .filter(|(_, f)| f.published.iter().any(|&n| n > 0))
+            .map(|(p, _)| p.clone())
+            .collect()
     }
 
     /// Pods set in an earlier tick but not in this one (gone from the snapshot) go to 0, once.
