@@ -28,7 +28,9 @@ async fn each_error_status_has_its_body_and_headers() {
         // Priority headers count only when trusted (as behind a filter that sets them).
         plugin_config(
             &[&a],
-            json!({"max_body_bytes": 4096, "retry_after_s": 3, "priority": {"trust_headers": true}}),
+            // Placed or shed at once (the held path: flow.rs).
+            json!({"max_body_bytes": 4096, "retry_after_s": 3, "priority": {"trust_headers": true},
+                   "flow": {"enabled": false}}),
         ),
     )
     .await;

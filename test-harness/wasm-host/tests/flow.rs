@@ -18,11 +18,19 @@ fn flow_vm(host: &Host) -> Vm {
 
 /// A streamed chat request of about 100 prompt tokens.
 fn stream(vm: &Vm, tag: &str) -> Request {
+    stream_at(vm, tag, None)
+}
+
+/// The same with an `x-llm-router-priority` header.
+fn stream_at(vm: &Vm, tag: &str, priority: Option<&str>) -> Request {
     let prompt = format!("{tag} {}", "word ".repeat(80));
     let body = serde_json::json!({"model": LLAMA, "stream": true,
         "messages": [{"role": "user", "content": prompt}]})
     .to_string();
     let mut r = post(vm, "/v1/chat/completions", body.as_bytes());
+    if let Some(p) = priority {
+        r.header("x-llm-router-priority", p);
+    }
     r.body(body.as_bytes());
     r.send().unwrap_or_else(|e| panic!("{e}"));
     r
@@ -95,6 +103,51 @@ fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
     );
     vm.advance(Duration::from_millis(25)).unwrap();
     assert_eq!(vm.tick_period(), Some(Duration::from_secs(1)));
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
+#[test]
+fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critical_go_first() {
+    let host = host();
+    // No `flow` section: the defaults hold.
+    let vm = host
+        .vm(&config_with(r#", "priority": {"trust_headers": true}"#))
+        .unwrap_or_else(|e| panic!("{e}"));
+    nearly_full_pod(&host, &vm);
+    let mut first = stream(&vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    let mut standard = stream(&vm, "two");
+    waits(&standard);
+    // Tags of one length: every request is as large as the pool's mean (the bound is exact).
+    let shed = stream_at(&vm, "shd", Some("-1"));
+    let lr = shed
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", shed.explain()));
+    assert_eq!(lr.status, 429);
+    assert_eq!(lr.header(REASON), Some("rejected-saturated"));
+    let mut critical = stream_at(&vm, "crt", Some("5"));
+    waits(&critical);
+    let flow = |name: &str, band: &str, outcome: Option<&str>| {
+        let mut labels = vec![("pool", "llama"), ("band", band)];
+        labels.extend(outcome.map(|o| ("outcome", o)));
+        metric_sum(&host, name, &labels)
+    };
+    vm.advance(Duration::from_millis(25)).unwrap();
+    let waiting = |band| flow("llm_router_flow_waiting", band, None);
+    assert_eq!((waiting("standard"), waiting("critical")), (1, 1));
+    // One slot frees: the critical request, though it came last, takes it.
+    served(&mut first);
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert!(critical.forwarded(), "{}", critical.explain());
+    waits(&standard);
+    served(&mut critical);
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert!(standard.forwarded(), "{}", standard.explain());
+    served(&mut standard);
+    assert_eq!(inflight_of(&host, "llama", A), 0);
+    let dispatched = |band| flow("llm_router_flow_requests_total", band, Some("dispatched"));
+    assert_eq!((dispatched("standard"), dispatched("critical")), (1, 1));
+    assert_eq!((waiting("standard"), waiting("critical")), (0, 0));
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
 }
 

@@ -65,10 +65,15 @@ pub fn plugin_config(pools: &[&TestPool], extra: Value) -> Value {
     cfg
 }
 
-/// A real Envoy with the filter in front of `pools`.
+/// A real Envoy with the filter in front of `pools` (two workers).
 pub async fn envoy(pools: &[&TestPool], config: Value) -> EnvoyProcess {
+    envoy_with_workers(pools, config, 2).await
+}
+
+/// The same with `workers` worker threads.
+pub async fn envoy_with_workers(pools: &[&TestPool], config: Value, workers: u32) -> EnvoyProcess {
     let mut spec = EnvoySpec::new(Router::Filter)
-        .concurrency(2)
+        .concurrency(workers)
         .plugin_config(config);
     for p in pools {
         spec = spec.pool(p.name, p.cluster, p.addrs());
