@@ -379,7 +379,34 @@ pub fn plugin_config(adapters: &[String], gaie_weights: bool) -> Value {
     if gaie_weights {
         pool["weights"] = json!({"queue": 2, "kv_cache": 2, "prefix": 3, "lora": 0, "load": 0});
     }
-    json!({"pools": [pool], "snapshot": {"secret": SECRET}})
+    let mut config = json!({"pools": [pool], "snapshot": {"secret": SECRET}});
+    merge_experiment(&mut config, std::env::var(EXPERIMENT_ENV).ok().as_deref());
+    config
+}
+
+/// An on-demand experiment's settings, merged over the filter's configuration: a JSON object
+/// whose `pool` entry merges into the pool and whose other keys replace the top level's, e.g.
+/// `{"flow": {"kv_threshold": 0.9}}`. Never set by the bench itself: results are the defaults'.
+pub const EXPERIMENT_ENV: &str = "LLMR_BENCH_FILTER_CONFIG";
+
+fn merge_experiment(config: &mut Value, extra: Option<&str>) {
+    let Some(extra) = extra.filter(|e| !e.trim().is_empty()) else {
+        return;
+    };
+    let Ok(Value::Object(extra)) = serde_json::from_str::<Value>(extra) else {
+        panic!("{EXPERIMENT_ENV} must be a JSON object, got {extra:?}");
+    };
+    for (k, v) in extra {
+        if k == "pool" {
+            if let (Some(p), Value::Object(fields)) = (config["pools"].get_mut(0), v) {
+                for (pk, pv) in fields {
+                    p[pk] = pv;
+                }
+            }
+        } else {
+            config[k] = v;
+        }
+    }
 }
 
 /// The sidecar's configuration for these pods, pushing to `envoy`.
@@ -705,6 +732,22 @@ pub fn count_pods(v: &Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_experiment_merges_over_the_top_level_and_the_pool() {
+        let mut c = plugin_config(&[], false);
+        merge_experiment(
+            &mut c,
+            Some(r#"{"flow": {"kv_threshold": 0.9}, "pool": {"preset": "latency"}}"#),
+        );
+        assert_eq!(c["flow"]["kv_threshold"], 0.9);
+        assert_eq!(c["pools"][0]["preset"], "latency");
+        assert_eq!(c["pools"][0]["name"], POOL);
+        let before = plugin_config(&[], false);
+        let mut same = before.clone();
+        merge_experiment(&mut same, Some(" "));
+        assert_eq!(same, before);
+    }
 
     #[test]
     fn plugin_config_is_the_default_plus_membership() {
