@@ -108,15 +108,16 @@ pub struct FlowConfig {
     /// the engine itself admits until its KV is full, and holding at 0.8 left a fifth of a
     /// KV-limited fleet idle — bursty TTFT p95 2.3× round robin's with no preemption at all,
     /// 0.72× at 0.95 with half of round robin's preemptions, 0.80× and 9 preemptions a run at
-    /// 1.0 (`test-harness/bench/results/flow-v1-bursty.md`).
+    /// 1.0 (one sweep, one run each: `test-harness/bench/results/flow-v1-bursty.md`).
     pub kv_threshold: f64,
 }
 
 impl Default for FlowConfig {
     fn default() -> Self {
         FlowConfig {
-            // On: held in the proxy, bursty TTFT p99 fell to 0.59× of immediate routing's
-            // (results/flow-v1-bursty.md); below saturation nothing waits.
+            // On: below saturation nothing waits (shared prefix and mixed GPUs unchanged);
+            // bursty p99 0.79× of placing at once, within the spread of single runs
+            // (results/flow-v1-bursty.md).
             enabled: true,
             max_requests: 1000,
             max_bytes: 64 * 1024 * 1024,
