@@ -120,7 +120,7 @@ impl RootContext for Root {
                     debug: host::log_enabled(LogLevel::Debug),
                     waiting: HashMap::new(),
                     handoff: HashMap::new(),
-                    id: host::now_nanos() ^ (u64::from(self.id) << 48) | 1,
+                    id: summary::worker_id(&HostStore, host::now_nanos()),
                     others: HashMap::new(),
                     fast: false,
                     gauges_ms: 0,
@@ -1082,8 +1082,10 @@ fn dispatch(w: &mut Worker, root: u32) {
         let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
         let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
         while let Some(head) = w.waiting.get(pool).and_then(Queue::peek) {
-            let class = Class::of(head.priority).index();
-            if summary::ahead(&others, w.id, class, head.enqueued_ms) {
+            if w.waiting
+                .get(pool)
+                .is_some_and(|q| summary::ahead_of(&others, w.id, q))
+            {
                 break;
             }
             let (key, item) = (head.key, &head.item);

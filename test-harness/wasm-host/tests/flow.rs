@@ -192,3 +192,64 @@ fn a_client_hanging_up_while_waiting_leaves_nothing_behind() {
     assert!(inflight(&host, "llama").is_empty());
     assert!(!second.forwarded());
 }
+
+/// A streamed chat request of tenant `tenant` (trusted fairness header).
+fn stream_as(vm: &Vm, tag: &str, tenant: &str) -> Request {
+    let prompt = format!("{tag} {}", "word ".repeat(80));
+    let body = serde_json::json!({"model": LLAMA, "stream": true,
+        "messages": [{"role": "user", "content": prompt}]})
+    .to_string();
+    let mut r = post(vm, "/v1/chat/completions", body.as_bytes());
+    r.header("x-llm-d-inference-fairness-id", tenant);
+    r.body(body.as_bytes());
+    r.send().unwrap_or_else(|e| panic!("{e}"));
+    r
+}
+
+#[test]
+fn two_workers_each_holding_two_tenants_keep_dispatching() {
+    // Each worker's head is its round robin's choice between tenants, which can be newer than
+    // its oldest request. Judged on heads, worker A (head: light, newer than B's oldest) and
+    // worker B (head: its oldest, newer than A's oldest) each deferred to the other until the
+    // time to live: the pool stopped serving (seen in the tenants benchmark). Two VMs started
+    // at the same instant also need distinct worker ids, or each overwrites the other's entry.
+    let host = host();
+    let cfg = config_with(r#", "flow": {"enabled": true}, "priority": {"trust_headers": true}"#);
+    let vm = || host.vm(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let (a, b) = (vm(), vm());
+    nearly_full_pod(&host, &a);
+    let step = Duration::from_millis(10);
+    let mut x = stream_as(&a, "x", "heavy");
+    assert!(x.forwarded(), "{}", x.explain());
+    let mut h0 = stream_as(&a, "h0", "heavy");
+    a.advance(step).unwrap();
+    let h1 = stream_as(&a, "h1", "heavy");
+    b.advance(step).unwrap();
+    let g0 = stream_as(&b, "g0", "heavy");
+    b.advance(step).unwrap();
+    let g1 = stream_as(&b, "g1", "heavy");
+    b.advance(step).unwrap();
+    let m = stream_as(&b, "m", "light");
+    a.advance(step).unwrap();
+    let l = stream_as(&a, "l", "light");
+    for r in [&h0, &h1, &g0, &g1, &m, &l] {
+        waits(r);
+    }
+    // The oldest (h0, on A) goes first; A's round robin then puts its light request in front.
+    served(&mut x);
+    for _ in 0..4 {
+        a.advance(step).unwrap();
+        b.advance(step).unwrap();
+    }
+    assert!(h0.forwarded(), "{}", h0.explain());
+    served(&mut h0);
+    for _ in 0..6 {
+        a.advance(step).unwrap();
+        b.advance(step).unwrap();
+    }
+    // A holds the oldest work (h1) and sends its head, the light tenant's request.
+    assert!(l.forwarded(), "nothing dispatched: {}", l.explain());
+    for r in [&h1, &g0, &g1, &m] {
+        waits(r);
+    }
+}

@@ -9,6 +9,7 @@
 //! Encoding (little-endian): `b'Q' | version u8 = 1 | count u8 | (worker u64 | updated_ms u64 |
 //! oldest 3 × u64 (0 = none)) * count`. A value that does not decode reads as empty.
 
+use super::{Class, Queue};
 use crate::store::SharedStore;
 use crate::wire::Reader;
 
@@ -70,6 +71,34 @@ pub fn encode(slots: &[Slot]) -> Vec<u8> {
     out
 }
 
+/// Shared-data key of the proxy's worker counter ([`worker_id`]).
+pub const WORKER_SEQ_KEY: &str = "llmr/fq-workers";
+
+/// An id for a worker starting at `now_ns`, distinct from every other worker's of this proxy:
+/// a counter in shared data taken by compare-and-swap (the high half) with the start time's
+/// low bits (the low half). The clock alone is not enough — workers configured in the same
+/// nanosecond (or on a host whose clock a test holds still) would share one id, and a worker
+/// filters its own id out of the others' entries, so each would overwrite the other's and
+/// neither would wait for the other's older work; the counter alone is not either, since the
+/// very first claim cannot be compared-and-swapped (the key does not exist yet).
+pub fn worker_id(store: &impl SharedStore, now_ns: u64) -> u64 {
+    let mut seq = 0u64;
+    for _ in 0..8 {
+        let (cur, cas) = match store.get(WORKER_SEQ_KEY) {
+            Some((v, cas)) => (Reader(&v).u64().unwrap_or(0), Some(cas)),
+            None => (0, None),
+        };
+        if store
+            .set(WORKER_SEQ_KEY, &(cur + 1).to_le_bytes(), cas)
+            .is_ok()
+        {
+            seq = cur + 1;
+            break;
+        }
+    }
+    (seq << 32) ^ (now_ns & 0xffff_ffff) | 1
+}
+
 /// Writes worker `me`'s entry (removed when it holds nothing), drops stale ones, and returns
 /// the other workers' fresh entries. A write lost to contention five times is skipped: the next
 /// tick writes again.
@@ -129,6 +158,27 @@ pub fn read(
         .collect()
 }
 
+/// Whether another worker holds work that goes before worker `me`'s next dispatch from its
+/// `queue`: [`ahead`] for the class of its head, on its *oldest* entry of that class — the
+/// time it publishes — not on the head itself. The head is the worker's fairness choice (round
+/// robin between ids) and may be newer than its oldest; judging it against the others' oldest
+/// would let two workers, each holding an old request of one tenant behind a newer one of
+/// another, defer to each other until the requests time out. Judged this way exactly one
+/// worker — the one holding the oldest work of the highest class — goes.
+pub fn ahead_of<T>(others: &[Slot], me: u64, queue: &Queue<T>) -> bool {
+    let Some(head) = queue.peek() else {
+        return false;
+    };
+    let class = Class::of(head.priority).index();
+    let oldest = queue
+        .oldest()
+        .get(class)
+        .copied()
+        .flatten()
+        .unwrap_or(head.enqueued_ms);
+    ahead(others, me, class, oldest)
+}
+
 /// Whether another worker holds work that goes before worker `me`'s head (of class index
 /// `class`, enqueued at `enqueued_ms`): any work of a higher class, or older work of the same
 /// class (equal times: the lower worker id first, so exactly one worker goes).
@@ -173,6 +223,56 @@ mod tests {
         // An emptied worker removes its entry.
         publish(&store, "p", 2, [None; 3], 1600, 500);
         assert!(decode(&store.get(&key("p")).unwrap().0).is_empty());
+    }
+
+    #[test]
+    fn two_workers_whose_heads_are_newer_than_their_oldest_never_both_defer() {
+        use crate::flow::{FlowConfig, Pushed};
+        // Each worker holds an old request of tenant `heavy` and, in front of it by the round
+        // robin between ids, a newer one of `light` (popping `heavy` first moved its flow back).
+        let cfg = FlowConfig::default();
+        let worker = |old: u64, new: u64| {
+            let mut q: Queue<()> = Queue::default();
+            for (key, id, t) in [
+                (old, "heavy", old),
+                (old + 1, "heavy", old + 1),
+                (new, "light", new),
+            ] {
+                assert!(matches!(
+                    q.push(&cfg, key, 0, id, 10, t, ()),
+                    Pushed::Queued { .. }
+                ));
+            }
+            q.pop();
+            assert_eq!(q.peek().map(|e| e.enqueued_ms), Some(new));
+            assert_eq!(q.oldest()[1], Some(old + 1));
+            q
+        };
+        let (a, b) = (worker(100, 300), worker(200, 250));
+        let store = MemoryStore::new();
+        let oa = publish(&store, "p", 1, a.oldest(), 1000, 5000);
+        let ob = publish(&store, "p", 2, b.oldest(), 1000, 5000);
+        let oa = [oa, read(&store, "p", 1, 1000, 5000)].concat();
+        // Judged on their heads, each sees older work at the other: both wait, nobody goes.
+        let head = |q: &Queue<()>| q.peek().map_or(0, |e| e.enqueued_ms);
+        assert!(ahead(&oa, 1, 1, head(&a)) && ahead(&ob, 2, 1, head(&b)));
+        // Judged on their oldest, exactly one goes: worker 1, which holds the oldest.
+        assert!(!ahead_of(&oa, 1, &a));
+        assert!(ahead_of(&ob, 2, &b));
+        assert!(
+            !ahead_of(&ob, 2, &Queue::<()>::default()),
+            "nothing to send"
+        );
+    }
+
+    #[test]
+    fn workers_started_at_the_same_instant_get_different_ids() {
+        let store = MemoryStore::new();
+        let ids: Vec<u64> = (0..4).map(|_| worker_id(&store, 1_000)).collect();
+        for (i, a) in ids.iter().enumerate() {
+            assert!(ids.iter().skip(i + 1).all(|b| a != b), "{ids:?}");
+            assert_ne!(*a, 0);
+        }
     }
 
     #[test]
