@@ -469,7 +469,7 @@ run_bench() {
   # is `bench bench ...` (the scenario run).
   if [ "$sub" = bench ] && [ $# -gt 0 ]; then
     case "$1" in
-      scale | overhead | sidecar-cost | calibrate)
+      scale | overhead | sidecar-cost | calibrate | flow)
         sub="$1"
         shift
         ;;

@@ -50,6 +50,7 @@ pub async fn capacity(
             prompt_tokens,
             max_tokens,
         },
+        tagging: None,
     });
     measure(PodSpec::new(profile), 1.0, reqs, concurrency, secs).await
 }

@@ -32,6 +32,10 @@ pub fn http_client() -> HttpClient {
 /// model-sim pod sets the first; the filter sets the second only with `disclose.served_pod`.
 pub const POD_HEADERS: [&str; 2] = ["x-model-sim-pod", "x-gateway-destination-endpoint-served"];
 
+/// The response header naming the model a canary or weighted rewrite chose (the filter's
+/// default `served_model_header`).
+pub const SERVED_MODEL_HEADER: &str = "x-llm-router-served-model";
+
 /// What one request measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Default)]
 pub struct Outcome {
@@ -55,6 +59,12 @@ pub struct Outcome {
     pub content_chunks: u32,
     /// The pod that served it (from [`POD_HEADERS`]).
     pub pod: Option<String>,
+    /// The model name a rewrite rule chose ([`SERVED_MODEL_HEADER`]), if the filter set it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub served_model: Option<String>,
+    /// Why the gateway refused it (`x-llm-router-dropped-reason` of a 429), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped_reason: Option<String>,
 }
 
 impl Outcome {
@@ -102,6 +112,14 @@ pub async fn send(
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     });
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    out.served_model = header(SERVED_MODEL_HEADER);
+    out.dropped_reason = header("x-llm-router-dropped-reason");
     let ok_status = resp.status().is_success();
     let mut body = resp.into_body();
     let mut parser = SseParser::new(4 << 20);

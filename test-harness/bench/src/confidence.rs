@@ -68,6 +68,9 @@ pub enum Stat {
     TokensPerS,
     /// Error rate of the window's requests (0..=1).
     ErrorRate,
+    /// Goodput: successful window requests whose TTFT is within this many ms, per second of
+    /// window.
+    WithinSlo(f64),
     /// A run-level figure, averaged over the runs drawn.
     Scalar(&'static str),
 }
@@ -142,6 +145,11 @@ fn eval(stat: Stat, runs: &[(&Flat, Option<&[usize]>)], buf: &mut Vec<f64>) -> f
         Stat::Throughput => {
             let mut n = 0usize;
             each(&mut |o| n += usize::from(o.ok));
+            n as f64 / window
+        }
+        Stat::WithinSlo(slo) => {
+            let mut n = 0usize;
+            each(&mut |o| n += usize::from(o.ok && o.ttft_ms <= slo));
             n as f64 / window
         }
         Stat::TokensPerS => {
@@ -426,7 +434,9 @@ mod tests {
             f64::INFINITY
         );
         assert_eq!(pooled(Stat::ErrorRate, std::slice::from_ref(&r)), 0.04);
-        assert!((pooled(Stat::Throughput, &[r]) - 9.6).abs() < 1e-12);
+        assert!((pooled(Stat::Throughput, std::slice::from_ref(&r)) - 9.6).abs() < 1e-12);
+        // Goodput counts successes within the SLO only: 40 of the 96 are ≤ 40 ms.
+        assert!((pooled(Stat::WithinSlo(40.0), &[r]) - 4.0).abs() < 1e-12);
         // Dropping the slow requests does not help: a router that fails its 10 slowest requests
         // has a worse p95 than one that serves them slowly.
         let slow: Vec<f64> = (1..=100).map(f64::from).collect();

@@ -134,9 +134,16 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
     } else {
         0
     };
-    let gateway = start_gateway(router, &sc.fleet, &pods.addrs, &sc.adapters, Some(listen))
-        .await
-        .map_err(|e| DemoError::Start(e.to_string()))?;
+    let gateway = start_gateway(
+        router,
+        &sc.fleet,
+        &pods.addrs,
+        &sc.adapters,
+        &sc.filter_config,
+        Some(listen),
+    )
+    .await
+    .map_err(|e| DemoError::Start(e.to_string()))?;
     let stack = Stack {
         router,
         pods,

@@ -12,6 +12,7 @@ pub mod confidence;
 pub mod dashboard_chart;
 pub mod demo;
 pub mod diagnostics;
+pub mod flowbench;
 pub mod instant;
 pub mod loadgen;
 pub mod overhead;

@@ -42,6 +42,9 @@ pub struct Sample {
     pub at_ms: f64,
     /// How late the dispatcher actually sent it, ms (load-generator health).
     pub lag_ms: f64,
+    /// The value of the request's tagging header (its objective, its tenant), if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
     /// What came back.
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -93,7 +96,11 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
         tokio::time::sleep_until(when.into()).await;
         let lag = Instant::now().saturating_duration_since(when);
         let uri = uris[(r.id % uris.len() as u64) as usize].clone();
-        let (client, headers) = (client.clone(), headers.clone());
+        let (client, mut headers) = (client.clone(), headers.clone());
+        if let Some(h) = &r.header {
+            Arc::make_mut(&mut headers).push(h.clone());
+        }
+        let tag = r.header.as_ref().map(|(_, v)| v.clone());
         let body = r.body.clone();
         let (id, model, at) = (r.id, r.model.clone(), r.at);
         let deadline = (Instant::now() + opts.request_timeout).min(cut);
@@ -115,6 +122,7 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
                 model,
                 at_ms: ms(at),
                 lag_ms: ms(lag),
+                tag,
                 outcome,
             }
         });
@@ -128,6 +136,7 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
                 model: String::new(),
                 at_ms: 0.0,
                 lag_ms: 0.0,
+                tag: None,
                 outcome: Outcome {
                     error: Some(format!("task failed: {e}")),
                     ..Outcome::default()

@@ -182,6 +182,27 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// The flow-control scenarios (priority bands, two tenants, 1.5x overload, a 90/10
+    /// canary) under round robin, the filter and the best peer; writes
+    /// target/bench/flow.{json,md} and exits non-zero when a run failed (not when a target is
+    /// missed: the report says which).
+    Flow {
+        /// CI-sized windows (speed-up 4) instead of the full protocol (speed-up 3).
+        #[arg(long)]
+        quick: bool,
+        /// Only these experiments (repeatable): bands tenants overload canary.
+        #[arg(long = "experiment")]
+        experiments: Vec<String>,
+        /// First workload seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Seeds per arm. Default: 1 quick, 3 full.
+        #[arg(long)]
+        seeds: Option<usize>,
+        /// Leave out the peer router (sglang-router cache_aware).
+        #[arg(long)]
+        no_peers: bool,
+    },
     /// Mixed-GPU fleet under round robin, then under the filter, side by side.
     Demo {
         /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
@@ -446,6 +467,38 @@ fn main() -> ExitCode {
                     }
                     Err(e) => {
                         eprintln!("bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Cmd::Flow {
+                quick,
+                experiments,
+                seed,
+                seeds,
+                no_peers,
+            } => {
+                let mode = if quick {
+                    Mode::quick(seed)
+                } else {
+                    Mode::full(seed)
+                };
+                let cfg = bench::flowbench::FlowBenchConfig {
+                    mode,
+                    seeds: seeds.unwrap_or(if quick { 1 } else { 3 }),
+                    experiments,
+                    peers: !no_peers,
+                    reps: if quick { 500 } else { 1000 },
+                    out_dir: out_dir.clone(),
+                };
+                match bench::flowbench::run_flow(&cfg).await {
+                    Ok(rep) => {
+                        println!("{}", bench::flowbench::markdown(&rep));
+                        eprintln!("bench flow: wrote {}/flow.{{json,md}}", out_dir.display());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("bench flow: {e}");
                         ExitCode::FAILURE
                     }
                 }

@@ -492,7 +492,7 @@ async fn own_arms(
     if opts.wants(ENVOY_FILTER) {
         let spec = EnvoySpec::new(Router::Filter)
             .pool(POOL, CLUSTER, eps.clone())
-            .plugin_config(plugin_config(&[], false));
+            .plugin_config(plugin_config(&[], false, &serde_json::Value::Null));
         let envoy = pass(spec, "bench-overhead-filter")
             .start()
             .await

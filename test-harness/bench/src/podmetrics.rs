@@ -291,6 +291,7 @@ mod tests {
             model: model.into(),
             at_ms: at,
             lag_ms: 0.0,
+            tag: None,
             outcome: Outcome {
                 status: 200,
                 pod: Some(pod.into()),

@@ -1210,6 +1210,7 @@ mod tests {
                 model: "m".into(),
                 at_ms: 0.0,
                 lag_ms: 0.0,
+                tag: None,
                 outcome: Outcome {
                     status: if (i as usize) < ok { 200 } else { 500 },
                     error: if (i as usize) < ok {

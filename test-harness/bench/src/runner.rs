@@ -236,7 +236,7 @@ pub async fn run_windowed(
     sc.workload.horizon = w.warmup + w.window + w.tail;
     sc.workload.max_requests = sc.workload.max_requests.max(1_000_000);
     let reqs = generate(&sc.workload);
-    let stack = start_stack(&sc.fleet, router, &sc.adapters)
+    let stack = start_stack(&sc.fleet, router, &sc.adapters, &sc.filter_config)
         .await
         .map_err(|e| e.to_string())?;
     let pids: Vec<(String, String)> = stack
@@ -1249,6 +1249,7 @@ mod tests {
                 model: "m".into(),
                 at_ms: 1.0,
                 lag_ms: 0.0,
+                tag: None,
                 outcome: Outcome {
                     status: 503,
                     error: Some("status 503: a, b\nc".into()),
@@ -1321,6 +1322,7 @@ mod tests {
                 model: "m".into(),
                 at_ms: 1000.0 + i as f64,
                 lag_ms: 0.0,
+                tag: None,
                 outcome: Outcome {
                     status: 200,
                     ttft_ms: Some(*t),

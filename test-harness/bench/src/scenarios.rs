@@ -12,7 +12,7 @@
 
 use crate::arrivals::Arrival;
 use crate::stack::{FleetSpec, PodSpec, MODEL};
-use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, WorkloadSpec};
+use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec};
 use model_sim::engine::{Engine, Event, NewRequest};
 use model_sim::profile::Profile;
 use model_sim::prompt::{block_hashes, parse, Api};
@@ -109,6 +109,10 @@ pub struct Scenario {
     pub floor_ms: f64,
     /// What must have happened for the run to count.
     pub condition: Condition,
+    /// Settings the scenario's deployment adds to the filter's configuration (JSON object or
+    /// null), as [`crate::stack::plugin_config`] merges them: which identity headers are
+    /// trusted, a canary rule. Never a routing knob.
+    pub filter_config: serde_json::Value,
 }
 
 impl Scenario {
@@ -464,6 +468,7 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
         max_requests: if mode.quick { 2_000 } else { 40_000 },
         model: MODEL.to_string(),
         prompts: d.prompts,
+        tagging: None,
     };
     let fleet = FleetSpec {
         pods: d.pods,
@@ -488,7 +493,135 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
         slo_ttft_ms: d.slo_ms / s,
         floor_ms,
         condition: d.condition,
+        filter_config: serde_json::Value::Null,
     })
+}
+
+/// The flow-control scenarios (issue 21), run by `bench flow`, not by `bench run`: each is a
+/// standard scenario's fleet and prompts with who each request is, and the load that makes
+/// holding matter.
+pub const FLOW_NAMES: [&str; 5] = [
+    "flow_bands",
+    "flow_tenants",
+    "flow_tenants_alone",
+    "flow_overload",
+    "flow_canary",
+];
+
+/// llm-d's objective header: the request's band through the filter's `objectives` allowlist.
+pub const OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// llm-d's fairness-id header: the tenant.
+pub const FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
+/// The model name clients ask for in `flow_canary`; a rewrite rule splits it.
+pub const CANARY_MODEL: &str = "llama";
+/// The canary's served name (an adapter of the pool, so model-sim serves it).
+pub const CANARY_TARGET: &str = "adapter-canary";
+/// The canary rule's weights: stable, canary.
+pub const CANARY_WEIGHTS: (u32, u32) = (90, 10);
+
+/// The deployment a gateway with trusted identity headers has: the shipped `jwt_authn` chain
+/// (`envoy/identity/`) writes them, so the filter trusts them; the objectives allowlist names
+/// the three bands as llm-d's `InferenceObjective` priorities do.
+fn trusted_identity() -> serde_json::Value {
+    serde_json::json!({
+        "priority": {"trust_headers": true},
+        "objectives": {"critical": 1, "standard": 0, "sheddable": -1},
+    })
+}
+
+/// Build a flow scenario ([`FLOW_NAMES`]) by name.
+///
+/// - `flow_bands`: `bursty` as it is, each request critical (20 %), standard (50 %) or
+///   sheddable (30 %) by its objective header.
+/// - `flow_tenants`: `bursty`'s fleet and prompts, Poisson at 1.2× the fleet's measured
+///   capacity (saturated), two tenants by fairness id, `heavy` sending 10× `light`'s rate.
+/// - `flow_tenants_alone`: the same workload with only `light`'s requests (the same requests
+///   at the same times): its TTFT when alone.
+/// - `flow_overload`: `bursty`'s fleet and prompts, Poisson at 1.5× the fleet's measured
+///   capacity; `bench flow` sends it for 60 emulated seconds from an idle fleet and counts
+///   every request.
+/// - `flow_canary`: 4 `h100`, short prompts asking for [`CANARY_MODEL`], a 90/10 rewrite rule
+///   to the base model and [`CANARY_TARGET`]; 10,000 requests (full), 2,000 (quick).
+pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
+    let name: &'static str = FLOW_NAMES.iter().find(|n| **n == name)?;
+    let bursty = scenario("bursty", mode)?;
+    let poisson_at = |load: f64| {
+        let mut s = bursty.clone();
+        let rate = load * s.capacity_rps;
+        s.rate_rps = rate;
+        s.workload.arrival = Arrival::Poisson { rate };
+        s
+    };
+    let tenants = || {
+        let mut s = poisson_at(1.2);
+        s.workload.tagging = Some(Tagging::new(
+            FAIRNESS_HEADER,
+            &[("heavy", 10.0), ("light", 1.0)],
+        ));
+        s.filter_config = trusted_identity();
+        s
+    };
+    let mut s = match name {
+        "flow_bands" => {
+            let mut s = bursty.clone();
+            s.workload.tagging = Some(Tagging::new(
+                OBJECTIVE_HEADER,
+                &[("critical", 0.2), ("standard", 0.5), ("sheddable", 0.3)],
+            ));
+            s.filter_config = trusted_identity();
+            s.about = "bursty with 20 % critical, 50 % standard, 30 % sheddable requests";
+            s
+        }
+        "flow_tenants" => {
+            let mut s = tenants();
+            s.about = "bursty's fleet saturated (1.2x capacity), tenant heavy at 10x light's rate";
+            s
+        }
+        "flow_tenants_alone" => {
+            let mut s = tenants();
+            if let Some(t) = s.workload.tagging.as_mut() {
+                t.only = Some("light".into());
+            }
+            s.rate_rps /= 11.0;
+            s.about = "flow_tenants' light tenant alone (the same requests)";
+            s
+        }
+        "flow_overload" => {
+            let mut s = poisson_at(1.5);
+            s.warmup = Duration::ZERO;
+            s.workload.horizon = Duration::from_secs_f64(60.0 / mode.speedup.max(0.01));
+            s.about = "bursty's fleet offered 1.5x its capacity for 60 s";
+            s
+        }
+        "flow_canary" => {
+            let mut s = scenario("uniform", mode)?;
+            s.fleet.pods = pods(&["h100"; 4], |_| {});
+            let n = if mode.quick { 2_000 } else { 10_000 };
+            // Wall-clock rate: light work, as fast as this machine carries it comfortably.
+            let rate = 100.0;
+            s.rate_rps = rate;
+            s.warmup = Duration::ZERO;
+            s.workload.arrival = Arrival::Poisson { rate };
+            s.workload.max_requests = n;
+            // Poisson arrivals: n ± √n requests.
+            s.workload.horizon = Duration::from_secs_f64(n as f64 / rate);
+            s.workload.model = CANARY_MODEL.to_string();
+            s.workload.prompts = Prompts::Independent {
+                prompt_tokens: Range::new(20, 60),
+                max_tokens: Range::new(1, 8),
+            };
+            s.adapters = vec![CANARY_TARGET.to_string()];
+            s.filter_config = serde_json::json!({"rewrites": [{"model": CANARY_MODEL, "targets": [
+                {"model": MODEL, "weight": CANARY_WEIGHTS.0},
+                {"model": CANARY_TARGET, "weight": CANARY_WEIGHTS.1}]}]});
+            s.about = "a 90/10 canary rewrite over short requests";
+            s
+        }
+        _ => return None,
+    };
+    s.name = name;
+    s.card = "";
+    Some(s)
 }
 
 /// The TTFT p95 (wall-clock ms) a perfect router could reach: every measured request served
@@ -496,6 +629,16 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
 /// seen before (as big as the whole fleet's KV) and whose adapters are resident. Cold reads pay
 /// their full prefill; nothing waits. Computed with model-sim's engine on a simulated clock.
 pub fn floor_ms(fleet: &FleetSpec, reqs: &[RequestSpec], warmup: Duration) -> f64 {
+    floor_percentile_ms(fleet, reqs, warmup, 95.0)
+}
+
+/// [`floor_ms`] at another percentile (`p` in 0..=100) of the requests from `warmup` on.
+pub fn floor_percentile_ms(
+    fleet: &FleetSpec,
+    reqs: &[RequestSpec],
+    warmup: Duration,
+    percentile: f64,
+) -> f64 {
     let profiles: Vec<Profile> = fleet
         .pods
         .iter()
@@ -548,7 +691,7 @@ pub fn floor_ms(fleet: &FleetSpec, reqs: &[RequestSpec], warmup: Duration) -> f6
         t += 1.0;
     }
     ttfts.sort_by(f64::total_cmp);
-    let i = ((ttfts.len() as f64 * 0.95).ceil() as usize).saturating_sub(1);
+    let i = ((ttfts.len() as f64 * percentile / 100.0).ceil() as usize).saturating_sub(1);
     ttfts.get(i).map_or(0.0, |x| x * 1000.0)
 }
 
@@ -586,6 +729,62 @@ mod tests {
             );
         }
         assert!(scenario("nope", quick()).is_none());
+    }
+
+    #[test]
+    fn flow_scenarios_say_who_each_request_is_and_load_the_fleet_as_the_issue_asks() {
+        let m = quick();
+        let bursty = scenario("bursty", m).unwrap();
+        let bands = flow_scenario("flow_bands", m).unwrap();
+        let reqs = generate(&bands.workload);
+        // bursty's arrivals and prompts, plus the objective header in 20/50/30.
+        assert_eq!(reqs.len(), generate(&bursty.workload).len());
+        let share = |v: &str| {
+            reqs.iter()
+                .filter(|r| r.header == Some((OBJECTIVE_HEADER.into(), v.into())))
+                .count() as f64
+                / reqs.len() as f64
+        };
+        assert!(
+            (share("critical") - 0.2).abs() < 0.05,
+            "{}",
+            share("critical")
+        );
+        assert!((share("sheddable") - 0.3).abs() < 0.05);
+        assert_eq!(bands.filter_config["priority"]["trust_headers"], true);
+        assert_eq!(bands.filter_config["objectives"]["sheddable"], -1);
+        // Tenants: saturated, and the light tenant alone is the same requests at the same times.
+        let mix = flow_scenario("flow_tenants", m).unwrap();
+        assert!((mix.rate_rps / mix.capacity_rps - 1.2).abs() < 1e-9);
+        let alone = flow_scenario("flow_tenants_alone", m).unwrap();
+        let (all, light) = (generate(&mix.workload), generate(&alone.workload));
+        let light_in_mix: Vec<_> = all
+            .iter()
+            .filter(|r| r.header.as_ref().is_some_and(|h| h.1 == "light"))
+            .collect();
+        assert_eq!(light.len(), light_in_mix.len());
+        assert!(light
+            .iter()
+            .zip(&light_in_mix)
+            .all(|(a, b)| a.id == b.id && a.at == b.at));
+        let heavy = all.len() - light.len();
+        assert!((7.0..14.0).contains(&(heavy as f64 / light.len() as f64)));
+        // Overload: 1.5x capacity for 60 emulated seconds, all of it measured.
+        let o = flow_scenario("flow_overload", m).unwrap();
+        assert!((o.rate_rps / o.capacity_rps - 1.5).abs() < 1e-9);
+        assert_eq!(
+            o.workload.horizon,
+            Duration::from_secs_f64(60.0 / m.speedup)
+        );
+        assert_eq!(o.warmup, Duration::ZERO);
+        // Canary: clients ask for one name; a 90/10 rule splits it.
+        let c = flow_scenario("flow_canary", Mode::full(1)).unwrap();
+        let n = generate(&c.workload).len();
+        assert!((9_500..10_500).contains(&n), "{n}");
+        let rule = &c.filter_config["rewrites"][0];
+        assert_eq!(rule["model"], CANARY_MODEL);
+        assert_eq!(rule["targets"][1]["model"], CANARY_TARGET);
+        assert!(flow_scenario("bursty", m).is_none());
     }
 
     #[test]

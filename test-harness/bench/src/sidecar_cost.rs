@@ -77,7 +77,7 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
     }
     let mut spec = EnvoySpec::new(Router::Filter)
         .pool(POOL, CLUSTER, addrs.clone())
-        .plugin_config(plugin_config(&[], false));
+        .plugin_config(plugin_config(&[], false, &serde_json::Value::Null));
     spec.name = "bench-sidecar-cost-envoy".into();
     let envoy = spec.start().await.map_err(|x| e(x.to_string()))?;
     let (sidecar, listen) = start_sidecar_at(envoy.push_addr(), &addrs, None)

@@ -175,6 +175,7 @@ pub fn envoy_spec(
     fleet: &FleetSpec,
     pods: &[SocketAddr],
     adapters: &[String],
+    scenario_config: &Value,
 ) -> EnvoySpec {
     let envoy_router = match router {
         RouterKind::RoundRobin | RouterKind::WeightedRr => EnvoyRouter::RoundRobin,
@@ -207,6 +208,7 @@ pub fn envoy_spec(
             spec = spec.plugin_config(plugin_config(
                 adapters,
                 router == RouterKind::FilterGaieWeights,
+                scenario_config,
             ));
         }
         _ => {}
@@ -370,8 +372,11 @@ pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
 }
 
 /// The filter's plugin configuration: the defaults, plus pool membership (models, adapters) and
-/// the snapshot secret; `gaie_weights` swaps in GAIE's default weights.
-pub fn plugin_config(adapters: &[String], gaie_weights: bool) -> Value {
+/// the snapshot secret; `gaie_weights` swaps in GAIE's default weights; `scenario_config` (a
+/// JSON object or null) is what the scenario's deployment needs besides, merged as
+/// [`EXPERIMENT_ENV`] is (e.g. which identity headers are trusted, a canary rule) — never a
+/// routing knob.
+pub fn plugin_config(adapters: &[String], gaie_weights: bool, scenario_config: &Value) -> Value {
     let mut pool = json!({"name": POOL, "cluster": CLUSTER, "models": [MODEL]});
     if !adapters.is_empty() {
         pool["adapters"] = json!(adapters);
@@ -380,6 +385,9 @@ pub fn plugin_config(adapters: &[String], gaie_weights: bool) -> Value {
         pool["weights"] = json!({"queue": 2, "kv_cache": 2, "prefix": 3, "lora": 0, "load": 0});
     }
     let mut config = json!({"pools": [pool], "snapshot": {"secret": SECRET}});
+    if let Value::Object(extra) = scenario_config {
+        merge(&mut config, extra.clone());
+    }
     merge_experiment(&mut config, std::env::var(EXPERIMENT_ENV).ok().as_deref());
     config
 }
@@ -396,6 +404,12 @@ fn merge_experiment(config: &mut Value, extra: Option<&str>) {
     let Ok(Value::Object(extra)) = serde_json::from_str::<Value>(extra) else {
         panic!("{EXPERIMENT_ENV} must be a JSON object, got {extra:?}");
     };
+    merge(config, extra);
+}
+
+/// Merge `extra` over `config`: its `pool` entry's fields into the first pool, its other keys
+/// over the top level.
+fn merge(config: &mut Value, extra: serde_json::Map<String, Value>) {
     for (k, v) in extra {
         if k == "pool" {
             if let (Some(p), Value::Object(fields)) = (config["pools"].get_mut(0), v) {
@@ -556,12 +570,14 @@ pub async fn start_stack(
     fleet: &FleetSpec,
     router: RouterKind,
     adapters: &[String],
+    scenario_config: &Value,
 ) -> Result<Stack, StackError> {
     let pods = start_pods(fleet).await?;
-    let gateway = start_gateway(router, fleet, &pods.addrs, adapters, None).await?;
+    let gateway =
+        start_gateway(router, fleet, &pods.addrs, adapters, scenario_config, None).await?;
     let mut replicas = Vec::new();
     for i in 1..router.replicas() {
-        let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters);
+        let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters, scenario_config);
         spec.name = format!("{}-replica{i}", spec.name);
         let e = spec.start().await.map_err(tk("start Envoy replica"))?;
         let s = start_sidecar(e.push_addr(), &pods.addrs).await?;
@@ -592,6 +608,7 @@ pub async fn start_gateway(
     fleet: &FleetSpec,
     pods: &[SocketAddr],
     adapters: &[String],
+    scenario_config: &Value,
     listen_port: Option<u16>,
 ) -> Result<Gateway, StackError> {
     if let Some((kind, policy)) = router.peer() {
@@ -600,7 +617,7 @@ pub async fn start_gateway(
             .map_err(tk(format!("start {} ({policy})", kind.package())))?;
         return Ok(Gateway::Peer(p));
     }
-    let mut spec = envoy_spec(router, fleet, pods, adapters);
+    let mut spec = envoy_spec(router, fleet, pods, adapters, scenario_config);
     if let Some(port) = listen_port {
         spec.listen_port = port;
     }
@@ -735,7 +752,7 @@ mod tests {
 
     #[test]
     fn an_experiment_merges_over_the_top_level_and_the_pool() {
-        let mut c = plugin_config(&[], false);
+        let mut c = plugin_config(&[], false, &Value::Null);
         merge_experiment(
             &mut c,
             Some(r#"{"flow": {"kv_threshold": 0.9}, "pool": {"preset": "latency"}}"#),
@@ -743,7 +760,7 @@ mod tests {
         assert_eq!(c["flow"]["kv_threshold"], 0.9);
         assert_eq!(c["pools"][0]["preset"], "latency");
         assert_eq!(c["pools"][0]["name"], POOL);
-        let before = plugin_config(&[], false);
+        let before = plugin_config(&[], false, &Value::Null);
         let mut same = before.clone();
         merge_experiment(&mut same, Some(" "));
         assert_eq!(same, before);
@@ -751,14 +768,23 @@ mod tests {
 
     #[test]
     fn plugin_config_is_the_default_plus_membership() {
-        let c = plugin_config(&[], false);
+        let c = plugin_config(&[], false, &Value::Null);
         let pool = &c["pools"][0];
         assert_eq!(pool["cluster"], CLUSTER);
         assert_eq!(pool["models"][0], MODEL);
         assert!(pool.get("weights").is_none() && pool.get("preset").is_none());
         assert_eq!(c["snapshot"]["secret"], SECRET);
-        let g = plugin_config(&["a".into()], true);
+        let g = plugin_config(&["a".into()], true, &Value::Null);
         assert_eq!(g["pools"][0]["adapters"][0], "a");
+        // A scenario's deployment settings merge like an experiment's.
+        let t = plugin_config(
+            &[],
+            false,
+            &json!({"priority": {"trust_headers": true}, "pool": {"adapters": ["b"]}}),
+        );
+        assert_eq!(t["priority"]["trust_headers"], true);
+        assert_eq!(t["pools"][0]["adapters"][0], "b");
+        assert_eq!(t["pools"][0]["cluster"], CLUSTER);
         let w = &g["pools"][0]["weights"];
         assert_eq!(
             (
@@ -832,7 +858,7 @@ mod tests {
             SocketAddr::from(([127, 0, 0, 1], 9002)),
         ];
         let cluster = |r: RouterKind| {
-            let doc = envoy_spec(r, &f, &pods, &[])
+            let doc = envoy_spec(r, &f, &pods, &[], &Value::Null)
                 .bootstrap(std::path::Path::new("/x"), std::path::Path::new("/y"))
                 .unwrap();
             doc["static_resources"]["clusters"][0].clone()

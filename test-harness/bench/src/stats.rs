@@ -179,6 +179,7 @@ mod tests {
             model: "m".into(),
             at_ms: 0.0,
             lag_ms: id as f64 / 10.0,
+            tag: None,
             outcome: Outcome {
                 status,
                 error: if status == 200 {

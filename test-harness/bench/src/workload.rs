@@ -121,6 +121,45 @@ pub struct WorkloadSpec {
     pub model: String,
     /// Prompt shape.
     pub prompts: Prompts,
+    /// Who each request is (a header drawn per request), if the scenario says.
+    pub tagging: Option<Tagging>,
+}
+
+/// A request header drawn per request: who a request is (its objective, its tenant). Drawn
+/// from a random stream of its own, so arrivals and prompts are the same as without it; with
+/// `only`, the workload keeps just the requests that drew that value (the same requests at
+/// the same times: one tenant's traffic alone).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Tagging {
+    /// The header's name.
+    pub header: String,
+    /// Its values with their relative weights.
+    pub values: Vec<(String, f64)>,
+    /// Keep only the requests that drew this value.
+    pub only: Option<String>,
+}
+
+impl Tagging {
+    /// A header whose values are drawn with these weights.
+    pub fn new(header: &str, values: &[(&str, f64)]) -> Self {
+        Tagging {
+            header: header.to_string(),
+            values: values.iter().map(|(v, w)| (v.to_string(), *w)).collect(),
+            only: None,
+        }
+    }
+
+    fn draw(&self, rng: &mut StdRng) -> Option<&str> {
+        let total: f64 = self.values.iter().map(|(_, w)| w.max(0.0)).sum();
+        let mut x = rng.random::<f64>() * total;
+        for (v, w) in &self.values {
+            if x < w.max(0.0) {
+                return Some(v);
+            }
+            x -= w.max(0.0);
+        }
+        self.values.last().map(|(v, _)| v.as_str())
+    }
 }
 
 /// One request of a workload.
@@ -141,6 +180,8 @@ pub struct RequestSpec {
     pub prefix_group: Option<u32>,
     /// The exact JSON body (streaming chat completion with usage).
     pub body: Bytes,
+    /// The request's [`Tagging`] header and the value it drew.
+    pub header: Option<(String, String)>,
 }
 
 /// The name of adapter `i`.
@@ -309,6 +350,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     prompt_chars: msgs[0].1.len(),
                     prefix_group: None,
                     body: chat_body(&spec.model, &msgs, mt),
+                    header: None,
                 });
             }
         }
@@ -331,6 +373,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     prompt_chars: msgs[0].1.len(),
                     prefix_group: None,
                     body: chat_body(&spec.model, &msgs, *max_tokens),
+                    header: None,
                 });
             }
         }
@@ -446,6 +489,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     prompt_chars,
                     prefix_group: Some(group),
                     body: chat_body(&spec.model, &msgs, mt),
+                    header: None,
                 });
             }
         }
@@ -492,11 +536,30 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     prefix_group: None,
                     body: chat_body(&model, &msgs, mt),
                     model,
+                    header: None,
                 });
             }
         }
     }
+    if let Some(t) = &spec.tagging {
+        out = tag(out, t, spec.seed);
+    }
     out
+}
+
+/// Draw each request's [`Tagging`] value (a stream of its own) and keep only `t.only`'s.
+fn tag(reqs: Vec<RequestSpec>, t: &Tagging, seed: u64) -> Vec<RequestSpec> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5bd1_e995_7f4a_0001);
+    reqs.into_iter()
+        .filter_map(|mut r| {
+            let v = t.draw(&mut rng)?.to_string();
+            if t.only.as_ref().is_some_and(|o| *o != v) {
+                return None;
+            }
+            r.header = Some((t.header.clone(), v));
+            Some(r)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -511,6 +574,7 @@ mod tests {
             max_requests: 500,
             model: "m".into(),
             prompts,
+            tagging: None,
         }
     }
 
@@ -578,6 +642,7 @@ mod tests {
             prompt_chars: 1,
             prefix_group: g,
             body: Bytes::new(),
+            header: None,
         };
         let reqs = vec![
             mk(0, Some(1)),
@@ -590,6 +655,42 @@ mod tests {
         assert!((cold_read_fraction(&reqs, Duration::ZERO) - 0.5).abs() < 1e-9);
         // From t=2 on: only group 3's first read is cold (1 of 4).
         assert!((cold_read_fraction(&reqs, Duration::from_secs(2)) - 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn tags_are_drawn_by_weight_without_changing_the_requests_and_only_keeps_one_value() {
+        let p = all_kinds().remove(0);
+        let mut s = spec(p, 9);
+        s.max_requests = 5000;
+        s.horizon = Duration::from_secs(1000);
+        let plain = generate(&s);
+        s.tagging = Some(Tagging::new("x-who", &[("a", 2.0), ("b", 8.0)]));
+        let tagged = generate(&s);
+        assert_eq!(plain.len(), tagged.len());
+        let mut a = 0;
+        for (p, t) in plain.iter().zip(&tagged) {
+            // Same arrivals and bodies: only the header is new.
+            assert_eq!((p.id, p.at, &p.body), (t.id, t.at, &t.body));
+            let (h, v) = t.header.clone().unwrap();
+            assert_eq!(h, "x-who");
+            a += usize::from(v == "a");
+        }
+        let share = a as f64 / tagged.len() as f64;
+        assert!((share - 0.2).abs() < 0.02, "{share}");
+        // `only` keeps the same requests that drew it, at the same times.
+        s.tagging.as_mut().unwrap().only = Some("a".into());
+        let alone = generate(&s);
+        assert_eq!(alone.len(), a);
+        let drew_a: Vec<_> = tagged
+            .iter()
+            .filter(|r| r.header.as_ref().unwrap().1 == "a")
+            .collect();
+        for (x, y) in alone.iter().zip(drew_a) {
+            assert_eq!(
+                (x.id, x.at, &x.body, &x.header),
+                (y.id, y.at, &y.body, &y.header)
+            );
+        }
     }
 
     #[test]

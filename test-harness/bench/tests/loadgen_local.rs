@@ -131,6 +131,7 @@ async fn open_loop_sends_every_request_and_records_errors() {
             prompt_tokens: Range::new(10, 20),
             max_tokens: Range::new(3, 3),
         },
+        tagging: None,
     };
     let reqs = generate(&spec);
     assert!(!reqs.is_empty());

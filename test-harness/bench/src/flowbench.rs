@@ -1,0 +1,993 @@
+//! `bench flow`: the flow-control scenarios (issue 21) under the routers they compare, with
+//! the per-band and per-tenant figures the standard report does not have, judged against the
+//! issue's targets.
+//!
+//! Every run is the Benchmark v2 protocol ([`run_windowed`]: fresh pods and gateway, the
+//! warm-up excluded, failed requests +∞ in every percentile, so no router gains by refusing):
+//!
+//! - **bands** (`flow_bands`): critical TTFT p99 ≤ 0.05× round robin's; sheddable requests
+//!   refused before standard ones (a larger share of them, and standard ones only if
+//!   sheddable ones too). The whole traffic's p99 and preemptions are shown beside.
+//! - **tenants** (`flow_tenants`, `flow_tenants_alone`): the light tenant's TTFT p95 in the
+//!   saturated pool ≤ 1.2× its p95 alone — the same requests at the same times, the same router.
+//! - **overload** (`flow_overload`): 60 emulated seconds at 1.5× capacity from an idle fleet;
+//!   goodput (requests served with TTFT within the SLO, per emulated second) ≥ round robin's and
+//!   the best peer's; nothing lost (each request served or refused with 429).
+//! - **canary** (`flow_canary`): the share served by the canary within ±1 percentage point of
+//!   its weight.
+//!
+//! Ratios come with paired bootstrap intervals over the seeds ([`ratio_cis`]).
+
+use crate::confidence::{pooled, ratio_cis, Bootstrap, RunData, Stat};
+use crate::loadgen::Sample;
+use crate::runner::{run_windowed, RunOutcome, Windows};
+use crate::scenarios::{
+    floor_percentile_ms, flow_scenario, Mode, Scenario, CANARY_TARGET, CANARY_WEIGHTS,
+};
+use crate::stack::RouterKind;
+use crate::workload::generate;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The experiments, in run order.
+pub const EXPERIMENTS: [&str; 4] = ["bands", "tenants", "overload", "canary"];
+
+/// What `bench flow` runs.
+#[derive(Debug, Clone)]
+pub struct FlowBenchConfig {
+    /// Quick or full, speed-up; `seed` is the first seed.
+    pub mode: Mode,
+    /// Seeds per arm.
+    pub seeds: usize,
+    /// Experiments to run (empty: all).
+    pub experiments: Vec<String>,
+    /// Include the best peer of the last full run (sglang-router `cache_aware`).
+    pub peers: bool,
+    /// Bootstrap replicates.
+    pub reps: usize,
+    /// Where `flow.{json,md}` go.
+    pub out_dir: PathBuf,
+}
+
+/// One router on one scenario variant.
+#[derive(Debug, Clone, Copy)]
+struct Arm {
+    router: RouterKind,
+    scenario: &'static str,
+}
+
+fn arms(exp: &str, peers: bool) -> Vec<Arm> {
+    let arm = |router, scenario| Arm { router, scenario };
+    let peer = RouterKind::SglangCacheAware;
+    let mut v = match exp {
+        "bands" => vec![
+            arm(RouterKind::RoundRobin, "flow_bands"),
+            arm(RouterKind::Filter, "flow_bands"),
+        ],
+        "tenants" => vec![
+            arm(RouterKind::RoundRobin, "flow_tenants"),
+            arm(RouterKind::RoundRobin, "flow_tenants_alone"),
+            arm(RouterKind::Filter, "flow_tenants"),
+            arm(RouterKind::Filter, "flow_tenants_alone"),
+        ],
+        "overload" => vec![
+            arm(RouterKind::RoundRobin, "flow_overload"),
+            arm(RouterKind::LeastRequest, "flow_overload"),
+            arm(RouterKind::Filter, "flow_overload"),
+        ],
+        "canary" => vec![arm(RouterKind::Filter, "flow_canary")],
+        _ => vec![],
+    };
+    if peers && matches!(exp, "bands" | "overload") {
+        v.push(arm(
+            peer,
+            if exp == "bands" {
+                "flow_bands"
+            } else {
+                "flow_overload"
+            },
+        ));
+    }
+    v
+}
+
+/// Figures of one group of requests (a band, a tenant, or all) of one arm, pooled over seeds.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Figures {
+    /// Requests that arrived in the window.
+    pub requests: usize,
+    /// Served (2xx, complete stream).
+    pub served: usize,
+    /// Refused with 429.
+    pub refused: usize,
+    /// Neither: an error other than 429, a cut stream, a timeout.
+    pub lost: usize,
+    /// TTFT percentiles, emulated ms, failures (refusals included) +∞.
+    pub ttft_p50_ms: f64,
+    /// p95.
+    pub ttft_p95_ms: f64,
+    /// p99.
+    pub ttft_p99_ms: f64,
+    /// Served requests per emulated second of window.
+    pub throughput_rps: f64,
+    /// Served requests with TTFT within the scenario's SLO per emulated second (goodput).
+    pub goodput_rps: f64,
+    /// End-to-end p95, emulated ms, failures +∞ (what over-admitting costs after the first token).
+    pub e2e_p95_ms: f64,
+    /// Output tokens of served requests per emulated second.
+    pub output_tokens_per_s: f64,
+}
+
+/// One arm's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmResult {
+    /// Router name.
+    pub router: String,
+    /// Scenario variant.
+    pub scenario: String,
+    /// Seeds run.
+    pub seeds: Vec<u64>,
+    /// Runs the protocol's checks invalidated (step lateness), with the reason.
+    pub invalid: Vec<String>,
+    /// All window requests.
+    pub all: Figures,
+    /// By the request's tag (band or tenant), when it had one.
+    pub by_tag: BTreeMap<String, Figures>,
+    /// Preemptions per run (`vllm:num_preemptions_total` over the window, mean over seeds).
+    pub preemptions: Option<f64>,
+    /// 429s by `x-llm-router-dropped-reason`.
+    pub refusals: BTreeMap<String, usize>,
+    /// Served requests by the model name the rewrite chose (`x-llm-router-served-model`).
+    pub served_models: BTreeMap<String, usize>,
+    /// The same, per run (seed).
+    pub served_models_by_run: Vec<BTreeMap<String, usize>>,
+    #[serde(skip)]
+    runs: Vec<(RunData, BTreeMap<u64, String>)>,
+}
+
+/// One judged target.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Check {
+    /// What is measured.
+    pub what: String,
+    /// The measured value (a ratio, a share, a count).
+    pub value: Option<f64>,
+    /// Its 95 % interval, for ratios.
+    pub ci95: Option<[f64; 2]>,
+    /// The target, as the issue states it.
+    pub target: String,
+    /// Whether the point estimate meets it (`None`: not measurable in this run).
+    pub met: Option<bool>,
+}
+
+/// One experiment's arms and checks.
+#[derive(Debug, Clone, Serialize)]
+pub struct Experiment {
+    /// `bands`, `tenants`, `overload`, `canary`.
+    pub name: String,
+    /// What the scenario is.
+    pub about: String,
+    /// The TTFT SLO of goodput, emulated ms.
+    pub slo_ms: f64,
+    /// Bands: the critical requests' TTFT p99 with each alone on an idle pod of the fleet
+    /// (the first seed's window), emulated ms.
+    pub critical_floor_p99_ms: Option<f64>,
+    /// Every arm.
+    pub arms: Vec<ArmResult>,
+    /// The issue's targets.
+    pub checks: Vec<Check>,
+}
+
+/// Everything `bench flow` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowReport {
+    /// `quick` or `full`.
+    pub mode: String,
+    /// Emulator speed-up.
+    pub speedup: f64,
+    /// Seeds per arm.
+    pub seeds: usize,
+    /// The experiments run.
+    pub experiments: Vec<Experiment>,
+}
+
+/// Keep the observations of the ids `keep` accepts.
+fn subset(d: &RunData, keep: impl Fn(u64) -> bool) -> RunData {
+    RunData {
+        obs: d
+            .obs
+            .iter()
+            .filter(|(id, _)| keep(**id))
+            .map(|(k, v)| (*k, *v))
+            .collect(),
+        ..d.clone()
+    }
+}
+
+/// The figures of the requests `keep` accepts over every run of an arm.
+fn figures(
+    runs: &[(RunData, BTreeMap<u64, String>)],
+    samples: &[Vec<Sample>],
+    slo_ms: f64,
+    keep: &dyn Fn(&Sample) -> bool,
+) -> Figures {
+    let data: Vec<RunData> = runs
+        .iter()
+        .zip(samples)
+        .map(|((d, _), ss)| {
+            let ids: std::collections::BTreeSet<u64> =
+                ss.iter().filter(|s| keep(s)).map(|s| s.id).collect();
+            subset(d, |id| ids.contains(&id))
+        })
+        .collect();
+    let mut f = Figures::default();
+    for s in samples.iter().flatten().filter(|s| keep(s)) {
+        f.requests += 1;
+        if s.outcome.ok() {
+            f.served += 1;
+        } else if s.outcome.status == 429 {
+            f.refused += 1;
+        } else {
+            f.lost += 1;
+        }
+    }
+    f.ttft_p50_ms = pooled(Stat::Ttft(50.0), &data);
+    f.ttft_p95_ms = pooled(Stat::Ttft(95.0), &data);
+    f.ttft_p99_ms = pooled(Stat::Ttft(99.0), &data);
+    f.throughput_rps = pooled(Stat::Throughput, &data);
+    f.goodput_rps = pooled(Stat::WithinSlo(slo_ms), &data);
+    f.e2e_p95_ms = pooled(Stat::E2e(95.0), &data);
+    f.output_tokens_per_s = pooled(Stat::TokensPerS, &data);
+    f
+}
+
+fn arm_result(arm: Arm, outcomes: &[RunOutcome], slo_ms: f64) -> ArmResult {
+    let pre: Vec<f64> = outcomes
+        .iter()
+        .filter_map(|o| o.summary.extra.get("preemptions").copied())
+        .collect();
+    let mut a = arm_from(
+        arm.router.name(),
+        arm.scenario,
+        outcomes
+            .iter()
+            .map(|o| (o.data.clone(), o.window.clone()))
+            .collect(),
+        slo_ms,
+    );
+    a.seeds = outcomes.iter().map(|o| o.seed).collect();
+    a.invalid = outcomes.iter().filter_map(|o| o.invalid.clone()).collect();
+    a.preemptions = (!pre.is_empty()).then(|| pre.iter().sum::<f64>() / pre.len() as f64);
+    a
+}
+
+/// An arm's figures from its runs: each run's window observations and samples (tags, statuses,
+/// refusal reasons, served models).
+fn arm_from(
+    router: &str,
+    scenario: &str,
+    runs: Vec<(RunData, Vec<Sample>)>,
+    slo_ms: f64,
+) -> ArmResult {
+    let (data, samples): (Vec<RunData>, Vec<Vec<Sample>>) = runs.into_iter().unzip();
+    let runs: Vec<(RunData, BTreeMap<u64, String>)> = data
+        .into_iter()
+        .zip(&samples)
+        .map(|(d, ss)| {
+            let tags = ss
+                .iter()
+                .filter_map(|s| s.tag.clone().map(|t| (s.id, t)))
+                .collect();
+            (d, tags)
+        })
+        .collect();
+    let all = figures(&runs, &samples, slo_ms, &|_| true);
+    let mut tags: Vec<String> = samples
+        .iter()
+        .flatten()
+        .filter_map(|s| s.tag.clone())
+        .collect();
+    tags.sort();
+    tags.dedup();
+    let by_tag = tags
+        .into_iter()
+        .map(|t| {
+            let f = figures(&runs, &samples, slo_ms, &|s| s.tag.as_deref() == Some(&t));
+            (t, f)
+        })
+        .collect();
+    let mut refusals = BTreeMap::new();
+    let mut served_models = BTreeMap::new();
+    let mut served_models_by_run = Vec::new();
+    for run in &samples {
+        let mut models = BTreeMap::new();
+        for s in run {
+            if s.outcome.status == 429 {
+                let r = s.outcome.dropped_reason.clone().unwrap_or_default();
+                *refusals.entry(r).or_insert(0) += 1;
+            }
+            if s.outcome.ok() {
+                if let Some(m) = &s.outcome.served_model {
+                    *served_models.entry(m.clone()).or_insert(0) += 1;
+                    *models.entry(m.clone()).or_insert(0) += 1;
+                }
+            }
+        }
+        served_models_by_run.push(models);
+    }
+    ArmResult {
+        router: router.to_string(),
+        scenario: scenario.to_string(),
+        seeds: runs.iter().map(|(d, _)| d.seed).collect(),
+        invalid: Vec::new(),
+        all,
+        by_tag,
+        preemptions: None,
+        refusals,
+        served_models,
+        served_models_by_run,
+        runs,
+    }
+}
+
+/// `stat(a's requests tagged tag_a) ÷ stat(b's tagged tag_b)`, paired by seed and request id
+/// (`None` tag: every request).
+fn ratio(
+    a: &ArmResult,
+    b: &ArmResult,
+    tag: Option<&str>,
+    stat: Stat,
+    reps: usize,
+) -> (Option<f64>, Option<[f64; 2]>) {
+    let pick = |arm: &ArmResult| -> Vec<RunData> {
+        arm.runs
+            .iter()
+            .map(|(d, tags)| match tag {
+                None => d.clone(),
+                Some(t) => subset(d, |id| tags.get(&id).map(String::as_str) == Some(t)),
+            })
+            .collect()
+    };
+    let r = ratio_cis(
+        &pick(a),
+        &pick(b),
+        &[stat],
+        Bootstrap {
+            reps,
+            ..Bootstrap::default()
+        },
+    );
+    r.first().map_or((None, None), |r| (r.ratio, r.ci95))
+}
+
+fn check(
+    what: &str,
+    target: &str,
+    value: Option<f64>,
+    ci95: Option<[f64; 2]>,
+    met: impl Fn(f64) -> bool,
+) -> Check {
+    Check {
+        what: what.to_string(),
+        value,
+        ci95,
+        target: target.to_string(),
+        met: value.filter(|v| v.is_finite()).map(met),
+    }
+}
+
+/// A figure shown beside the targets, judged by none.
+fn info(what: &str, about: &str, value: Option<f64>, ci95: Option<[f64; 2]>) -> Check {
+    Check {
+        met: None,
+        ..check(what, about, value, ci95, |_| false)
+    }
+}
+
+/// Nothing lost: each request served or refused with 429.
+fn lost(f: &ArmResult) -> Check {
+    check(
+        &format!("{}: requests lost (neither served nor 429)", f.router),
+        "0",
+        Some(f.all.lost as f64),
+        None,
+        |n| n == 0.0,
+    )
+}
+
+fn find<'a>(arms: &'a [ArmResult], router: &str, scenario: &str) -> Option<&'a ArmResult> {
+    arms.iter()
+        .find(|a| a.router == router && a.scenario == scenario)
+}
+
+/// The issue's targets for one experiment's arms.
+/// `floor_ms`: the critical requests' TTFT p99 floor (emulated ms), for bands.
+pub fn checks(
+    exp: &str,
+    arms: &[ArmResult],
+    slo_ms: f64,
+    floor_ms: Option<f64>,
+    reps: usize,
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    let peers: Vec<&ArmResult> = arms
+        .iter()
+        .filter(|a| RouterKind::from_name(&a.router).is_some_and(|r| r.peer().is_some()))
+        .collect();
+    match exp {
+        "bands" => {
+            let (Some(f), Some(rr)) = (
+                find(arms, "filter", "flow_bands"),
+                find(arms, "round_robin", "flow_bands"),
+            ) else {
+                return out;
+            };
+            let (v, ci) = ratio(f, rr, Some("critical"), Stat::Ttft(99.0), reps);
+            out.push(check(
+                "critical TTFT p99, filter ÷ round robin",
+                "≤ 0.05",
+                v,
+                ci,
+                |x| x <= 0.05,
+            ));
+            let share = |t: &str| {
+                f.by_tag
+                    .get(t)
+                    .map(|x| x.refused as f64 / x.requests.max(1) as f64)
+                    .unwrap_or(0.0)
+            };
+            let (shed, std, crit) = (share("sheddable"), share("standard"), share("critical"));
+            out.push(check(
+                "filter: share of sheddable refused − share of standard refused",
+                "≥ 0, and standard refused only when sheddable is",
+                Some(shed - std),
+                None,
+                |d| d >= 0.0 && (std == 0.0 || shed > 0.0),
+            ));
+            out.push(check(
+                "filter: share of critical refused",
+                "0",
+                Some(crit),
+                None,
+                |c| c == 0.0,
+            ));
+            for p in &peers {
+                let (v, ci) = ratio(f, p, Some("critical"), Stat::Ttft(99.0), reps);
+                out.push(info(
+                    &format!("critical TTFT p99, filter ÷ {}", p.router),
+                    "(no target: peers have no bands)",
+                    v,
+                    ci,
+                ));
+            }
+            if let Some(floor) = floor_ms {
+                let b = rr
+                    .by_tag
+                    .get("critical")
+                    .map_or(f64::NAN, |x| x.ttft_p99_ms);
+                out.push(check(
+                    "critical TTFT p99 floor (each alone on an idle pod) ÷ round robin's",
+                    "≤ 0.05, or the target is below the floor",
+                    crate::confidence::safe_ratio(floor, b),
+                    None,
+                    |x| x <= 0.05,
+                ));
+                let fc = f.by_tag.get("critical").map_or(f64::NAN, |x| x.ttft_p99_ms);
+                out.push(info(
+                    "critical TTFT p99, filter ÷ its floor",
+                    "(1 = no router can do better)",
+                    crate::confidence::safe_ratio(fc, floor),
+                    None,
+                ));
+            }
+        }
+        "tenants" => {
+            for r in ["filter", "round_robin"] {
+                let (Some(mix), Some(alone)) = (
+                    find(arms, r, "flow_tenants"),
+                    find(arms, r, "flow_tenants_alone"),
+                ) else {
+                    continue;
+                };
+                let (v, ci) = ratio(mix, alone, Some("light"), Stat::Ttft(95.0), reps);
+                let what = format!("{r}: light tenant's TTFT p95 with heavy ÷ alone");
+                out.push(if r == "filter" {
+                    check(&what, "≤ 1.2", v, ci, |x| x <= 1.2)
+                } else {
+                    info(&what, "(no target: no fairness)", v, ci)
+                });
+            }
+        }
+        "overload" => {
+            let Some(f) = find(arms, "filter", "flow_overload") else {
+                return out;
+            };
+            for b in arms.iter().filter(|a| a.router != "filter") {
+                let (v, ci) = ratio(f, b, None, Stat::WithinSlo(slo_ms), reps);
+                out.push(check(
+                    &format!(
+                        "goodput (served within the TTFT SLO), filter ÷ {}",
+                        b.router
+                    ),
+                    "≥ 1",
+                    v,
+                    ci,
+                    |x| x >= 1.0,
+                ));
+            }
+            out.push(lost(f));
+        }
+        "canary" => {
+            if let Some(f) = find(arms, "filter", "flow_canary") {
+                let want = 100.0 * f64::from(CANARY_WEIGHTS.1)
+                    / f64::from(CANARY_WEIGHTS.0 + CANARY_WEIGHTS.1);
+                let share = |m: &BTreeMap<String, usize>| {
+                    let served: usize = m.values().sum();
+                    let canary = m.get(CANARY_TARGET).copied().unwrap_or(0);
+                    (canary, served, 100.0 * canary as f64 / served.max(1) as f64)
+                };
+                // Each run (10,000 requests in full mode) on its own; the worst is judged.
+                for (i, m) in f.served_models_by_run.iter().enumerate() {
+                    let (canary, served, pct) = share(m);
+                    let seed = f
+                        .seeds
+                        .get(i)
+                        .map_or(String::new(), |s| format!(" seed {s}"));
+                    out.push(check(
+                        &format!("% served by the canary,{seed} ({canary} of {served})"),
+                        &format!("{want:.0} ± 1"),
+                        Some(pct),
+                        None,
+                        |s| (s - want).abs() <= 1.0,
+                    ));
+                }
+                out.push(lost(f));
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// The windows of an experiment's runs: the protocol's for the scenario (the mixed workload's
+/// for both tenant variants, so the light tenant alone is measured on the same requests); the
+/// whole 60 s for overload and the whole run for the canary.
+fn windows(exp: &str, sc: &Scenario, mode: &Mode, seeds: usize) -> Windows {
+    match exp {
+        "overload" | "canary" => Windows::whole(sc),
+        "tenants" => {
+            let mix = flow_scenario(
+                "flow_tenants",
+                Mode {
+                    seed: sc.workload.seed,
+                    ..*mode
+                },
+            );
+            Windows::for_scenario(mix.as_ref().unwrap_or(sc), mode, seeds, false)
+        }
+        _ => Windows::for_scenario(sc, mode, seeds, false),
+    }
+}
+
+/// The TTFT p99 of the window's critical requests, each alone on an idle pod (emulated ms).
+fn critical_floor_ms(sc: &Scenario, w: &Windows) -> f64 {
+    let mut wl = sc.workload.clone();
+    wl.horizon = w.warmup + w.window;
+    let crit: Vec<_> = generate(&wl)
+        .into_iter()
+        .filter(|r| r.header.as_ref().is_some_and(|h| h.1 == "critical"))
+        .collect();
+    floor_percentile_ms(&sc.fleet, &crit, w.warmup, 99.0) * sc.fleet.speedup
+}
+
+/// Run one experiment: every arm, every seed.
+pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experiment, String> {
+    let list = arms(exp, cfg.peers);
+    if list.is_empty() {
+        return Err(format!(
+            "unknown experiment {exp} (known: {})",
+            EXPERIMENTS.join(", ")
+        ));
+    }
+    let mut results = Vec::new();
+    let (mut about, mut slo_ms) = (String::new(), f64::NAN);
+    let mut floor = None;
+    for arm in list {
+        let mut outcomes = Vec::new();
+        for i in 0..cfg.seeds.max(1) {
+            let mode = Mode {
+                seed: cfg.mode.seed + i as u64,
+                ..cfg.mode
+            };
+            let sc = flow_scenario(arm.scenario, mode)
+                .ok_or_else(|| format!("no scenario {}", arm.scenario))?;
+            if about.is_empty() {
+                about = sc.about.to_string();
+            }
+            // Goodput's SLO in emulated ms (the samples are emulated).
+            slo_ms = sc.slo_ttft_ms * sc.fleet.speedup;
+            let w = windows(exp, &sc, &cfg.mode, cfg.seeds);
+            if exp == "bands" && floor.is_none() {
+                floor = Some(critical_floor_ms(&sc, &w));
+            }
+            eprintln!(
+                "bench flow: {exp}: {} on {} seed {} ({:.0} s of arrivals)",
+                arm.router.name(),
+                arm.scenario,
+                mode.seed,
+                (w.warmup + w.window + w.tail).as_secs_f64()
+            );
+            let o = run_windowed(&sc, arm.router, w).await?;
+            outcomes.push(o);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        results.push(arm_result(arm, &outcomes, slo_ms));
+    }
+    let checks = checks(exp, &results, slo_ms, floor, cfg.reps);
+    Ok(Experiment {
+        name: exp.to_string(),
+        about,
+        slo_ms,
+        critical_floor_p99_ms: floor,
+        arms: results,
+        checks,
+    })
+}
+
+/// Run the configured experiments, writing `flow.{json,md}` after each.
+pub async fn run_flow(cfg: &FlowBenchConfig) -> Result<FlowReport, String> {
+    let names: Vec<String> = if cfg.experiments.is_empty() {
+        EXPERIMENTS.iter().map(|s| s.to_string()).collect()
+    } else {
+        cfg.experiments.clone()
+    };
+    let mut rep = FlowReport {
+        mode: if cfg.mode.quick { "quick" } else { "full" }.to_string(),
+        speedup: cfg.mode.speedup,
+        seeds: cfg.seeds,
+        experiments: Vec::new(),
+    };
+    for n in &names {
+        rep.experiments.push(run_experiment(n, cfg).await?);
+        write(cfg, &rep)?;
+    }
+    Ok(rep)
+}
+
+fn write(cfg: &FlowBenchConfig, rep: &FlowReport) -> Result<(), String> {
+    std::fs::create_dir_all(&cfg.out_dir).map_err(|e| e.to_string())?;
+    let json = serde_json::to_string_pretty(rep).map_err(|e| e.to_string())?;
+    std::fs::write(cfg.out_dir.join("flow.json"), json).map_err(|e| e.to_string())?;
+    std::fs::write(cfg.out_dir.join("flow.md"), markdown(rep)).map_err(|e| e.to_string())
+}
+
+fn num(x: f64) -> String {
+    if x.is_nan() {
+        "–".into()
+    } else if x.is_infinite() {
+        "∞".into()
+    } else if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The report: per experiment, a table of every arm and group, then the checks.
+pub fn markdown(rep: &FlowReport) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Flow control: bands, tenants, overload, canary ({} mode, speed-up {}, {} seed(s) per arm)\n",
+        rep.mode, rep.speedup, rep.seeds
+    );
+    md.push_str(
+        "TTFT in emulated ms, failures and refusals +∞ (Benchmark v2). Goodput: requests served \
+         with TTFT within the SLO per emulated second. Produced by `bench flow`.\n",
+    );
+    for e in &rep.experiments {
+        let _ = writeln!(md, "\n## {} — {}\n", e.name, e.about);
+        let _ = writeln!(md, "SLO (goodput): TTFT ≤ {} ms.\n", num(e.slo_ms));
+        md.push_str(
+            "| router | scenario | group | requests | served | 429 | lost | TTFT p50 | p95 | p99 | goodput/s | e2e p95 | tokens/s | preemptions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for a in &e.arms {
+            let pre = a.preemptions.map_or("–".to_string(), num);
+            let groups = std::iter::once(("all", &a.all))
+                .chain(a.by_tag.iter().map(|(k, v)| (k.as_str(), v)));
+            for (g, f) in groups {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {g} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    a.router,
+                    a.scenario,
+                    f.requests,
+                    f.served,
+                    f.refused,
+                    f.lost,
+                    num(f.ttft_p50_ms),
+                    num(f.ttft_p95_ms),
+                    num(f.ttft_p99_ms),
+                    num(f.goodput_rps),
+                    num(f.e2e_p95_ms),
+                    num(f.output_tokens_per_s),
+                    if g == "all" { pre.as_str() } else { "" },
+                );
+            }
+            if !a.refusals.is_empty() {
+                let r: Vec<String> = a.refusals.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                let _ = writeln!(
+                    md,
+                    "| | | 429 by reason: {} | | | | | | | | | | | |",
+                    r.join(", ")
+                );
+            }
+            if !a.invalid.is_empty() {
+                let _ = writeln!(
+                    md,
+                    "| | | invalid runs: {} | | | | | | | | | | | |",
+                    a.invalid.join("; ")
+                );
+            }
+        }
+        md.push_str("\n| target | measured | 95 % CI | wanted | met |\n|---|---|---|---|---|\n");
+        for c in &e.checks {
+            let ci = c.ci95.map_or("–".to_string(), |c| {
+                format!("[{}, {}]", num(c[0]), num(c[1]))
+            });
+            let met = match c.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "–",
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {ci} | {} | {met} |",
+                c.what,
+                c.value.map_or("–".to_string(), num),
+                c.target
+            );
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Outcome;
+    use crate::confidence::Obs;
+
+    /// One synthetic run: requests `(tag, ttft ms or None = failed, status)`.
+    fn run(seed: u64, reqs: &[(&str, Option<f64>, u16)]) -> (RunData, Vec<Sample>) {
+        let mut d = RunData {
+            seed,
+            window_s: 100.0,
+            ..RunData::default()
+        };
+        let mut samples = Vec::new();
+        for (i, (tag, ttft, status)) in reqs.iter().enumerate() {
+            let ok = ttft.is_some() && *status == 200;
+            d.obs.insert(
+                i as u64,
+                if ok {
+                    Obs {
+                        ttft_ms: ttft.unwrap_or_default(),
+                        e2e_ms: 2.0 * ttft.unwrap_or_default(),
+                        ok,
+                        tokens: 10.0,
+                    }
+                } else {
+                    Obs::failed()
+                },
+            );
+            samples.push(Sample {
+                id: i as u64,
+                model: "m".into(),
+                at_ms: i as f64,
+                lag_ms: 0.0,
+                tag: (!tag.is_empty()).then(|| tag.to_string()),
+                outcome: Outcome {
+                    status: *status,
+                    error: (!ok).then(|| "failed".to_string()),
+                    ttft_ms: *ttft,
+                    served_model: ok
+                        .then(|| if i % 10 == 0 { CANARY_TARGET } else { "base" }.into()),
+                    ..Outcome::default()
+                },
+            });
+        }
+        (d, samples)
+    }
+
+    /// `n` requests per band: critical at `crit` ms, standard at 100 ms, sheddable at 100 ms
+    /// with `shed_refused` / `std_refused` of them 429.
+    fn bands(
+        crit: f64,
+        shed_refused: usize,
+        std_refused: usize,
+    ) -> Vec<(&'static str, Option<f64>, u16)> {
+        let mut v = Vec::new();
+        for i in 0..100 {
+            v.push(("critical", Some(crit + i as f64 / 100.0), 200));
+            let std = if i < std_refused {
+                (None, 429)
+            } else {
+                (Some(100.0), 200)
+            };
+            v.push(("standard", std.0, std.1));
+            let shed = if i < shed_refused {
+                (None, 429)
+            } else {
+                (Some(100.0), 200)
+            };
+            v.push(("sheddable", shed.0, shed.1));
+        }
+        v
+    }
+
+    fn met(cs: &[Check], what: &str) -> Option<bool> {
+        cs.iter()
+            .find(|c| c.what.starts_with(what))
+            .and_then(|c| c.met)
+    }
+
+    #[test]
+    fn bands_judge_the_critical_tail_and_who_is_refused_first() {
+        let rr = arm_from(
+            "round_robin",
+            "flow_bands",
+            vec![run(1, &bands(5000.0, 0, 0)), run(2, &bands(5000.0, 0, 0))],
+            3000.0,
+        );
+        let good = arm_from(
+            "filter",
+            "flow_bands",
+            vec![run(1, &bands(100.0, 20, 0)), run(2, &bands(100.0, 20, 0))],
+            3000.0,
+        );
+        let cs = checks("bands", &[rr.clone(), good], 3000.0, Some(900.0), 200);
+        assert_eq!(met(&cs, "critical TTFT p99"), Some(true), "{cs:?}");
+        assert_eq!(met(&cs, "filter: share of sheddable"), Some(true));
+        assert_eq!(met(&cs, "filter: share of critical"), Some(true));
+        // Round robin's critical p99 is ~5,000 ms: a 900 ms floor puts 0.05x out of reach.
+        assert_eq!(met(&cs, "critical TTFT p99 floor"), Some(false));
+        // Critical as slow as round robin's: missed. Standard refused while sheddable is not:
+        // the wrong order.
+        let bad = arm_from(
+            "filter",
+            "flow_bands",
+            vec![run(1, &bands(4000.0, 0, 10)), run(2, &bands(4000.0, 0, 10))],
+            3000.0,
+        );
+        let cs = checks("bands", &[rr, bad.clone()], 3000.0, Some(900.0), 200);
+        assert_eq!(met(&cs, "critical TTFT p99"), Some(false));
+        assert_eq!(met(&cs, "filter: share of sheddable"), Some(false));
+        assert_eq!(bad.by_tag["standard"].refused, 20);
+        assert_eq!(bad.by_tag["critical"].requests, 200);
+    }
+
+    #[test]
+    fn the_light_tenant_is_compared_with_itself_alone_on_the_same_requests() {
+        let mix = |light_ms: f64| -> Vec<(&'static str, Option<f64>, u16)> {
+            (0..200)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        ("light", Some(light_ms + i as f64), 200)
+                    } else {
+                        ("heavy", Some(9000.0), 200)
+                    }
+                })
+                .collect()
+        };
+        // Alone: the same ids, only the light ones.
+        let alone_reqs: Vec<(&'static str, Option<f64>, u16)> = (0..200)
+            .map(|i| {
+                if i % 2 == 0 {
+                    ("light", Some(100.0 + i as f64), 200)
+                } else {
+                    ("", None, 0)
+                }
+            })
+            .collect();
+        let strip = |(mut d, s): (RunData, Vec<Sample>)| {
+            d.obs.retain(|id, _| id % 2 == 0);
+            (
+                d,
+                s.into_iter().filter(|x| x.id % 2 == 0).collect::<Vec<_>>(),
+            )
+        };
+        let alone = arm_from(
+            "filter",
+            "flow_tenants_alone",
+            vec![strip(run(1, &alone_reqs))],
+            3000.0,
+        );
+        let fair = arm_from("filter", "flow_tenants", vec![run(1, &mix(110.0))], 3000.0);
+        let cs = checks("tenants", &[fair, alone.clone()], 3000.0, None, 200);
+        let c = &cs[0];
+        assert!(c.value.is_some_and(|v| (v - 1.034).abs() < 0.02), "{c:?}");
+        assert_eq!(c.met, Some(true));
+        let unfair = arm_from("filter", "flow_tenants", vec![run(1, &mix(400.0))], 3000.0);
+        let cs = checks("tenants", &[unfair, alone], 3000.0, None, 200);
+        assert_eq!(cs[0].met, Some(false), "{cs:?}");
+    }
+
+    #[test]
+    fn overload_counts_goodput_within_the_slo_and_losses() {
+        let reqs = |fast: usize, lost: usize| -> Vec<(&'static str, Option<f64>, u16)> {
+            (0..100)
+                .map(|i| match i {
+                    i if i < fast => ("", Some(500.0), 200),
+                    i if i < fast + lost => ("", None, 0),
+                    _ => ("", Some(9000.0), 200),
+                })
+                .collect()
+        };
+        let rr = arm_from(
+            "round_robin",
+            "flow_overload",
+            vec![run(1, &reqs(50, 0))],
+            3000.0,
+        );
+        let f = arm_from(
+            "filter",
+            "flow_overload",
+            vec![run(1, &reqs(60, 0))],
+            3000.0,
+        );
+        assert!((f.all.goodput_rps - 0.6).abs() < 1e-9);
+        let cs = checks("overload", &[rr.clone(), f], 3000.0, None, 200);
+        assert_eq!(met(&cs, "goodput"), Some(true), "{cs:?}");
+        assert_eq!(met(&cs, "filter: requests lost"), Some(true));
+        let worse = arm_from(
+            "filter",
+            "flow_overload",
+            vec![run(1, &reqs(40, 1))],
+            3000.0,
+        );
+        let cs = checks("overload", &[rr, worse], 3000.0, None, 200);
+        assert_eq!(met(&cs, "goodput"), Some(false));
+        assert_eq!(met(&cs, "filter: requests lost"), Some(false));
+    }
+
+    #[test]
+    fn the_canary_share_is_judged_within_one_point() {
+        // Every tenth served request names the canary: 10 %.
+        let ok: Vec<(&'static str, Option<f64>, u16)> =
+            (0..1000).map(|_| ("", Some(10.0), 200)).collect();
+        let f = arm_from("filter", "flow_canary", vec![run(1, &ok)], 1000.0);
+        assert_eq!(f.served_models[CANARY_TARGET], 100);
+        assert_eq!(checks("canary", &[f], 1000.0, None, 10)[0].met, Some(true));
+        // Every tenth request fails and those are the canary's: 0 % served by it.
+        let mut bad = ok.clone();
+        for (i, r) in bad.iter_mut().enumerate() {
+            if i % 10 == 0 {
+                *r = ("", None, 503);
+            }
+        }
+        let f = arm_from("filter", "flow_canary", vec![run(1, &bad)], 1000.0);
+        let cs = checks("canary", &[f], 1000.0, None, 10);
+        assert_eq!(cs[0].met, Some(false), "{cs:?}");
+        assert_eq!(cs[1].met, Some(false), "100 lost");
+    }
+
+    #[test]
+    fn every_experiment_has_its_arms_and_scenarios() {
+        for e in EXPERIMENTS {
+            let a = arms(e, true);
+            assert!(a.iter().any(|x| x.router == RouterKind::Filter), "{e}");
+            for x in &a {
+                assert!(
+                    flow_scenario(x.scenario, Mode::quick(1)).is_some(),
+                    "{}",
+                    x.scenario
+                );
+            }
+        }
+        assert!(arms("nope", true).is_empty());
+    }
+}
