@@ -23,13 +23,18 @@ fn stream(vm: &Vm, tag: &str) -> Request {
 
 /// The same with an `x-llm-router-priority` header.
 fn stream_at(vm: &Vm, tag: &str, priority: Option<&str>) -> Request {
+    stream_with(vm, tag, priority.map(|p| ("x-llm-router-priority", p)))
+}
+
+/// The same with one more request header.
+fn stream_with(vm: &Vm, tag: &str, header: Option<(&str, &str)>) -> Request {
     let prompt = format!("{tag} {}", "word ".repeat(80));
     let body = serde_json::json!({"model": LLAMA, "stream": true,
         "messages": [{"role": "user", "content": prompt}]})
     .to_string();
     let mut r = post(vm, "/v1/chat/completions", body.as_bytes());
-    if let Some(p) = priority {
-        r.header("x-llm-router-priority", p);
+    if let Some((name, value)) = header {
+        r.header(name, value);
     }
     r.body(body.as_bytes());
     r.send().unwrap_or_else(|e| panic!("{e}"));
@@ -195,15 +200,7 @@ fn a_client_hanging_up_while_waiting_leaves_nothing_behind() {
 
 /// A streamed chat request of tenant `tenant` (trusted fairness header).
 fn stream_as(vm: &Vm, tag: &str, tenant: &str) -> Request {
-    let prompt = format!("{tag} {}", "word ".repeat(80));
-    let body = serde_json::json!({"model": LLAMA, "stream": true,
-        "messages": [{"role": "user", "content": prompt}]})
-    .to_string();
-    let mut r = post(vm, "/v1/chat/completions", body.as_bytes());
-    r.header("x-llm-d-inference-fairness-id", tenant);
-    r.body(body.as_bytes());
-    r.send().unwrap_or_else(|e| panic!("{e}"));
-    r
+    stream_with(vm, tag, Some(("x-llm-d-inference-fairness-id", tenant)))
 }
 
 #[test]
