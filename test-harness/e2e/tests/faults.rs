@@ -41,7 +41,13 @@ async fn start(n: usize, speedup: f64, idle: Duration) -> (Pods, EnvoyProcess) {
         seed: 7,
     };
     let pods = stack::start_pods(&fleet).await.unwrap();
-    let mut spec = stack::envoy_spec(RouterKind::Filter, &fleet, &pods.addrs, &[]);
+    let mut spec = stack::envoy_spec(
+        RouterKind::Filter,
+        &fleet,
+        &pods.addrs,
+        &[],
+        &serde_json::Value::Null,
+    );
     spec.name = "e2e-faults".into();
     spec.per_try_idle_timeout = idle;
     let envoy = spec.start().await.unwrap();

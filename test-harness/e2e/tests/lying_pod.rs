@@ -42,7 +42,13 @@ async fn one_lying_pod_gets_a_bounded_share_and_the_pool_still_sheds() {
         seed: 11,
     };
     let started = stack::start_pods(&fleet).await.unwrap();
-    let mut spec = stack::envoy_spec(RouterKind::Filter, &fleet, &started.addrs, &[]);
+    let mut spec = stack::envoy_spec(
+        RouterKind::Filter,
+        &fleet,
+        &started.addrs,
+        &[],
+        &serde_json::Value::Null,
+    );
     spec.name = "e2e-lying-pod".into();
     spec.plugin_config["priority"] = json!({"trust_headers": true});
     let envoy = spec.start().await.unwrap();
