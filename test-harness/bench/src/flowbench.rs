@@ -207,22 +207,25 @@ fn subset(d: &RunData, keep: impl Fn(u64) -> bool) -> RunData {
     }
 }
 
-/// The figures of the requests `keep` accepts over every run of an arm.
+/// Each run's observations of the requests tagged `tag` (`None`: every request).
+fn select(runs: &[(RunData, BTreeMap<u64, String>)], tag: Option<&str>) -> Vec<RunData> {
+    runs.iter()
+        .map(|(d, tags)| match tag {
+            None => d.clone(),
+            Some(t) => subset(d, |id| tags.get(&id).map(String::as_str) == Some(t)),
+        })
+        .collect()
+}
+
+/// The figures of the requests tagged `tag` (`None`: all) over every run of an arm.
 fn figures(
     runs: &[(RunData, BTreeMap<u64, String>)],
     samples: &[Vec<Sample>],
     slo_ms: f64,
-    keep: &dyn Fn(&Sample) -> bool,
+    tag: Option<&str>,
 ) -> Figures {
-    let data: Vec<RunData> = runs
-        .iter()
-        .zip(samples)
-        .map(|((d, _), ss)| {
-            let ids: std::collections::BTreeSet<u64> =
-                ss.iter().filter(|s| keep(s)).map(|s| s.id).collect();
-            subset(d, |id| ids.contains(&id))
-        })
-        .collect();
+    let data = select(runs, tag);
+    let keep = |s: &Sample| tag.is_none() || s.tag.as_deref() == tag;
     let mut f = Figures::default();
     for s in samples.iter().flatten().filter(|s| keep(s)) {
         f.requests += 1;
@@ -284,7 +287,7 @@ fn arm_from(
             (d, tags)
         })
         .collect();
-    let all = figures(&runs, &samples, slo_ms, &|_| true);
+    let all = figures(&runs, &samples, slo_ms, None);
     let mut tags: Vec<String> = samples
         .iter()
         .flatten()
@@ -295,7 +298,7 @@ fn arm_from(
     let by_tag = tags
         .into_iter()
         .map(|t| {
-            let f = figures(&runs, &samples, slo_ms, &|s| s.tag.as_deref() == Some(&t));
+            let f = figures(&runs, &samples, slo_ms, Some(&t));
             (t, f)
         })
         .collect();
@@ -342,18 +345,9 @@ fn ratio(
     stat: Stat,
     reps: usize,
 ) -> (Option<f64>, Option<[f64; 2]>) {
-    let pick = |arm: &ArmResult| -> Vec<RunData> {
-        arm.runs
-            .iter()
-            .map(|(d, tags)| match tag {
-                None => d.clone(),
-                Some(t) => subset(d, |id| tags.get(&id).map(String::as_str) == Some(t)),
-            })
-            .collect()
-    };
     let r = ratio_cis(
-        &pick(a),
-        &pick(b),
+        &select(&a.runs, tag),
+        &select(&b.runs, tag),
         &[stat],
         Bootstrap {
             reps,
