@@ -183,6 +183,8 @@ pub struct VllmSpec {
     pub runtime_lora_updating: bool,
     /// More arguments, appended as given.
     pub extra_args: Vec<String>,
+    /// More environment variables (e.g. `VLLM_SERVER_DEV_MODE=1` for `/reset_prefix_cache`).
+    pub env: Vec<(String, String)>,
     /// How long to wait for `/health`.
     pub startup_timeout: Duration,
 }
@@ -205,6 +207,7 @@ impl VllmSpec {
             lora_modules: Vec::new(),
             runtime_lora_updating: false,
             extra_args: Vec::new(),
+            env: Vec::new(),
             startup_timeout: STARTUP_TIMEOUT,
         }
     }
@@ -256,8 +259,9 @@ impl VllmSpec {
             // Else the engine's internal ZMQ binds the machine's interface address.
             .env("VLLM_HOST_IP", "127.0.0.1")
             // ~100 IPC sockets and files, the compile cache and any Hugging Face cache stay in
-            // the test's own folder; nothing is fetched from the network.
-            .env("TMPDIR", dir.join("tmp"))
+            // the test's own folder (the sockets where their paths fit, see `ipc_dir`); nothing
+            // is fetched from the network.
+            .env("TMPDIR", ipc_dir(dir, port))
             .env("VLLM_CACHE_ROOT", dir.join("vllm-cache"))
             .env("HF_HOME", dir.join("hf"))
             .env("HF_HUB_OFFLINE", "1")
@@ -266,12 +270,30 @@ impl VllmSpec {
         if self.runtime_lora_updating {
             cmd.env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True");
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         {
             use std::os::unix::process::CommandExt;
             // Its own process group: stop() signals the API server and the engine core together.
             cmd.process_group(0);
         }
         cmd
+    }
+}
+
+/// Longest `TMPDIR` that leaves room for vLLM's ZMQ socket names under it: a Unix socket path
+/// holds at most 107 bytes, and vLLM names each socket with a 36-character UUID.
+const MAX_IPC_DIR: usize = 64;
+
+/// The instance's `TMPDIR`: `<dir>/tmp` when its path is short enough for vLLM's IPC sockets,
+/// else `<system temp>/llmr-vllm-<port>` (a deep target directory — CI's is under `~/.cache` —
+/// would make every socket path too long: `ZMQError: ipc path ... is longer than 107
+/// characters`). `stop()` removes the latter.
+pub fn ipc_dir(dir: &Path, port: u16) -> PathBuf {
+    let local = dir.join("tmp");
+    if local.as_os_str().len() <= MAX_IPC_DIR {
+        local
+    } else {
+        std::env::temp_dir().join(format!("llmr-vllm-{port}"))
     }
 }
 
@@ -367,6 +389,11 @@ impl VllmProcess {
         while Instant::now() < wait_until {
             left.retain(|&p| pid_alive(p));
             if left.is_empty() {
+                // The sockets' folder, when it had to live outside the log folder.
+                let ipc = ipc_dir(&self.dir, self.addr.port());
+                if !ipc.starts_with(&self.dir) {
+                    let _ = std::fs::remove_dir_all(ipc);
+                }
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -414,9 +441,15 @@ pub fn start_all(specs: &[VllmSpec]) -> Result<Vec<VllmProcess>> {
             spec.port
         };
         let dir = testlog_dir(&spec.name)?;
-        for sub in ["tmp", "vllm-cache", "hf"] {
+        for sub in ["vllm-cache", "hf"] {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(|e| Error::io("create dir", &p, e))?;
+        }
+        let ipc = ipc_dir(&dir, port);
+        std::fs::create_dir_all(&ipc).map_err(|e| Error::io("create dir", &ipc, e))?;
+        if ipc != dir.join("tmp") {
+            // Found from the log folder all the same.
+            let _ = std::os::unix::fs::symlink(&ipc, dir.join("tmp"));
         }
         let cmd = spec.command(&installed, port, &dir);
         let guard = ChildGuard::spawn_logged(&spec.name, cmd, &dir.join("vllm.log"))?;
