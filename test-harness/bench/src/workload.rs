@@ -301,18 +301,29 @@ fn tokens_to_chars(tokens: u32) -> usize {
     (tokens as usize) * (CHARS_PER_TOKEN as usize)
 }
 
-fn chat_body(model: &str, messages: &[(String, String)], max_tokens: u32) -> Bytes {
+/// A streaming chat completion with usage. `ignore_eos`: generate exactly `max_tokens`, as
+/// serving benchmarks ask for fixed output lengths (a real engine's random-weight model would
+/// otherwise stop at a chance EOS); false where the length is left to the pod's EOS.
+fn chat_body(
+    model: &str,
+    messages: &[(String, String)],
+    max_tokens: u32,
+    ignore_eos: bool,
+) -> Bytes {
     let msgs: Vec<serde_json::Value> = messages
         .iter()
         .map(|(role, content)| json!({"role": role, "content": content}))
         .collect();
-    let v = json!({
+    let mut v = json!({
         "model": model,
         "messages": msgs,
         "max_tokens": max_tokens,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
+    if ignore_eos {
+        v["ignore_eos"] = json!(true);
+    }
     Bytes::from(v.to_string())
 }
 
@@ -349,7 +360,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     max_tokens: mt,
                     prompt_chars: msgs[0].1.len(),
                     prefix_group: None,
-                    body: chat_body(&spec.model, &msgs, mt),
+                    body: chat_body(&spec.model, &msgs, mt, true),
                     header: None,
                 });
             }
@@ -372,7 +383,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     max_tokens: *max_tokens,
                     prompt_chars: msgs[0].1.len(),
                     prefix_group: None,
-                    body: chat_body(&spec.model, &msgs, *max_tokens),
+                    body: chat_body(&spec.model, &msgs, *max_tokens, false),
                     header: None,
                 });
             }
@@ -488,7 +499,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     max_tokens: mt,
                     prompt_chars,
                     prefix_group: Some(group),
-                    body: chat_body(&spec.model, &msgs, mt),
+                    body: chat_body(&spec.model, &msgs, mt, true),
                     header: None,
                 });
             }
@@ -534,7 +545,7 @@ pub fn generate(spec: &WorkloadSpec) -> Vec<RequestSpec> {
                     max_tokens: mt,
                     prompt_chars: msgs[0].1.len(),
                     prefix_group: None,
-                    body: chat_body(&model, &msgs, mt),
+                    body: chat_body(&model, &msgs, mt, true),
                     model,
                     header: None,
                 });
@@ -708,6 +719,8 @@ mod tests {
     #[test]
     fn bodies_are_streaming_chat_requests_with_usage() {
         for p in all_kinds() {
+            // Fixed output lengths, except where the pod's EOS decides the length.
+            let eos_decides = matches!(p, Prompts::HeavyTailed { .. });
             for r in generate(&spec(p, 1)) {
                 let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
                 assert_eq!(v["model"], r.model.as_str());
@@ -715,6 +728,7 @@ mod tests {
                 assert_eq!(v["stream_options"]["include_usage"], true);
                 assert_eq!(v["max_tokens"], r.max_tokens);
                 assert!(!v["messages"].as_array().unwrap().is_empty());
+                assert_eq!(v.get("ignore_eos").is_none(), eos_decides, "{v}");
             }
         }
     }
