@@ -5,7 +5,7 @@
 
 use crate::arrivals::Arrival;
 use crate::client::{http_client, send};
-use crate::stack::{start_pods, FleetSpec, PodSpec};
+use crate::stack::{start_pods, FleetSpec, PodEngine, PodSpec};
 use crate::workload::{generate, Prompts, Range, RequestSpec, WorkloadSpec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -52,7 +52,13 @@ pub async fn capacity(
         },
         tagging: None,
     });
-    measure(PodSpec::new(profile), 1.0, reqs, concurrency, secs).await
+    let fleet = FleetSpec {
+        pods: vec![PodSpec::new(profile)],
+        speedup: 1.0,
+        seed: 1,
+        engine: PodEngine::ModelSim,
+    };
+    measure(&fleet, &[], reqs, concurrency, secs).await
 }
 
 /// Measure one pod of each profile of scenario `name`'s fleet (its first pod of that profile,
@@ -75,27 +81,30 @@ pub async fn scenario_capacity(
             continue;
         }
         seen.push(p.profile);
-        let mut c = measure(p.clone(), sc.fleet.speedup, reqs.clone(), concurrency, secs).await?;
+        let fleet = FleetSpec {
+            pods: vec![p.clone()],
+            ..sc.fleet.clone()
+        };
+        let mut c = measure(&fleet, &sc.adapters, reqs.clone(), concurrency, secs).await?;
         c.scenario = Some(name.to_string());
         out.push(c);
     }
     Ok(out)
 }
 
+/// One pod (`fleet` holds one) under a closed loop of `concurrency` clients sending `reqs`.
 async fn measure(
-    pod: PodSpec,
-    speedup: f64,
+    fleet: &FleetSpec,
+    adapters: &[String],
     reqs: Vec<RequestSpec>,
     concurrency: usize,
     secs: u64,
 ) -> Result<Capacity, String> {
-    let profile = pod.profile;
-    let fleet = FleetSpec {
-        pods: vec![pod],
-        speedup,
-        seed: 1,
-    };
-    let pods = start_pods(&fleet).await.map_err(|e| e.to_string())?;
+    let profile = fleet.pods.first().map_or("", |p| p.profile);
+    let speedup = fleet.speedup;
+    let pods = start_pods(fleet, adapters)
+        .await
+        .map_err(|e| e.to_string())?;
     let reqs = Arc::new(reqs);
     let uri: hyper::Uri = format!("http://{}/v1/chat/completions", pods.addrs[0])
         .parse()
@@ -145,4 +154,484 @@ async fn measure(
         tokens_per_s: tokens.load(Ordering::Relaxed) as f64 / window / speedup,
         ttft_mean_ms: ttft_us.load(Ordering::Relaxed) as f64 / 1000.0 / n.max(1) as f64,
     })
+}
+
+/// The prompt sizes of the prefill probe (model-sim tokens: 4 characters each).
+pub const FIT_PROMPTS: [u32; 7] = [64, 256, 512, 1024, 1536, 2048, 3000];
+/// Requests per prefill size (the median is kept).
+const FIT_REPS: usize = 5;
+/// Batch sizes of the decode probe.
+pub const FIT_BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
+/// Prompt sizes of the decode probe: short, and long (the context every step reads).
+pub const FIT_DECODE_PROMPTS: [u32; 2] = [64, 2000];
+/// Tokens each decode-probe stream generates. Only the gaps after every stream of the probe
+/// has its first token count (before that, steps carry the others' prefills): at 16 streams
+/// of 2,000 tokens the prefills take ~1 s of the run.
+const FIT_DECODE_TOKENS: u32 = 256;
+
+/// One prefill probe: TTFT of a prompt sent alone to an idle pod, nothing of it cached.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PrefillPoint {
+    /// Prompt size asked for, model-sim tokens (characters ÷ 4).
+    pub tokens: u32,
+    /// The engine's own count of the prompt (`usage.prompt_tokens`).
+    pub engine_tokens: Option<u64>,
+    /// Median TTFT over the probe's requests, ms.
+    pub ttft_ms: f64,
+}
+
+/// One decode probe: `batch` streams started together, each generating
+/// [`FIT_DECODE_TOKENS`] tokens after a `prompt_tokens` prompt.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DecodePoint {
+    /// Concurrent streams.
+    pub batch: usize,
+    /// Prompt size of each, model-sim tokens.
+    pub prompt_tokens: u32,
+    /// Median gap between tokens once every stream decodes, ms: one engine step.
+    pub step_ms: f64,
+    /// Gaps behind the median.
+    pub gaps: usize,
+}
+
+/// The gaps of streams started together that come after the last stream's first token: pure
+/// decode steps of the whole batch.
+pub fn decode_gaps(streams: &[crate::client::Outcome]) -> Vec<f64> {
+    let last_first = streams.iter().filter_map(|o| o.ttft_ms).fold(0.0, f64::max);
+    let mut out = Vec::new();
+    for o in streams {
+        let mut t = o.ttft_ms.unwrap_or(f64::INFINITY);
+        for g in &o.itl_ms {
+            t += g;
+            // The step that ends after the last prefill, started after it too.
+            if t - g >= last_first {
+                out.push(*g);
+            }
+        }
+    }
+    out
+}
+
+/// `bench calibrate --fit PROFILE`: probes of one pod and the step-time terms of model-sim's
+/// [`model_sim::profile::Profile`] fitted to them by least squares, in milliseconds per
+/// model-sim token (4 characters) — the unit the emulator counts and the workload sizes
+/// prompts in.
+///
+/// - decode: `step = step_base + batch · decode_per_seq + batch · context · kv_read_per_token`
+///   over every decode probe (context = prompt + half the generated tokens);
+/// - prefill: `TTFT − step_base = overhead + P · prefill_per_token + P² · prefill_attn / 2`
+///   (a prompt's tokens attend on average to half of it), where `overhead` is what the
+///   server adds before and after the engine's step (HTTP, chat template, tokenisation,
+///   streaming).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProfileFit {
+    /// Profile fitted.
+    pub profile: String,
+    /// `vllm` (a real pod) or `model-sim` (its twin, to check the fit).
+    pub engine: String,
+    /// Prompt characters per engine token, over the prefill probes (model-sim counts 4).
+    pub chars_per_token: f64,
+    /// KV block size and blocks of the pod (`vllm:cache_config_info`), engine tokens.
+    pub block_size: Option<u32>,
+    /// KV blocks.
+    pub num_gpu_blocks: Option<u32>,
+    /// The probes.
+    pub prefill: Vec<PrefillPoint>,
+    /// The probes.
+    pub decode: Vec<DecodePoint>,
+    /// Fitted: fixed cost of one step, ms.
+    pub step_base_ms: f64,
+    /// Fitted: cost per decoding sequence in the batch, ms.
+    pub decode_per_seq_ms: f64,
+    /// Fitted: cost per token of context the batch's attention reads, ms.
+    pub kv_read_per_token_ms: f64,
+    /// Fitted: cost per prefill token, ms.
+    pub prefill_per_token_ms: f64,
+    /// Fitted: attention cost of a prefill token per context token, ms.
+    pub prefill_attn_ms: f64,
+    /// Fitted: the server's own time per request around the engine, ms.
+    pub overhead_ms: f64,
+    /// Largest relative error of the fit on a probe (decode and prefill).
+    pub worst_error: f64,
+}
+
+/// Least squares for `y ≈ X·β` with up to a few columns (normal equations, Gaussian
+/// elimination with partial pivoting); `None` when the columns are degenerate.
+pub fn least_squares(rows: &[Vec<f64>], y: &[f64]) -> Option<Vec<f64>> {
+    let k = rows.first()?.len();
+    let mut a = vec![vec![0.0; k + 1]; k];
+    for (r, yi) in rows.iter().zip(y) {
+        for i in 0..k {
+            for j in 0..k {
+                a[i][j] += r[i] * r[j];
+            }
+            a[i][k] += r[i] * yi;
+        }
+    }
+    for c in 0..k {
+        let p = (c..k).max_by(|&x, &z| a[x][c].abs().total_cmp(&a[z][c].abs()))?;
+        if a[p][c].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(c, p);
+        let pivot = a[c].clone();
+        for (r, row) in a.iter_mut().enumerate() {
+            if r != c {
+                let f = row[c] / pivot[c];
+                for (x, pv) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * pv;
+                }
+            }
+        }
+    }
+    Some((0..k).map(|i| a[i][k] / a[i][i]).collect())
+}
+
+fn probe_body(seed: u64, tokens: u32, max_tokens: u32) -> (bytes::Bytes, usize) {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    // A distinct first block: nothing of the prompt is in the prefix cache.
+    let prompt = format!(
+        "probe {seed}: {}",
+        crate::workload::text(&mut rng, (tokens as usize) * 4)
+    );
+    let chars = prompt.len();
+    let v = serde_json::json!({
+        "model": crate::stack::MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    (bytes::Bytes::from(v.to_string()), chars)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    crate::stats::percentile(v, 50.0)
+}
+
+/// Probe one pod of `profile` (real vLLM or model-sim at speed-up 1) and fit the profile's
+/// step-time terms. Nothing else may run on the pod; the machine should be quiet.
+pub async fn fit(profile: &'static str, engine: PodEngine) -> Result<ProfileFit, String> {
+    let fleet = FleetSpec {
+        pods: vec![PodSpec::new(profile)],
+        speedup: 1.0,
+        seed: 1,
+        engine,
+    };
+    let pods = start_pods(&fleet, &[]).await.map_err(|e| e.to_string())?;
+    let addr = pods.addrs[0];
+    let uri: hyper::Uri = format!("http://{addr}/v1/chat/completions")
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let client = http_client();
+    // Warm the server (first requests pay one-time costs).
+    for i in 0..3 {
+        let (b, _) = probe_body(900 + i, 256, 4);
+        send(&client, &uri, b, &[]).await;
+    }
+    let mut seed = 1000u64;
+    let mut prefill = Vec::new();
+    let mut cpt = Vec::new();
+    for &tokens in &FIT_PROMPTS {
+        let mut ttfts = Vec::new();
+        let mut engine_tokens = None;
+        for _ in 0..FIT_REPS {
+            seed += 1;
+            let (b, chars) = probe_body(seed, tokens, 1);
+            let o = send(&client, &uri, b, &[]).await;
+            if !o.ok() {
+                return Err(format!("prefill probe failed: {:?}", o.error));
+            }
+            ttfts.push(o.ttft_ms.unwrap_or(f64::NAN));
+            if let Some(n) = o.prompt_tokens.filter(|n| *n > 0) {
+                engine_tokens = Some(n);
+                cpt.push(chars as f64 / n as f64);
+            }
+        }
+        prefill.push(PrefillPoint {
+            tokens,
+            engine_tokens,
+            ttft_ms: median(&mut ttfts),
+        });
+    }
+    let mut decode = Vec::new();
+    for &prompt_tokens in &FIT_DECODE_PROMPTS {
+        for &batch in &FIT_BATCHES {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..batch {
+                seed += 1;
+                let (b, _) = probe_body(seed, prompt_tokens, FIT_DECODE_TOKENS);
+                let (client, uri) = (client.clone(), uri.clone());
+                set.spawn(async move { send(&client, &uri, b, &[]).await });
+            }
+            let mut streams = Vec::new();
+            while let Some(r) = set.join_next().await {
+                let o = r.map_err(|e| e.to_string())?;
+                if !o.ok() {
+                    return Err(format!("decode probe failed: {:?}", o.error));
+                }
+                streams.push(o);
+            }
+            let mut gaps = decode_gaps(&streams);
+            if gaps.len() < 20 {
+                return Err(format!(
+                    "decode probe {batch} x {prompt_tokens}: only {} gaps after the prefills",
+                    gaps.len()
+                ));
+            }
+            decode.push(DecodePoint {
+                batch,
+                prompt_tokens,
+                step_ms: median(&mut gaps),
+                gaps: gaps.len(),
+            });
+        }
+    }
+    let metrics = testkit::get(addr, "/metrics", &[])
+        .await
+        .map(|r| r.text())
+        .unwrap_or_default();
+    let cache_label = |name: &str| -> Option<u32> {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("vllm:cache_config_info{"))?;
+        let key = format!("{name}=\"");
+        let rest = &line[line.find(&key)? + key.len()..];
+        rest[..rest.find('"')?].parse().ok()
+    };
+    let block_size = cache_label("block_size");
+    let num_gpu_blocks = cache_label("num_gpu_blocks");
+    drop(pods);
+    let chars_per_token = if cpt.is_empty() {
+        4.0
+    } else {
+        median(&mut cpt)
+    };
+    fit_points(
+        profile,
+        engine,
+        chars_per_token,
+        block_size,
+        num_gpu_blocks,
+        prefill,
+        decode,
+    )
+    .ok_or_else(|| "the probes do not determine the fit (degenerate)".to_string())
+}
+
+/// The least-squares fit of [`ProfileFit`] to measured probes.
+pub fn fit_points(
+    profile: &str,
+    engine: PodEngine,
+    chars_per_token: f64,
+    block_size: Option<u32>,
+    num_gpu_blocks: Option<u32>,
+    prefill: Vec<PrefillPoint>,
+    decode: Vec<DecodePoint>,
+) -> Option<ProfileFit> {
+    let half = f64::from(FIT_DECODE_TOKENS) / 2.0;
+    let drows: Vec<Vec<f64>> = decode
+        .iter()
+        .map(|d| {
+            let b = d.batch as f64;
+            vec![1.0, b, b * (f64::from(d.prompt_tokens) + half)]
+        })
+        .collect();
+    let dy: Vec<f64> = decode.iter().map(|d| d.step_ms).collect();
+    let dfit = least_squares(&drows, &dy)?;
+    let (base, per_seq, kv_read) = (dfit[0], dfit[1], dfit[2]);
+    let prows: Vec<Vec<f64>> = prefill
+        .iter()
+        .map(|p| {
+            let t = f64::from(p.tokens);
+            vec![1.0, t, t * t / 2.0]
+        })
+        .collect();
+    let py: Vec<f64> = prefill.iter().map(|p| p.ttft_ms - base).collect();
+    let pfit = least_squares(&prows, &py)?;
+    let rel = |model: f64, seen: f64| ((model - seen) / seen).abs();
+    let worst = drows
+        .iter()
+        .zip(&dy)
+        .map(|(r, y)| rel(r[0] * base + r[1] * per_seq + r[2] * kv_read, *y))
+        .chain(prows.iter().zip(&prefill).map(|(r, p)| {
+            rel(
+                base + r[0] * pfit[0] + r[1] * pfit[1] + r[2] * pfit[2],
+                p.ttft_ms,
+            )
+        }))
+        .fold(0.0, f64::max);
+    Some(ProfileFit {
+        profile: profile.to_string(),
+        engine: match engine {
+            PodEngine::Vllm => "vllm",
+            PodEngine::ModelSim => "model-sim",
+        }
+        .into(),
+        chars_per_token,
+        block_size,
+        num_gpu_blocks,
+        prefill,
+        decode,
+        step_base_ms: base,
+        decode_per_seq_ms: per_seq,
+        kv_read_per_token_ms: kv_read,
+        prefill_per_token_ms: pfit[1],
+        prefill_attn_ms: pfit[2],
+        overhead_ms: pfit[0],
+        worst_error: worst,
+    })
+}
+
+/// One load of [`compare_twin`]: the same workload under round robin on the real pods and on
+/// their model-sim twins.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TwinPoint {
+    /// Offered load as a fraction of the fleet's measured capacity.
+    pub load: f64,
+    /// Offered rate, req/s.
+    pub rate_rps: f64,
+    /// Real vLLM: TTFT p50, p95 (ms), window requests, errors.
+    pub real: [f64; 2],
+    /// model-sim twin: TTFT p50, p95 (ms).
+    pub twin: [f64; 2],
+    /// Window requests of the real and the twin run.
+    pub requests: [u64; 2],
+    /// twin ÷ real − 1 for p50 and p95.
+    pub error: [f64; 2],
+}
+
+/// `bench calibrate --compare SCENARIO`: the scenario's workload under round robin at each
+/// load (fraction of its measured capacity), on its real vLLM fleet and on the same fleet of
+/// model-sim twins (the fitted `cpu-*` profiles, same limits, speed-up 1), one seed each;
+/// the emulator is calibrated where TTFT p50 and p95 agree within 25 %.
+pub async fn compare_twin(name: &str, loads: &[f64], seed: u64) -> Result<Vec<TwinPoint>, String> {
+    use crate::runner::{run_windowed, Windows};
+    use crate::scenarios::{scenario, scenario_at, Mode};
+    use crate::stack::RouterKind;
+    let mode = Mode {
+        quick: false,
+        ..Mode::full(seed)
+    };
+    let base = scenario(name, mode).ok_or_else(|| format!("no scenario {name}"))?;
+    if base.fleet.engine != PodEngine::Vllm {
+        return Err(format!("{name} runs on emulated pods: nothing to compare"));
+    }
+    let mut out = Vec::new();
+    for &load in loads {
+        let rate = load * base.capacity_rps;
+        let real = scenario_at(name, mode, rate).ok_or("scenario")?;
+        let w = Windows::for_scenario(&real, &mode, 1, false);
+        let mut twin = real.clone();
+        twin.fleet.engine = PodEngine::ModelSim;
+        let mut figures = Vec::new();
+        for sc in [&real, &twin] {
+            let o = run_windowed(sc, RouterKind::RoundRobin, w).await?;
+            eprintln!(
+                "calibrate: {name} at {:.0} % ({rate:.2} req/s) on {:?}: TTFT p50 {:.1} p95 {:.1} ms, {} requests, errors {:.2} %",
+                load * 100.0,
+                sc.fleet.engine,
+                o.summary.ttft_p50_ms,
+                o.summary.ttft_p95_ms,
+                o.summary.requests,
+                o.summary.error_rate * 100.0
+            );
+            figures.push(o.summary);
+        }
+        let (r, t) = (&figures[0], &figures[1]);
+        out.push(TwinPoint {
+            load,
+            rate_rps: rate,
+            real: [r.ttft_p50_ms, r.ttft_p95_ms],
+            twin: [t.ttft_p50_ms, t.ttft_p95_ms],
+            requests: [r.requests, t.requests],
+            error: [
+                t.ttft_p50_ms / r.ttft_p50_ms - 1.0,
+                t.ttft_p95_ms / r.ttft_p95_ms - 1.0,
+            ],
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_gaps_start_after_the_last_prefill() {
+        let stream = |ttft: f64, gaps: &[f64]| crate::client::Outcome {
+            status: 200,
+            ttft_ms: Some(ttft),
+            itl_ms: gaps.to_vec(),
+            ..Default::default()
+        };
+        // The second stream's first token at 30 ms: the first stream's gaps before it carry
+        // its prefill (20 ms) and are left out.
+        let g = decode_gaps(&[stream(10.0, &[20.0, 5.0, 5.0]), stream(30.0, &[6.0, 6.0])]);
+        assert_eq!(g, vec![5.0, 5.0, 6.0, 6.0]);
+    }
+
+    #[test]
+    fn least_squares_recovers_a_plane_and_refuses_degenerate_columns() {
+        let rows: Vec<Vec<f64>> = (0..6)
+            .map(|i| vec![1.0, f64::from(i), f64::from(i * i)])
+            .collect();
+        let y: Vec<f64> = rows.iter().map(|r| 2.0 + 3.0 * r[1] - 0.5 * r[2]).collect();
+        let b = least_squares(&rows, &y).unwrap();
+        for (got, want) in b.iter().zip([2.0, 3.0, -0.5]) {
+            assert!((got - want).abs() < 1e-9, "{b:?}");
+        }
+        let same = vec![vec![1.0, 2.0], vec![1.0, 2.0]];
+        assert!(least_squares(&same, &[1.0, 1.0]).is_none());
+    }
+
+    #[test]
+    fn the_fit_recovers_the_step_terms_that_made_the_probes() {
+        let (base, per_seq, kv, pre, attn, over) = (5.0, 0.4, 0.0002, 0.05, 0.00001, 9.0);
+        let half = f64::from(FIT_DECODE_TOKENS) / 2.0;
+        let decode: Vec<DecodePoint> = FIT_DECODE_PROMPTS
+            .iter()
+            .flat_map(|&p| {
+                FIT_BATCHES.iter().map(move |&b| DecodePoint {
+                    batch: b,
+                    prompt_tokens: p,
+                    gaps: 100,
+                    step_ms: base + b as f64 * per_seq + b as f64 * (f64::from(p) + half) * kv,
+                })
+            })
+            .collect();
+        let prefill: Vec<PrefillPoint> = FIT_PROMPTS
+            .iter()
+            .map(|&t| {
+                let t64 = f64::from(t);
+                PrefillPoint {
+                    tokens: t,
+                    engine_tokens: None,
+                    ttft_ms: base + over + t64 * pre + t64 * t64 * attn / 2.0,
+                }
+            })
+            .collect();
+        let f = fit_points(
+            "cpu-small",
+            PodEngine::Vllm,
+            5.4,
+            Some(128),
+            Some(4096),
+            prefill,
+            decode,
+        )
+        .unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.abs().max(1e-9) + 1e-9;
+        assert!(close(f.step_base_ms, base), "{f:?}");
+        assert!(close(f.decode_per_seq_ms, per_seq), "{f:?}");
+        assert!(close(f.kv_read_per_token_ms, kv), "{f:?}");
+        assert!(close(f.prefill_per_token_ms, pre), "{f:?}");
+        assert!(close(f.prefill_attn_ms, attn), "{f:?}");
+        assert!(close(f.overhead_ms, over), "{f:?}");
+        assert!(f.worst_error < 1e-6);
+    }
 }

@@ -5,7 +5,7 @@
 //! `fonts-dejavu-core`) through plotters' `ab_glyph` feature, so the build needs no fontconfig;
 //! without the font the chart is drawn without text (bars and grid only) and says so.
 
-use crate::report::{GoodputSweep, Report, ROUTERS, SCENARIOS};
+use crate::report::{GoodputSweep, Report, ROUTERS};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use std::path::Path;
@@ -109,9 +109,7 @@ fn err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ChartError + '_ {
 /// Draw the chart; returns whether text (labels) could be drawn.
 pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
     let text = fonts();
-    let scenarios: Vec<&str> = SCENARIOS
-        .iter()
-        .copied()
+    let scenarios: Vec<&str> = crate::report::all_scenarios()
         .filter(|s| rep.scenarios.contains_key(*s))
         .collect();
     let cols = 3usize;

@@ -126,7 +126,7 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
         seed: 42,
     };
     let sc = scenario("mixed_gpu", mode).ok_or_else(|| DemoError::Start("no mixed_gpu".into()))?;
-    let pods = start_pods(&sc.fleet)
+    let pods = start_pods(&sc.fleet, &sc.adapters)
         .await
         .map_err(|e| DemoError::Start(e.to_string()))?;
     let listen = if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {

@@ -32,8 +32,11 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The experiments, in run order.
+/// The experiments, in run order (`overload_vllm` on real vLLM pods: only when named).
 pub const EXPERIMENTS: [&str; 4] = ["bands", "tenants", "overload", "canary"];
+
+/// Experiments run only when named: they need `./build.sh setup-vllm`.
+pub const REAL_EXPERIMENTS: [&str; 1] = ["overload_vllm"];
 
 /// What `bench flow` runs.
 #[derive(Debug, Clone)]
@@ -79,15 +82,22 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
             arm(RouterKind::Filter, "flow_overload"),
         ],
         "canary" => vec![arm(RouterKind::Filter, "flow_canary")],
+        // On real vLLM both peers' default policy: sglang-router's and vllm-router's own.
+        "overload_vllm" => vec![
+            arm(RouterKind::RoundRobin, "flow_overload_vllm"),
+            arm(RouterKind::LeastRequest, "flow_overload_vllm"),
+            arm(RouterKind::Filter, "flow_overload_vllm"),
+            arm(RouterKind::VllmRouterCacheAware, "flow_overload_vllm"),
+        ],
         _ => vec![],
     };
-    if peers && matches!(exp, "bands" | "overload") {
+    if peers && matches!(exp, "bands" | "overload" | "overload_vllm") {
         v.push(arm(
             peer,
-            if exp == "bands" {
-                "flow_bands"
-            } else {
-                "flow_overload"
+            match exp {
+                "bands" => "flow_bands",
+                "overload" => "flow_overload",
+                _ => "flow_overload_vllm",
             },
         ));
     }
@@ -495,8 +505,13 @@ pub fn checks(
                 });
             }
         }
-        "overload" => {
-            let Some(f) = find(arms, "filter", "flow_overload") else {
+        "overload" | "overload_vllm" => {
+            let scenario = if exp == "overload" {
+                "flow_overload"
+            } else {
+                "flow_overload_vllm"
+            };
+            let Some(f) = find(arms, "filter", scenario) else {
                 return out;
             };
             for b in arms.iter().filter(|a| a.router != "filter") {
@@ -551,7 +566,7 @@ pub fn checks(
 /// whole 60 s for overload and the whole run for the canary.
 fn windows(exp: &str, sc: &Scenario, mode: &Mode, seeds: usize) -> Windows {
     match exp {
-        "overload" | "canary" => Windows::whole(sc),
+        "overload" | "overload_vllm" | "canary" => Windows::whole(sc),
         "tenants" => {
             let mix = flow_scenario(
                 "flow_tenants",
@@ -583,7 +598,12 @@ pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experime
     if list.is_empty() {
         return Err(format!(
             "unknown experiment {exp} (known: {})",
-            EXPERIMENTS.join(", ")
+            EXPERIMENTS
+                .iter()
+                .chain(&REAL_EXPERIMENTS)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     let mut results = Vec::new();
@@ -971,7 +991,7 @@ mod tests {
 
     #[test]
     fn every_experiment_has_its_arms_and_scenarios() {
-        for e in EXPERIMENTS {
+        for e in EXPERIMENTS.iter().chain(&REAL_EXPERIMENTS).copied() {
             let a = arms(e, true);
             assert!(a.iter().any(|x| x.router == RouterKind::Filter), "{e}");
             for x in &a {

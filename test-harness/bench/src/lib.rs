@@ -17,6 +17,7 @@ pub mod instant;
 pub mod loadgen;
 pub mod overhead;
 pub mod podmetrics;
+pub mod realpods;
 pub mod report;
 pub mod runner;
 pub mod scale;

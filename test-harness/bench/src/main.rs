@@ -80,6 +80,23 @@ enum Cmd {
         /// Measure one pod of each profile of this scenario on its own requests instead.
         #[arg(long)]
         scenario: Option<String>,
+        /// Fit model-sim's step-time terms to one pod of this profile instead (`cpu-small`,
+        /// `cpu-large`; prefill and decode probes, least squares; CALIBRATION.md): prints the
+        /// fit as JSON and writes it to <target>/bench/fit-<profile>-<engine>.json.
+        #[arg(long)]
+        fit: Option<String>,
+        /// The pod `--fit` probes: `vllm` (the real engine, `./build.sh setup-vllm`) or
+        /// `model-sim` (the emulator's profile of that name, to check the fit).
+        #[arg(long, default_value = "vllm")]
+        engine: String,
+        /// Run this real-vLLM scenario's workload under round robin on its real pods and on
+        /// their model-sim twins at each `--loads` fraction of its capacity, and compare TTFT
+        /// p50/p95 (CALIBRATION.md); writes <target>/bench/twin-<scenario>.json.
+        #[arg(long)]
+        compare: Option<String>,
+        /// Loads of `--compare`, fractions of the fleet's measured capacity.
+        #[arg(long, value_delimiter = ',', default_values_t = [0.3, 0.6, 0.9])]
+        loads: Vec<f64>,
     },
     /// Only the overhead bench: direct, Envoy, Envoy + filter, Envoy + a no-op ext_proc (the
     /// picker floor) in front of an instant backend; prints the per-arm table (stderr), whether
@@ -190,7 +207,8 @@ enum Cmd {
         /// CI-sized windows (speed-up 4) instead of the full protocol (speed-up 3).
         #[arg(long)]
         quick: bool,
-        /// Only these experiments (repeatable): bands tenants overload canary.
+        /// Only these experiments (repeatable): bands tenants overload canary; overload_vllm
+        /// (real vLLM pods, `./build.sh setup-vllm`) runs only when named.
         #[arg(long = "experiment")]
         experiments: Vec<String>,
         /// First workload seed.
@@ -233,7 +251,7 @@ fn main() -> ExitCode {
         }
     };
     let out_dir = testkit::target_dir().join("bench");
-    rt.block_on(async move {
+    let code = rt.block_on(async move {
         match cli.cmd {
             Cmd::Run {
                 quick,
@@ -315,7 +333,68 @@ fn main() -> ExitCode {
                 concurrency,
                 secs,
                 scenario,
+                fit,
+                engine,
+                compare,
+                loads,
             } => {
+                if let Some(name) = compare {
+                    return match bench::calibrate::compare_twin(&name, &loads, 42).await {
+                        Ok(points) => {
+                            let json = serde_json::to_string_pretty(&points).unwrap_or_default();
+                            println!("{json}");
+                            let path = out_dir.join(format!("twin-{name}.json"));
+                            let _ = std::fs::create_dir_all(&out_dir);
+                            if let Err(e) = std::fs::write(&path, json) {
+                                eprintln!("calibrate: writing {}: {e}", path.display());
+                            }
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("calibrate: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
+                }
+                if let Some(profile) = fit {
+                    let engine = match engine.as_str() {
+                        "vllm" => bench::stack::PodEngine::Vllm,
+                        "model-sim" => bench::stack::PodEngine::ModelSim,
+                        other => {
+                            eprintln!("calibrate: --engine {other}: vllm or model-sim");
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                    let Some(profile) = bench::realpods::TWIN_PROFILES
+                        .iter()
+                        .copied()
+                        .find(|p| *p == profile)
+                    else {
+                        eprintln!(
+                            "calibrate: --fit {profile}: one of {:?}",
+                            bench::realpods::TWIN_PROFILES
+                        );
+                        return ExitCode::FAILURE;
+                    };
+                    let r = bench::calibrate::fit(profile, engine).await;
+                    bench::realpods::release();
+                    return match r {
+                        Ok(f) => {
+                            let json = serde_json::to_string_pretty(&f).unwrap_or_default();
+                            println!("{json}");
+                            let path = out_dir.join(format!("fit-{profile}-{}.json", f.engine));
+                            let _ = std::fs::create_dir_all(&out_dir);
+                            if let Err(e) = std::fs::write(&path, json) {
+                                eprintln!("calibrate: writing {}: {e}", path.display());
+                            }
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("calibrate: {e}");
+                            ExitCode::FAILURE
+                        }
+                    };
+                }
                 if let Some(name) = scenario {
                     for c in concurrency {
                         match bench::calibrate::scenario_capacity(&name, c, secs).await {
@@ -581,5 +660,8 @@ fn main() -> ExitCode {
                 }
             }
         }
-    })
+    });
+    // Real vLLM pods outlive the runs that share them; stop them before exiting.
+    bench::realpods::release();
+    code
 }

@@ -81,6 +81,34 @@ pub async fn reset_stats(pods: &[SocketAddr]) -> bool {
     all
 }
 
+/// Each pod's share of the requests finished in the window, from its own counter
+/// (`vllm:request_success_total`, differenced), keyed by `labels` (fleet order): for pods that
+/// name no pod in their responses (real vLLM). Requests finished in the window approximate
+/// those that arrived in it. Empty when no pod exports the counter or none finished.
+pub fn shares_from_counts(
+    labels: &[String],
+    m0: &[BTreeMap<String, f64>],
+    m1: &[BTreeMap<String, f64>],
+) -> BTreeMap<String, f64> {
+    const DONE: &str = "vllm:request_success_total";
+    let done: Vec<(String, f64)> = labels
+        .iter()
+        .zip(m0.iter().zip(m1))
+        .filter_map(|(l, (a, b))| {
+            let end = b.get(DONE)?;
+            Some((
+                l.clone(),
+                (end - a.get(DONE).copied().unwrap_or(0.0)).max(0.0),
+            ))
+        })
+        .collect();
+    let total: f64 = done.iter().map(|(_, n)| n).sum();
+    if total <= 0.0 {
+        return BTreeMap::new();
+    }
+    done.into_iter().map(|(l, n)| (l, n / total)).collect()
+}
+
 /// One pod over the measurement window, from its metrics at the window start (`m0`, just after
 /// the `*_max` gauges were reset) and end (`m1`); counters are differenced. `None` = the pod
 /// does not export that metric.
@@ -271,6 +299,26 @@ pub fn extras(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_come_from_each_pods_finished_requests() {
+        let m = |n: f64| BTreeMap::from([("vllm:request_success_total".to_string(), n)]);
+        let labels = [
+            "pod0 (cpu-small)".to_string(),
+            "pod1 (cpu-large)".to_string(),
+        ];
+        let s = shares_from_counts(&labels, &[m(10.0), m(5.0)], &[m(40.0), m(15.0)]);
+        assert!((s["pod0 (cpu-small)"] - 0.75).abs() < 1e-9);
+        assert!((s["pod1 (cpu-large)"] - 0.25).abs() < 1e-9);
+        // Pods without the counter (model-sim names its pod in every response) give nothing.
+        let empty = BTreeMap::new();
+        assert!(shares_from_counts(
+            &labels,
+            &[empty.clone(), empty.clone()],
+            &[empty.clone(), empty]
+        )
+        .is_empty());
+    }
     use crate::client::Outcome;
 
     #[test]

@@ -21,6 +21,15 @@ pub const SCENARIOS: [&str; 6] = [
     "uniform",
     "long_prompt",
 ];
+/// Scenarios on real vLLM pods (CPU build, the project's tiny models; `./build.sh setup-vllm`),
+/// in the order of the tables after [`SCENARIOS`]; run only when named (`--scenario`).
+pub const REAL_SCENARIOS: [&str; 3] = ["vllm_uneven", "vllm_shared_prefix", "vllm_lora"];
+
+/// Every scenario a report may hold, in table order: the emulated ones, then the real ones.
+pub fn all_scenarios() -> impl Iterator<Item = &'static str> {
+    SCENARIOS.into_iter().chain(REAL_SCENARIOS)
+}
+
 /// Router names, in the order of the tables.
 pub const ROUTERS: [&str; 11] = [
     "round_robin",
@@ -444,7 +453,7 @@ pub fn targets() -> Vec<Target> {
             bound: Bound::Within(0.05),
         },
     ];
-    for s in SCENARIOS {
+    for s in all_scenarios() {
         t.push(Target {
             scenario: s,
             metric: "throughput_rps",
@@ -454,7 +463,10 @@ pub fn targets() -> Vec<Target> {
     }
     // Against the field: every structured scenario's TTFT p95 at most 0.7× the best peer's,
     // uniform within ±5 % of it.
-    for s in ["mixed_gpu", "bursty", "shared_prefix", "lora"] {
+    for s in ["mixed_gpu", "bursty", "shared_prefix", "lora"]
+        .into_iter()
+        .chain(REAL_SCENARIOS)
+    {
         t.push(Target {
             scenario: s,
             metric: "ttft_p95_ms",
@@ -687,7 +699,7 @@ fn ordered(
     scenarios: &BTreeMap<String, ScenarioResult>,
 ) -> Vec<(&'static str, &'static str, &Summary)> {
     let mut rows = Vec::new();
-    for s in SCENARIOS {
+    for s in all_scenarios() {
         if let Some(rs) = scenarios.get(s) {
             for r in ROUTERS {
                 if let Some(sum) = rs.get(r) {
@@ -748,9 +760,8 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str, only: Option<&[&s
 /// Per scenario, the filter routers against round robin and against the best peer (the peer
 /// router with the lowest TTFT p95 in that scenario), side by side.
 fn best_peer_table(out: &mut String, rep: &Report) {
-    let rows: Vec<(&str, &str, &str)> = SCENARIOS
-        .iter()
-        .filter_map(|s| Some((*s, rep.scenarios.get(*s)?)))
+    let rows: Vec<(&str, &str, &str)> = all_scenarios()
+        .filter_map(|s| Some((s, rep.scenarios.get(s)?)))
         .filter_map(|(s, x)| Some((s, x, x.best_peer.as_deref()?)))
         .flat_map(|(s, x, p)| {
             CHECKED_ROUTERS
@@ -815,7 +826,7 @@ fn scenario_table(out: &mut String, rep: &Report) {
         "| scenario | offered req/s | load basis | TTFT SLO ms | floor ms | condition | condition met | cold reads |"
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
-    for s in SCENARIOS {
+    for s in all_scenarios() {
         let Some(x) = rep.scenarios.get(s) else {
             continue;
         };
@@ -836,7 +847,7 @@ fn scenario_table(out: &mut String, rep: &Report) {
         );
     }
     let _ = writeln!(out);
-    for s in SCENARIOS {
+    for s in all_scenarios() {
         if let Some(x) = rep.scenarios.get(s).filter(|x| !x.card.trim().is_empty()) {
             let _ = writeln!(out, "**{s}**\n\n{}\n", x.card.trim());
         }
@@ -844,9 +855,8 @@ fn scenario_table(out: &mut String, rep: &Report) {
 }
 
 fn goodput_table(out: &mut String, rep: &Report) {
-    let swept: Vec<(&str, &GoodputSweep)> = SCENARIOS
-        .iter()
-        .filter_map(|s| Some((*s, rep.scenarios.get(*s)?.goodput.as_ref()?)))
+    let swept: Vec<(&str, &GoodputSweep)> = all_scenarios()
+        .filter_map(|s| Some((s, rep.scenarios.get(s)?.goodput.as_ref()?)))
         .collect();
     if swept.is_empty() {
         return;

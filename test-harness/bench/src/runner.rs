@@ -15,7 +15,7 @@ use crate::report::{
     check_targets, markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult,
 };
 use crate::scenarios::{scenario, scenario_at, Mode, Scenario};
-use crate::stack::{heterogeneous, start_stack, RouterKind, MODEL};
+use crate::stack::{heterogeneous, start_stack, PodEngine, RouterKind, MODEL};
 use crate::stats::{summarize, Summary};
 use crate::workload::{generate, RequestSpec};
 use std::collections::BTreeMap;
@@ -102,7 +102,8 @@ impl Windows {
     /// report gives the tail samples behind each p99), and for bursty arrivals whole on/off
     /// cycles with at least ⌈10 ÷ seeds⌉ bursts per run (≥ 10 over the seeds).
     pub fn for_scenario(sc: &Scenario, mode: &Mode, seeds: usize, probe: bool) -> Self {
-        let s = mode.speedup.max(0.01);
+        // The scenario's own speed-up: the mode's for emulated pods, 1 for real ones.
+        let s = sc.fleet.speedup.max(0.01);
         let tail = Duration::from_secs_f64(if mode.quick { 2.0 } else { 5.0 } / s);
         if mode.quick {
             return Windows {
@@ -251,9 +252,11 @@ pub async fn run_windowed(
         .collect();
     let start = Instant::now() + Duration::from_millis(100);
     let addrs = stack.pods.addrs.clone();
+    let emulated = sc.fleet.engine == PodEngine::ModelSim;
     let marks = tokio::spawn(async move {
         tokio::time::sleep_until((start + w.warmup).into()).await;
-        let reset = podmetrics::reset_stats(&addrs).await;
+        // Only the emulator has `*_max` gauges to reset (a real vLLM answers 404).
+        let reset = emulated && podmetrics::reset_stats(&addrs).await;
         let m0 = podmetrics::scrape_each(&addrs).await;
         let t0 = Instant::now();
         tokio::time::sleep_until((start + w.warmup + w.window).into()).await;
@@ -366,6 +369,15 @@ pub async fn run_windowed(
     }
     if let Some(p) = fleet_delta("vllm:num_preemptions_total") {
         summary.extra.insert("preemptions".into(), p);
+    }
+    // Real pods name no pod in their responses: each pod's share of the window's requests from
+    // its own count of finished requests.
+    if summary.pod_share.is_empty() {
+        summary.pod_share = podmetrics::shares_from_counts(
+            &pods.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(),
+            &m0,
+            &m1,
+        );
     }
     if !sc.adapters.is_empty() {
         match fleet_delta("model_sim:lora_loads_total") {
@@ -571,7 +583,7 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
         let sc = scenario(n, cfg.mode).ok_or_else(|| RunError::Unknown {
             what: "scenario",
             name: n.clone(),
-            known: crate::scenarios::NAMES.join(", "),
+            known: crate::scenarios::all_names().collect::<Vec<_>>().join(", "),
         })?;
         if names.contains(n) && !scs.iter().any(|s: &Scenario| s.name == sc.name) {
             scs.push(sc);
@@ -778,10 +790,10 @@ async fn sweep(
     let base = scenario(name, mode).ok_or_else(|| RunError::Unknown {
         what: "scenario",
         name: name.into(),
-        known: crate::scenarios::NAMES.join(", "),
+        known: crate::scenarios::all_names().collect::<Vec<_>>().join(", "),
     })?;
     // The bisection runs in emulated req/s (what the report shows); scenario_at takes wall.
-    let k = mode.speedup.max(0.01);
+    let k = base.fleet.speedup.max(0.01);
     let nominal = base.rate_rps / k;
     let slo = base.slo_ttft_ms * k;
     let mut g = GoodputSweep {
@@ -949,8 +961,9 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 "{name}: weighted_rr not run (uniform fleet: equal weights = round_robin)"
             ));
         }
-        // Scenario figures are wall clock; the report is in emulated time (× / ÷ speed-up).
-        let k = cfg.mode.speedup.max(0.01);
+        // Scenario figures are wall clock; the report is in emulated time (× / ÷ speed-up;
+        // 1 for real pods).
+        let k = base.fleet.speedup.max(0.01);
         let nominal = base.rate_rps / k;
         let mut entry = ScenarioResult {
             floor_ms: base.floor_ms * k,

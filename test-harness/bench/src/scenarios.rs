@@ -11,7 +11,7 @@
 //! `s`.
 
 use crate::arrivals::Arrival;
-use crate::stack::{FleetSpec, PodSpec, MODEL};
+use crate::stack::{FleetSpec, PodEngine, PodSpec, MODEL};
 use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec};
 use model_sim::engine::{Engine, Event, NewRequest};
 use model_sim::profile::Profile;
@@ -159,8 +159,16 @@ impl Mode {
     }
 }
 
-/// Names of all scenarios, in run order.
+/// Names of the emulated scenarios, in run order (what `bench run` runs by default).
 pub const NAMES: [&str; 6] = crate::report::SCENARIOS;
+
+/// Names of the scenarios on real vLLM pods (`./build.sh setup-vllm`), run only when named.
+pub const REAL_NAMES: [&str; 3] = crate::report::REAL_SCENARIOS;
+
+/// Every scenario name: emulated, then real.
+pub fn all_names() -> impl Iterator<Item = &'static str> {
+    crate::report::all_scenarios()
+}
 
 /// Measured capacity of one pod, emulated requests per second, per (scenario, profile):
 /// `bench calibrate --scenario NAME --concurrency 64 --secs 20` (closed loop, no Envoy, speed-up
@@ -175,7 +183,19 @@ pub const CAPACITY: &[(&str, &str, f64)] = &[
     ("lora", "a10g", 2.77),
     ("uniform", "a10g", 3.67),
     ("long_prompt", "h100", 0.25),
+    // Real vLLM (CPU build, one core per pod): wall req/s, measured the same way at speed-up 1
+    // (`bench calibrate --scenario NAME --concurrency 32 --secs 60`; CALIBRATION.md).
+    ("vllm_uneven", "cpu-small", VLLM_UNEVEN_SMALL),
+    ("vllm_uneven", "cpu-large", VLLM_UNEVEN_LARGE),
+    ("vllm_shared_prefix", "cpu-small", VLLM_SHARED_SMALL),
+    ("vllm_lora", "cpu-small", VLLM_LORA_SMALL),
 ];
+
+// Measured capacities of the real pods (see CAPACITY).
+const VLLM_UNEVEN_SMALL: f64 = 8.0;
+const VLLM_UNEVEN_LARGE: f64 = 2.5;
+const VLLM_SHARED_SMALL: f64 = 8.0;
+const VLLM_LORA_SMALL: f64 = 4.0;
 
 /// One pod's measured capacity for `scenario` on `profile` (emulated req/s).
 pub fn pod_capacity(scenario: &str, profile: &str) -> f64 {
@@ -198,6 +218,8 @@ fn pods(profiles: &[&'static str], f: impl Fn(&mut PodSpec)) -> Vec<PodSpec> {
 
 /// The design of one scenario in emulated units, before speed-up and mode are applied.
 struct Design {
+    /// Emulated or real pods (real: speed-up 1 whatever the mode).
+    engine: PodEngine,
     about: &'static str,
     card: &'static str,
     pods: Vec<PodSpec>,
@@ -273,6 +295,7 @@ of the context.
 fn design(name: &str) -> Option<Design> {
     Some(match name {
         "mixed_gpu" => Design {
+            engine: PodEngine::ModelSim,
             about: "2 H100 + 2 A10G, Poisson just below what round robin sustains",
             card: MIXED_CARD,
             pods: pods(&["h100", "h100", "a10g", "a10g"], |_| {}),
@@ -296,6 +319,7 @@ fn design(name: &str) -> Option<Design> {
             drain_s: 30.0,
         },
         "bursty" => Design {
+            engine: PodEngine::ModelSim,
             about: "4 H100-70B (KV-limited), lognormal lengths, bursts at 2x capacity",
             card: BURSTY_CARD,
             pods: pods(&["h100-70b"; 4], |p| p.output_len = Some("lognormal")),
@@ -318,6 +342,7 @@ fn design(name: &str) -> Option<Design> {
             drain_s: 90.0,
         },
         "shared_prefix" => Design {
+            engine: PodEngine::ModelSim,
             about: "4 A10G, multi-turn chats + document Q&A, working set > one pod's KV",
             card: SHARED_CARD,
             pods: pods(&["a10g"; 4], |_| {}),
@@ -341,6 +366,7 @@ fn design(name: &str) -> Option<Design> {
             drain_s: 30.0,
         },
         "lora" => Design {
+            engine: PodEngine::ModelSim,
             about: "4 A10G, 32 adapters over 4 GPU slots + 12 CPU slots per pod",
             card: LORA_CARD,
             pods: pods(&["a10g"; 4], |p| {
@@ -366,6 +392,7 @@ fn design(name: &str) -> Option<Design> {
             drain_s: 30.0,
         },
         "uniform" => Design {
+            engine: PodEngine::ModelSim,
             about: "4 A10G, steady Poisson at half capacity (no gain expected)",
             card: UNIFORM_CARD,
             pods: pods(&["a10g"; 4], |_| {}),
@@ -381,6 +408,7 @@ fn design(name: &str) -> Option<Design> {
             drain_s: 30.0,
         },
         "long_prompt" => Design {
+            engine: PodEngine::ModelSim,
             about: "4 H100, ~200 KB prompts",
             card: LONG_CARD,
             pods: pods(&["h100"; 4], |_| {}),
@@ -395,9 +423,117 @@ fn design(name: &str) -> Option<Design> {
             condition: Condition::None,
             drain_s: 30.0,
         },
+        "vllm_uneven" => Design {
+            engine: PodEngine::Vllm,
+            about: "real vLLM: a fast and a slow pod (5.5 M vs 22 M parameters), Poisson just below what round robin sustains",
+            card: VLLM_UNEVEN_CARD,
+            pods: pods(&["cpu-small", "cpu-large"], real_limits),
+            prompts: Prompts::Independent {
+                prompt_tokens: Range::new(300, 1200),
+                max_tokens: Range::new(30, 150),
+            },
+            // 80 % of 2 × the slow pod's capacity (what round robin can carry).
+            load: 0.8 * 2.0 * VLLM_UNEVEN_LARGE / (VLLM_UNEVEN_SMALL + VLLM_UNEVEN_LARGE),
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 1000.0,
+            condition: Condition::None,
+            drain_s: 30.0,
+        },
+        "vllm_shared_prefix" => Design {
+            engine: PodEngine::Vllm,
+            about: "real vLLM: 2 pods with real prefix caching, chats + document Q&A, working set > one pod's KV",
+            card: VLLM_SHARED_CARD,
+            pods: pods(&["cpu-small", "cpu-small"], |p| {
+                real_limits(p);
+                p.kv_blocks = Some(96);
+            }),
+            prompts: Prompts::SharedPrefix {
+                conversations: 12,
+                max_turns: 6,
+                system_prompts: 6,
+                system_tokens: 1000,
+                turn_tokens: Range::new(50, 150),
+                reply_tokens: 100,
+                documents: 6,
+                document_tokens: 2000,
+                document_share: 0.5,
+                max_tokens: Range::new(30, 100),
+            },
+            load: 0.6,
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 500.0,
+            condition: Condition::ColdReadsBelow { max_frac: 0.01 },
+            drain_s: 30.0,
+        },
+        "vllm_lora" => Design {
+            engine: PodEngine::Vllm,
+            about: "real vLLM: 2 LoRA pods, 8 adapters loaded at runtime over 2 batch slots each",
+            card: VLLM_LORA_CARD,
+            pods: pods(&["cpu-small", "cpu-small"], |p| {
+                real_limits(p);
+                p.max_loras = Some(2);
+            }),
+            prompts: Prompts::Lora {
+                adapters: 8,
+                zipf_s: 1.0,
+                base_share: 0.1,
+                prompt_tokens: Range::new(200, 800),
+                max_tokens: Range::new(30, 120),
+            },
+            load: 0.6,
+            bursts: None,
+            adapters: (0..8).map(adapter_name).collect(),
+            slo_ms: 1000.0,
+            condition: Condition::None,
+            drain_s: 30.0,
+        },
         _ => return None,
     })
 }
+
+/// The limits every real pod runs with, so that its signals move: at most 16 sequences in the
+/// batch (vLLM's CPU default, 128, lets a core take so many that the queue never forms and
+/// every step crawls) and 128 KV blocks of 128 tokens (16,384 tokens: the default 1 GiB holds
+/// 524,288, so KV use would stay near 0).
+fn real_limits(p: &mut PodSpec) {
+    p.max_num_seqs = Some(16);
+    p.kv_blocks = Some(128);
+}
+
+const VLLM_UNEVEN_CARD: &str = "\
+- **Fleet**: real vLLM 0.32 (CPU build), one core each: `cpu-small` (the 5.5 M-parameter tiny \
+model) and `cpu-large` (22 M parameters, the \"slower GPU\"); `--max-num-seqs 16`, 128 KV blocks.
+- **Traffic**: Poisson; prompts 300–1,200 tokens (4 characters each; ≈ 0.74 of that in the \
+tiny model's own tokens), 30–150 output tokens (`ignore_eos`); 80% of 2 × the slow pod's \
+measured capacity.
+- **Anchor**: mixed speeds behind one endpoint, on a real engine.
+- **Check**: none (real pods export no emulator gauges).
+- **SLO**: TTFT p95 ≤ 1 s; **floor**: TTFT p95 alone on an idle `cpu-small`, from its fitted \
+model-sim twin (CALIBRATION.md).";
+
+const VLLM_SHARED_CARD: &str = "\
+- **Fleet**: 2 real vLLM `cpu-small` pods, one core each, 96 KV blocks of 128 tokens (12,288 \
+tokens each), real automatic prefix caching (reset between runs).
+- **Traffic**: Poisson; 6 documents of 2,000 tokens asked about (50%) and multi-turn chats \
+(≤ 6 turns) over 6 system prompts of 1,000 tokens: a working set of ≈ 13,000 of the model's \
+tokens, larger than one pod's KV and smaller than the fleet's; 60% of 2 × one pod's measured \
+capacity.
+- **Anchor**: shared prompt prefixes in steady state, with real eviction.
+- **Check**: every shared prefix is first read during the warm-up (cold reads < 1%).
+- **SLO**: TTFT p95 ≤ 500 ms; **floor**: from the fitted twin, every prefix seen before cached.";
+
+const VLLM_LORA_CARD: &str = "\
+- **Fleet**: 2 real vLLM `cpu-small` pods with `--enable-lora --max-loras 2` (two adapters per \
+batch), one core each; 8 adapters registered at runtime (`POST /v1/load_lora_adapter`) and \
+kept in the CPU cache.
+- **Traffic**: Poisson; 8 adapters (Zipf 1.0) + 10% base model; prompts 200–800, 30–120 out; \
+60% of 2 × one pod's measured capacity.
+- **Anchor**: more adapters than batch slots: a request whose adapter finds both slots taken \
+waits in the engine's queue (`waiting_lora_adapters`).
+- **Check**: none.
+- **SLO**: TTFT p95 ≤ 1 s; **floor**: from the fitted twin, the adapter resident.";
 
 /// Measured capacity of `pods` for scenario `name`, emulated req/s.
 fn fleet_capacity(name: &str, pods: &[PodSpec]) -> f64 {
@@ -417,9 +553,13 @@ pub fn scenario_at(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
 
 /// `rate_rps` NaN means the design's nominal load.
 fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
-    let name: &'static str = NAMES.iter().find(|n| **n == name)?;
+    let name: &'static str = all_names().find(|n| *n == name)?;
     let d = design(name)?;
-    let s = mode.speedup.max(0.01);
+    // Real pods run in real time.
+    let s = match d.engine {
+        PodEngine::ModelSim => mode.speedup.max(0.01),
+        PodEngine::Vllm => 1.0,
+    };
     let capacity_rps = fleet_capacity(name, &d.pods) * s;
     let rate = if rate_rps.is_finite() && rate_rps > 0.0 {
         rate_rps
@@ -474,6 +614,7 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
         pods: d.pods,
         speedup: s,
         seed: mode.seed,
+        engine: d.engine,
     };
     let warmup = Duration::from_secs_f64(warmup);
     let floor_ms = floor_ms(&fleet, &generate(&workload), warmup);
@@ -500,11 +641,12 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
 /// The flow-control scenarios (issue 21), run by `bench flow`, not by `bench run`: each is a
 /// standard scenario's fleet and prompts with who each request is, and the load that makes
 /// holding matter.
-pub const FLOW_NAMES: [&str; 5] = [
+pub const FLOW_NAMES: [&str; 6] = [
     "flow_bands",
     "flow_tenants",
     "flow_tenants_alone",
     "flow_overload",
+    "flow_overload_vllm",
     "flow_canary",
 ];
 
@@ -591,6 +733,16 @@ pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
             s.warmup = Duration::ZERO;
             s.workload.horizon = Duration::from_secs_f64(60.0 / mode.speedup.max(0.01));
             s.about = "bursty's fleet offered 1.5x its capacity for 60 s";
+            s
+        }
+        "flow_overload_vllm" => {
+            let mut s = scenario("vllm_uneven", mode)?;
+            let rate = 1.5 * s.capacity_rps;
+            s.rate_rps = rate;
+            s.workload.arrival = Arrival::Poisson { rate };
+            s.warmup = Duration::ZERO;
+            s.workload.horizon = Duration::from_secs(60);
+            s.about = "vllm_uneven's real fleet offered 1.5x its capacity for 60 s";
             s
         }
         "flow_canary" => {
@@ -800,6 +952,40 @@ mod tests {
         let n1 = generate(&a.workload).len() as f64;
         let n2 = generate(&b.workload).len() as f64;
         assert!(n2 > 1.5 * n1, "{n1} {n2}");
+    }
+
+    #[test]
+    fn real_scenarios_run_in_real_time_on_profiles_with_a_real_twin() {
+        for n in REAL_NAMES {
+            for mode in [quick(), Mode::full(5)] {
+                let s = scenario(n, mode).unwrap();
+                assert_eq!(s.fleet.engine, PodEngine::Vllm, "{n}");
+                assert_eq!(s.fleet.speedup, 1.0, "{n}: real pods run in real time");
+                assert!(s.fleet.pods.iter().all(|p| {
+                    crate::realpods::model_size(p.profile).is_some()
+                        && p.max_num_seqs.is_some()
+                        && p.kv_blocks.is_some()
+                }));
+                assert!(s.rate_rps > 0.0 && s.rate_rps < s.capacity_rps, "{n}");
+                assert!(s.floor_ms > 0.0 && s.floor_ms < s.slo_ttft_ms, "{n}");
+                // Every prompt fits the real model's 4,096 tokens (characters ÷ its measured
+                // characters per token, with room for the chat template).
+                let longest = generate(&s.workload)
+                    .iter()
+                    .map(|r| r.body.len())
+                    .max()
+                    .unwrap();
+                let tokens = longest as f64 / model_sim::profile::TINY_CHARS_PER_TOKEN;
+                assert!(tokens < 3900.0, "{n}: ~{tokens:.0} tokens");
+            }
+        }
+        // Emulated scenarios stay emulated.
+        for n in NAMES {
+            assert_eq!(
+                scenario(n, quick()).unwrap().fleet.engine,
+                PodEngine::ModelSim
+            );
+        }
     }
 
     #[test]

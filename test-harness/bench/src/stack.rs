@@ -216,15 +216,23 @@ pub fn envoy_spec(
     spec
 }
 
-/// One emulated pod.
+/// One pod: emulated (model-sim) or, in a [`PodEngine::Vllm`] fleet, a real vLLM instance.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodSpec {
-    /// GPU profile (`h100`, `a10g`, `h100-70b`).
+    /// GPU profile (`h100`, `a10g`, `h100-70b`; `cpu-small`, `cpu-large`: the tiny models on
+    /// real vLLM's CPU build, and their fitted twins in model-sim).
     pub profile: &'static str,
-    /// LoRA slots, if not the emulator's default.
+    /// LoRA slots, if not the emulator's default (real vLLM: `--max-loras`, default 1).
     pub max_loras: Option<u32>,
     /// CPU LoRA cache (`--max-cpu-loras`), if not the emulator's default (= `max_loras`).
     pub max_cpu_loras: Option<u32>,
+    /// `--max-num-seqs`, if not the profile's.
+    pub max_num_seqs: Option<u32>,
+    /// KV blocks (`--num-gpu-blocks-override` on vLLM, `--num-gpu-blocks` on model-sim), if
+    /// not the profile's.
+    pub kv_blocks: Option<u32>,
+    /// The CPU core a real pod is pinned to (default: pod `i` on core `i mod cores`).
+    pub core: Option<usize>,
     /// Output length mode (`--output-len max|uniform|lognormal`), if not the default (max).
     pub output_len: Option<&'static str>,
     /// A lying pod (`--lie-metrics`): `/metrics` reports an empty engine whatever its state.
@@ -241,15 +249,28 @@ impl PodSpec {
     }
 }
 
+/// What serves a fleet's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodEngine {
+    /// model-sim, the emulator: fresh pods for every run.
+    #[default]
+    ModelSim,
+    /// Real vLLM (CPU build, `./build.sh setup-vllm`): started once and reset between runs
+    /// ([`crate::realpods`]); speed-up 1.
+    Vllm,
+}
+
 /// The fleet of a scenario.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FleetSpec {
     /// The pods.
     pub pods: Vec<PodSpec>,
-    /// Emulator time speed-up (times are divided by it).
+    /// Emulator time speed-up (times are divided by it; 1 for real pods).
     pub speedup: f64,
     /// Seed of the pods (pod i gets seed + i).
     pub seed: u64,
+    /// Emulated or real pods.
+    pub engine: PodEngine,
 }
 
 /// Errors starting the stack.
@@ -273,6 +294,9 @@ pub enum StackError {
         /// Its log file.
         log: String,
     },
+    /// The real vLLM fleet could not be started or reset.
+    #[error("real vLLM pods: {0} (logs: <target>/testlogs/bench-vllm*/vllm.log)")]
+    RealPods(String),
     /// Writing a config file failed.
     #[error("writing {path}: {source}")]
     Io {
@@ -321,8 +345,19 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
         .collect()
 }
 
-/// Start fresh model-sim pods (one process each) and wait for their `/health`.
-pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
+/// Pods for one run, answering `/health`: fresh model-sim pods (one process each), or the real
+/// vLLM fleet ([`crate::realpods::acquire`]: started once, reset between runs; the stack does
+/// not own its processes). `adapters`: the LoRA adapters the real pods register.
+pub async fn start_pods(fleet: &FleetSpec, adapters: &[String]) -> Result<Pods, StackError> {
+    if fleet.engine == PodEngine::Vllm {
+        let addrs = crate::realpods::acquire(fleet, adapters)
+            .await
+            .map_err(StackError::RealPods)?;
+        return Ok(Pods {
+            guards: Vec::new(),
+            addrs,
+        });
+    }
     let bin = testkit::bin("model-sim").map_err(tk("model-sim binary"))?;
     let mut guards = Vec::new();
     let mut addrs = Vec::new();
@@ -353,6 +388,12 @@ pub async fn start_pods(fleet: &FleetSpec) -> Result<Pods, StackError> {
         }
         if p.lie_metrics {
             cmd.arg("--lie-metrics");
+        }
+        if let Some(n) = p.max_num_seqs {
+            cmd.arg("--max-num-seqs").arg(n.to_string());
+        }
+        if let Some(n) = p.kv_blocks {
+            cmd.arg("--num-gpu-blocks").arg(n.to_string());
         }
         let g = ChildGuard::spawn(&format!("model-sim-{i}-{}", p.profile), cmd)
             .map_err(tk("start model-sim"))?;
@@ -572,7 +613,7 @@ pub async fn start_stack(
     adapters: &[String],
     scenario_config: &Value,
 ) -> Result<Stack, StackError> {
-    let pods = start_pods(fleet).await?;
+    let pods = start_pods(fleet, adapters).await?;
     let gateway =
         start_gateway(router, fleet, &pods.addrs, adapters, scenario_config, None).await?;
     let mut replicas = Vec::new();
@@ -846,6 +887,7 @@ mod tests {
                 .collect(),
             speedup: 1.0,
             seed: 1,
+            engine: PodEngine::ModelSim,
         }
     }
 

@@ -39,8 +39,9 @@ async fn start(n: usize, speedup: f64, idle: Duration) -> (Pods, EnvoyProcess) {
         pods: vec![PodSpec::new("h100"); n],
         speedup,
         seed: 7,
+        engine: Default::default(),
     };
-    let pods = stack::start_pods(&fleet).await.unwrap();
+    let pods = stack::start_pods(&fleet, &[]).await.unwrap();
     let mut spec = stack::envoy_spec(
         RouterKind::Filter,
         &fleet,

@@ -40,8 +40,9 @@ async fn one_lying_pod_gets_a_bounded_share_and_the_pool_still_sheds() {
         pods,
         speedup: 4.0,
         seed: 11,
+        engine: Default::default(),
     };
-    let started = stack::start_pods(&fleet).await.unwrap();
+    let started = stack::start_pods(&fleet, &[]).await.unwrap();
     let mut spec = stack::envoy_spec(
         RouterKind::Filter,
         &fleet,

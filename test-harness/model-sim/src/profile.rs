@@ -51,11 +51,22 @@ const ATTN_PER_CONTEXT_8B: f64 = 4.0 * 32.0 * 4096.0 / (2.0 * 8.03e9);
 const ATTN_PER_CONTEXT_70B: f64 = 4.0 * 80.0 * 8192.0 / (2.0 * 70.6e9);
 
 /// Names accepted by [`Profile::by_name`].
-pub const PROFILE_NAMES: &[&str] = &["h100", "a10g", "h100-70b"];
+pub const PROFILE_NAMES: &[&str] = &["h100", "a10g", "h100-70b", "cpu-small", "cpu-large"];
+
+/// Prompt characters per token of the project's tiny test model's tokenizer on the
+/// benchmark's word text (`bench calibrate --fit`, median of 35 prompts): the CPU profiles
+/// count in model-sim's tokens (4 characters), so the real engine's token quantities (block
+/// size, batch budget, model length) are scaled by this ÷ 4.
+pub const TINY_CHARS_PER_TOKEN: f64 = 5.4;
+
+/// A quantity of the tiny model's tokens in model-sim's 4-character tokens.
+fn tiny_tokens(n: u32) -> u32 {
+    (f64::from(n) * TINY_CHARS_PER_TOKEN / 4.0).round() as u32
+}
 
 /// Error for an unknown profile name.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown GPU profile {name:?} (known: h100, a10g, h100-70b)")]
+#[error("unknown GPU profile {name:?} (known: h100, a10g, h100-70b, cpu-small, cpu-large)")]
 pub struct UnknownProfile {
     /// The name that was asked for.
     pub name: String,
@@ -121,12 +132,50 @@ impl Profile {
         }
     }
 
+    /// The twin of a real vLLM pod: vLLM 0.32's CPU build on one core serving the project's
+    /// 5.5 M-parameter tiny model (test-harness/vllm), with vLLM's CPU defaults (128
+    /// sequences, 2,048 batched tokens, 1 GiB of KV = 4,096 blocks of 128 tokens). The step
+    /// terms are the least-squares fit of `bench calibrate --fit cpu-small` (CALIBRATION.md,
+    /// "The CPU twins"); the real engine's token quantities are in model-sim tokens.
+    pub fn cpu_small() -> Self {
+        Profile {
+            name: "cpu-small".into(),
+            block_size: tiny_tokens(128),
+            num_gpu_blocks: 4096,
+            max_num_seqs: 128,
+            max_num_batched_tokens: tiny_tokens(2048),
+            max_model_len: tiny_tokens(4096),
+            step_base_s: 0.0050,
+            decode_per_seq_s: 0.000_45,
+            prefill_per_token_s: 0.000_040,
+            prefill_attn_s: 0.000_000_010,
+            kv_read_per_token_s: 0.0,
+            lora_load_s: 0.0,
+            lora_cpu_load_s: 0.0,
+        }
+    }
+
+    /// The twin of the 22 M-parameter tiny model on one core (the "slower GPU"), fitted the
+    /// same way (`bench calibrate --fit cpu-large`).
+    pub fn cpu_large() -> Self {
+        Profile {
+            name: "cpu-large".into(),
+            step_base_s: 0.015,
+            decode_per_seq_s: 0.0012,
+            prefill_per_token_s: 0.000_15,
+            prefill_attn_s: 0.000_000_020,
+            ..Self::cpu_small()
+        }
+    }
+
     /// Looks a profile up by its command-line name.
     pub fn by_name(name: &str) -> Result<Self, UnknownProfile> {
         match name.trim().to_ascii_lowercase().as_str() {
             "h100" => Ok(Self::h100()),
             "a10g" => Ok(Self::a10g()),
             "h100-70b" => Ok(Self::h100_70b()),
+            "cpu-small" => Ok(Self::cpu_small()),
+            "cpu-large" => Ok(Self::cpu_large()),
             other => Err(UnknownProfile {
                 name: other.to_string(),
             }),
