@@ -312,9 +312,14 @@ fn median(v: &mut [f64]) -> f64 {
     crate::stats::percentile(v, 50.0)
 }
 
-/// Probe one pod of `profile` (real vLLM or model-sim at speed-up 1) and fit the profile's
-/// step-time terms. Nothing else may run on the pod; the machine should be quiet.
-pub async fn fit(profile: &'static str, engine: PodEngine) -> Result<ProfileFit, String> {
+/// Probe one pod of `profile` (real vLLM or model-sim at speed-up 1) `rounds` times and fit the
+/// profile's step-time terms to each probe's median over the rounds. Nothing else may run on
+/// the pod; the machine should be quiet.
+pub async fn fit(
+    profile: &'static str,
+    engine: PodEngine,
+    rounds: usize,
+) -> Result<ProfileFit, String> {
     let fleet = FleetSpec {
         pods: vec![PodSpec::new(profile)],
         speedup: 1.0,
@@ -333,33 +338,33 @@ pub async fn fit(profile: &'static str, engine: PodEngine) -> Result<ProfileFit,
         send(&client, &uri, b, &[]).await;
     }
     let mut seed = 1000u64;
-    let mut prefill = Vec::new();
     let mut cpt = Vec::new();
-    for &tokens in &FIT_PROMPTS {
-        let mut ttfts = Vec::new();
-        let mut engine_tokens = None;
-        for _ in 0..FIT_REPS {
-            seed += 1;
-            let (b, chars) = probe_body(seed, tokens, 1);
-            let o = send(&client, &uri, b, &[]).await;
-            if !o.ok() {
-                return Err(format!("prefill probe failed: {:?}", o.error));
-            }
-            ttfts.push(o.ttft_ms.unwrap_or(f64::NAN));
-            if let Some(n) = o.prompt_tokens.filter(|n| *n > 0) {
-                engine_tokens = Some(n);
-                cpt.push(chars as f64 / n as f64);
+    let mut ttfts: Vec<Vec<f64>> = vec![Vec::new(); FIT_PROMPTS.len()];
+    let mut engine_tokens: Vec<Option<u64>> = vec![None; FIT_PROMPTS.len()];
+    let points: Vec<(u32, usize)> = FIT_DECODE_PROMPTS
+        .iter()
+        .flat_map(|&p| FIT_BATCHES.iter().map(move |&b| (p, b)))
+        .collect();
+    let mut steps: Vec<Vec<f64>> = vec![Vec::new(); points.len()];
+    let mut gap_counts = vec![0usize; points.len()];
+    // Rounds of every probe, one after another: slow drift of the machine touches every point.
+    for _ in 0..rounds.max(1) {
+        for (i, &tokens) in FIT_PROMPTS.iter().enumerate() {
+            for _ in 0..FIT_REPS {
+                seed += 1;
+                let (b, chars) = probe_body(seed, tokens, 1);
+                let o = send(&client, &uri, b, &[]).await;
+                if !o.ok() {
+                    return Err(format!("prefill probe failed: {:?}", o.error));
+                }
+                ttfts[i].push(o.ttft_ms.unwrap_or(f64::NAN));
+                if let Some(n) = o.prompt_tokens.filter(|n| *n > 0) {
+                    engine_tokens[i] = Some(n);
+                    cpt.push(chars as f64 / n as f64);
+                }
             }
         }
-        prefill.push(PrefillPoint {
-            tokens,
-            engine_tokens,
-            ttft_ms: median(&mut ttfts),
-        });
-    }
-    let mut decode = Vec::new();
-    for &prompt_tokens in &FIT_DECODE_PROMPTS {
-        for &batch in &FIT_BATCHES {
+        for (i, &(prompt_tokens, batch)) in points.iter().enumerate() {
             let mut set = tokio::task::JoinSet::new();
             for _ in 0..batch {
                 seed += 1;
@@ -382,14 +387,30 @@ pub async fn fit(profile: &'static str, engine: PodEngine) -> Result<ProfileFit,
                     gaps.len()
                 ));
             }
-            decode.push(DecodePoint {
-                batch,
-                prompt_tokens,
-                step_ms: median(&mut gaps),
-                gaps: gaps.len(),
-            });
+            gap_counts[i] += gaps.len();
+            steps[i].push(median(&mut gaps));
         }
     }
+    let prefill: Vec<PrefillPoint> = FIT_PROMPTS
+        .iter()
+        .zip(ttfts.iter_mut().zip(engine_tokens))
+        .map(|(&tokens, (t, engine_tokens))| PrefillPoint {
+            tokens,
+            engine_tokens,
+            ttft_ms: median(t),
+        })
+        .collect();
+    let decode: Vec<DecodePoint> = points
+        .iter()
+        .zip(steps.iter_mut().zip(gap_counts))
+        .map(|(&(prompt_tokens, batch), (s, gaps))| DecodePoint {
+            batch,
+            prompt_tokens,
+            // The median round: one round's median gap each.
+            step_ms: median(s),
+            gaps,
+        })
+        .collect();
     let metrics = testkit::get(addr, "/metrics", &[])
         .await
         .map(|r| r.text())
@@ -502,6 +523,12 @@ pub struct TwinPoint {
     pub requests: [u64; 2],
     /// twin ÷ real − 1 for p50 and p95.
     pub error: [f64; 2],
+    /// Prefix-cache hit rate (hit ÷ queried blocks) of the real and the twin run, if any.
+    pub prefix_hit_rate: [Option<f64>; 2],
+    /// Preemptions of the real and the twin run.
+    pub preemptions: [Option<f64>; 2],
+    /// Mean TTFT, ms (real, twin): the whole distribution's weight, beside its quantiles.
+    pub ttft_mean_ms: [f64; 2],
 }
 
 /// `bench calibrate --compare SCENARIO`: the scenario's workload under round robin at each
@@ -552,6 +579,15 @@ pub async fn compare_twin(name: &str, loads: &[f64], seed: u64) -> Result<Vec<Tw
                 t.ttft_p50_ms / r.ttft_p50_ms - 1.0,
                 t.ttft_p95_ms / r.ttft_p95_ms - 1.0,
             ],
+            prefix_hit_rate: [
+                r.extra.get("prefix_hit_rate").copied(),
+                t.extra.get("prefix_hit_rate").copied(),
+            ],
+            preemptions: [
+                r.extra.get("preemptions").copied(),
+                t.extra.get("preemptions").copied(),
+            ],
+            ttft_mean_ms: [r.ttft_mean_ms, t.ttft_mean_ms],
         });
     }
     Ok(out)

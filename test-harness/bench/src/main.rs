@@ -89,6 +89,9 @@ enum Cmd {
         /// `model-sim` (the emulator's profile of that name, to check the fit).
         #[arg(long, default_value = "vllm")]
         engine: String,
+        /// Rounds of `--fit`'s probes (each probe's median over the rounds is fitted).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
         /// Run this real-vLLM scenario's workload under round robin on its real pods and on
         /// their model-sim twins at each `--loads` fraction of its capacity, and compare TTFT
         /// p50/p95 (CALIBRATION.md); writes <target>/bench/twin-<scenario>.json.
@@ -335,6 +338,7 @@ fn main() -> ExitCode {
                 scenario,
                 fit,
                 engine,
+                rounds,
                 compare,
                 loads,
             } => {
@@ -376,7 +380,7 @@ fn main() -> ExitCode {
                         );
                         return ExitCode::FAILURE;
                     };
-                    let r = bench::calibrate::fit(profile, engine).await;
+                    let r = bench::calibrate::fit(profile, engine, rounds).await;
                     bench::realpods::release();
                     return match r {
                         Ok(f) => {

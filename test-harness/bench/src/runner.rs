@@ -327,7 +327,18 @@ pub async fn run_windowed(
     if let Some(dir) = std::env::var_os(SAMPLES_ENV) {
         if let Err(e) = dump_samples(
             Path::new(&dir),
-            &format!("{}-{}-{}", sc.name, router.name(), sc.workload.seed),
+            &format!(
+                "{}-{}-{}{}",
+                sc.name,
+                router.name(),
+                sc.workload.seed,
+                // A real scenario's model-sim twin (`calibrate --compare`).
+                if crate::scenarios::REAL_NAMES.contains(&sc.name) && emulated {
+                    "-twin"
+                } else {
+                    ""
+                }
+            ),
             &window_samples,
             &reqs,
         ) {

@@ -184,18 +184,20 @@ pub const CAPACITY: &[(&str, &str, f64)] = &[
     ("uniform", "a10g", 3.67),
     ("long_prompt", "h100", 0.25),
     // Real vLLM (CPU build, one core per pod): wall req/s, measured the same way at speed-up 1
-    // (`bench calibrate --scenario NAME --concurrency 32 --secs 60`; CALIBRATION.md).
+    // (`bench calibrate --scenario NAME --concurrency 32 --secs 60`: twice the pods'
+    // `--max-num-seqs`, so the queue never empties).
     ("vllm_uneven", "cpu-small", VLLM_UNEVEN_SMALL),
     ("vllm_uneven", "cpu-large", VLLM_UNEVEN_LARGE),
     ("vllm_shared_prefix", "cpu-small", VLLM_SHARED_SMALL),
     ("vllm_lora", "cpu-small", VLLM_LORA_SMALL),
 ];
 
-// Measured capacities of the real pods (see CAPACITY).
-const VLLM_UNEVEN_SMALL: f64 = 8.0;
-const VLLM_UNEVEN_LARGE: f64 = 2.5;
-const VLLM_SHARED_SMALL: f64 = 8.0;
-const VLLM_LORA_SMALL: f64 = 4.0;
+// Measured capacities of the real pods (see CAPACITY): 32 clients, 60 s each, one run, on
+// 2026-12-02 with the other core's builds paused (CALIBRATION.md, "Capacity").
+const VLLM_UNEVEN_SMALL: f64 = 11.09;
+const VLLM_UNEVEN_LARGE: f64 = 4.11;
+const VLLM_SHARED_SMALL: f64 = 8.33;
+const VLLM_LORA_SMALL: f64 = 6.62;
 
 /// One pod's measured capacity for `scenario` on `profile` (emulated req/s).
 pub fn pod_capacity(scenario: &str, profile: &str) -> f64 {

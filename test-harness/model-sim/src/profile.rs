@@ -42,6 +42,11 @@ pub struct Profile {
     pub lora_load_s: f64,
     /// Time to swap one LoRA adapter from the CPU cache into a GPU slot (seconds).
     pub lora_cpu_load_s: f64,
+    /// The server's own time per request outside the engine's steps (HTTP, chat template,
+    /// tokenisation, detokenisation and streaming; seconds): a request enters the engine this
+    /// long after it arrived. 0 for the GPU profiles (small next to their steps, and not in
+    /// their public figures); measured for the CPU twins, whose steps are milliseconds.
+    pub request_overhead_s: f64,
 }
 
 /// Attention FLOPs of one token per context token (QK^T and A·V: 4 · layers · hidden) over
@@ -54,10 +59,11 @@ const ATTN_PER_CONTEXT_70B: f64 = 4.0 * 80.0 * 8192.0 / (2.0 * 70.6e9);
 pub const PROFILE_NAMES: &[&str] = &["h100", "a10g", "h100-70b", "cpu-small", "cpu-large"];
 
 /// Prompt characters per token of the project's tiny test model's tokenizer on the
-/// benchmark's word text (`bench calibrate --fit`, median of 35 prompts): the CPU profiles
+/// benchmark's word text, chat template included (`bench calibrate --fit`: 5.22, the median
+/// over 105 prompts of 64–3,000 model-sim tokens): the CPU profiles
 /// count in model-sim's tokens (4 characters), so the real engine's token quantities (block
 /// size, batch budget, model length) are scaled by this ÷ 4.
-pub const TINY_CHARS_PER_TOKEN: f64 = 5.4;
+pub const TINY_CHARS_PER_TOKEN: f64 = 5.2;
 
 /// A quantity of the tiny model's tokens in model-sim's 4-character tokens.
 fn tiny_tokens(n: u32) -> u32 {
@@ -89,6 +95,7 @@ impl Profile {
             kv_read_per_token_s: 0.000_000_045,
             lora_load_s: 0.100,
             lora_cpu_load_s: 0.005,
+            request_overhead_s: 0.0,
         }
     }
 
@@ -108,6 +115,7 @@ impl Profile {
             kv_read_per_token_s: 0.000_000_250,
             lora_load_s: 0.200,
             lora_cpu_load_s: 0.010,
+            request_overhead_s: 0.0,
         }
     }
 
@@ -129,6 +137,7 @@ impl Profile {
             kv_read_per_token_s: 0.000_000_056,
             lora_load_s: 0.300,
             lora_cpu_load_s: 0.010,
+            request_overhead_s: 0.0,
         }
     }
 
@@ -145,25 +154,29 @@ impl Profile {
             max_num_seqs: 128,
             max_num_batched_tokens: tiny_tokens(2048),
             max_model_len: tiny_tokens(4096),
-            step_base_s: 0.0050,
-            decode_per_seq_s: 0.000_45,
-            prefill_per_token_s: 0.000_040,
-            prefill_attn_s: 0.000_000_010,
-            kv_read_per_token_s: 0.0,
+            step_base_s: 0.006_93,
+            decode_per_seq_s: 0.000_328,
+            prefill_per_token_s: 0.000_018_3,
+            prefill_attn_s: 0.000_000_020,
+            kv_read_per_token_s: 0.000_000_227,
             lora_load_s: 0.0,
             lora_cpu_load_s: 0.0,
+            request_overhead_s: 0.007_9,
         }
     }
 
-    /// The twin of the 22 M-parameter tiny model on one core (the "slower GPU"), fitted the
-    /// same way (`bench calibrate --fit cpu-large`).
+    /// The twin of the 22 M-parameter tiny model on one core (the "slower GPU"; 1 GiB holds
+    /// 1,024 of its blocks), fitted the same way (`bench calibrate --fit cpu-large`).
     pub fn cpu_large() -> Self {
         Profile {
             name: "cpu-large".into(),
-            step_base_s: 0.015,
-            decode_per_seq_s: 0.0012,
-            prefill_per_token_s: 0.000_15,
-            prefill_attn_s: 0.000_000_020,
+            num_gpu_blocks: 1024,
+            step_base_s: 0.008_83,
+            decode_per_seq_s: 0.000_560,
+            prefill_per_token_s: 0.000_132_9,
+            prefill_attn_s: 0.000_000_072,
+            kv_read_per_token_s: 0.000_000_78,
+            request_overhead_s: 0.009_45,
             ..Self::cpu_small()
         }
     }
@@ -197,6 +210,7 @@ impl Profile {
             kv_read_per_token_s: self.kv_read_per_token_s / s,
             lora_load_s: self.lora_load_s / s,
             lora_cpu_load_s: self.lora_cpu_load_s / s,
+            request_overhead_s: self.request_overhead_s / s,
             ..self.clone()
         }
     }

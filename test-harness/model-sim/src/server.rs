@@ -1293,6 +1293,12 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             "max_tokens must be at least 1, got 0.",
         );
     }
+    // The server's own work before the engine sees the request (the CPU twins; 0 on the GPU
+    // profiles).
+    let overhead = cfg.profile.request_overhead_s / cfg.speedup.max(1e-9);
+    if overhead > 0.0 && overhead.is_finite() {
+        tokio::time::sleep(Duration::from_secs_f64(overhead.min(60.0))).await;
+    }
     let prompt_tokens = parsed.tokens.len().clamp(1, u32::MAX as usize) as u32;
     let block_hashes =
         prompt::block_hashes(&parsed.tokens, cfg.profile.block_size, adapter.as_deref());

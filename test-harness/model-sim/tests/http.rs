@@ -886,3 +886,26 @@ async fn blocked_scheduler_reports_step_lateness() {
     assert!(late > 0.2, "max lateness {late}");
     assert!(sum >= late);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profiles_request_overhead_delays_every_answer() {
+    // A profile whose steps are free and whose server work is 400 ms (at speed-up 10: 40 ms).
+    let mut slow_server = Profile::h100();
+    slow_server.request_overhead_s = 0.4;
+    let p = pod(slow_server, |_| {}).await;
+    let body = chat("hello", 1, false, false, MODEL);
+    let started = std::time::Instant::now();
+    let r = http(p.addr(), "POST", "/v1/chat/completions", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    // A lower bound only: the delay was applied (a loaded machine can only add to it).
+    assert!(
+        started.elapsed() >= Duration::from_millis(40),
+        "{:?}",
+        started.elapsed()
+    );
+    // The GPU profiles carry none; the CPU twins their measured one.
+    assert_eq!(Profile::h100().request_overhead_s, 0.0);
+    assert!(Profile::cpu_small().request_overhead_s > 0.0);
+}
