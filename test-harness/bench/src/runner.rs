@@ -1152,6 +1152,11 @@ pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: 
             .count();
         runs += n * seeds;
         secs += (n * seeds) as f64 * per;
+        if sc.fleet.engine == PodEngine::Vllm {
+            // The real fleet's start, once per scenario (30-45 s quiet; minutes when loaded),
+            // and each run's drain and cache reset.
+            secs += 60.0 + (n * seeds) as f64 * 5.0;
+        }
         if cfg.sweep.iter().any(|x| x == sc.name) {
             // A bisection to 10 % typically takes 5-7 probes (≤ 8).
             probes += 6 * n;
@@ -1162,9 +1167,18 @@ pub fn plan(cfg: &BenchConfig, scs: &[Scenario], routers: &[RouterKind], seeds: 
         // Overhead (4 arms × 4 sizes: ~25 s quick, ~2 min full) and sidecar cost (5 s / 15 s).
         secs += if cfg.mode.quick { 45.0 } else { 150.0 };
     }
+    let real = scs
+        .iter()
+        .filter(|s| s.fleet.engine == PodEngine::Vllm)
+        .count();
     let mut text = format!(
-        "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}: about {:.0} min",
+        "plan: {runs} fixed-load runs ({seeds} seed(s)) + ~{probes} sweep probes, speed-up {}{}: about {:.0} min",
         cfg.mode.speedup,
+        if real > 0 {
+            format!(" ({real} scenario(s) on real vLLM pods: speed-up 1)")
+        } else {
+            String::new()
+        },
         secs / 60.0
     );
     // Workload-only figures, known before any run (the fixed-load rate is the nominal one
