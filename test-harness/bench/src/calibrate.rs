@@ -63,10 +63,13 @@ pub async fn capacity(
 
 /// Measure one pod of each profile of scenario `name`'s fleet (its first pod of that profile,
 /// at the scenario's quick-mode speed-up) on the scenario's own requests, in order.
+/// `twin`: measure a real scenario's pods as their model-sim twins instead (the emulator's
+/// capacity on the same requests, to compare with the real one).
 pub async fn scenario_capacity(
     name: &str,
     concurrency: usize,
     secs: u64,
+    twin: bool,
 ) -> Result<Vec<Capacity>, String> {
     let mode = crate::scenarios::Mode {
         quick: false,
@@ -81,10 +84,13 @@ pub async fn scenario_capacity(
             continue;
         }
         seen.push(p.profile);
-        let fleet = FleetSpec {
+        let mut fleet = FleetSpec {
             pods: vec![p.clone()],
             ..sc.fleet.clone()
         };
+        if twin {
+            fleet.engine = PodEngine::ModelSim;
+        }
         let mut c = measure(&fleet, &sc.adapters, reqs.clone(), concurrency, secs).await?;
         c.scenario = Some(name.to_string());
         out.push(c);

@@ -86,7 +86,8 @@ enum Cmd {
         #[arg(long)]
         fit: Option<String>,
         /// The pod `--fit` probes: `vllm` (the real engine, `./build.sh setup-vllm`) or
-        /// `model-sim` (the emulator's profile of that name, to check the fit).
+        /// `model-sim` (the emulator's profile of that name, to check the fit); with
+        /// `--scenario` on a real scenario, `model-sim` measures its pods' twins.
         #[arg(long, default_value = "vllm")]
         engine: String,
         /// Rounds of `--fit`'s probes (each probe's median over the rounds is fitted).
@@ -401,7 +402,8 @@ fn main() -> ExitCode {
                 }
                 if let Some(name) = scenario {
                     for c in concurrency {
-                        match bench::calibrate::scenario_capacity(&name, c, secs).await {
+                        match bench::calibrate::scenario_capacity(&name, c, secs, engine == "model-sim")
+                        .await {
                             Ok(caps) => {
                                 for cap in caps {
                                     println!("{}", serde_json::to_string(&cap).unwrap_or_default())
