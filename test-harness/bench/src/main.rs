@@ -402,8 +402,14 @@ fn main() -> ExitCode {
                 }
                 if let Some(name) = scenario {
                     for c in concurrency {
-                        match bench::calibrate::scenario_capacity(&name, c, secs, engine == "model-sim")
-                        .await {
+                        match bench::calibrate::scenario_capacity(
+                            &name,
+                            c,
+                            secs,
+                            engine == "model-sim",
+                        )
+                        .await
+                        {
                             Ok(caps) => {
                                 for cap in caps {
                                     println!("{}", serde_json::to_string(&cap).unwrap_or_default())

@@ -78,6 +78,9 @@ pub fn spec(
     s.num_gpu_blocks_override = pod.kv_blocks;
     // `/reset_prefix_cache` between runs.
     s.env.push(("VLLM_SERVER_DEV_MODE".into(), "1".into()));
+    // `usage.prompt_tokens_details.cached_tokens` in every answer: how much of each prompt the
+    // pod had cached (per-request samples, `LLMR_BENCH_SAMPLES`).
+    s.extra_args.push("--enable-prompt-tokens-details".into());
     if !adapters.is_empty() {
         s.enable_lora = true;
         s.max_loras = Some(pod.max_loras.unwrap_or(1));

@@ -395,6 +395,8 @@ pub async fn run_windowed(
             Some(v) => {
                 summary.extra.insert("adapter_loads".into(), v);
             }
+            // Real pods neither count loads nor name the pod per request: not known.
+            None if window_samples.iter().all(|s| s.outcome.pod.is_none()) => {}
             None => {
                 let max = sc.fleet.pods.first().and_then(|p| p.max_loras).unwrap_or(1) as usize;
                 summary.extra.insert(
