@@ -193,11 +193,13 @@ pub const CAPACITY: &[(&str, &str, f64)] = &[
 ];
 
 // Measured capacities of the real pods (see CAPACITY): 32 clients, 60 s each, one run, on
-// 2026-12-02 with the other core's builds paused (CALIBRATION.md, "Capacity").
-const VLLM_UNEVEN_SMALL: f64 = 11.09;
-const VLLM_UNEVEN_LARGE: f64 = 4.11;
-const VLLM_SHARED_SMALL: f64 = 8.33;
-const VLLM_LORA_SMALL: f64 = 6.62;
+// 2026-12-02 with nothing else running (results/vllm/capacity.jsonl). A first measurement
+// taken while builds ran found about half of these (11.09, 4.11, 8.33, 6.62): the real-v1
+// results ran at the rates those gave.
+const VLLM_UNEVEN_SMALL: f64 = 21.31;
+const VLLM_UNEVEN_LARGE: f64 = 6.87;
+const VLLM_SHARED_SMALL: f64 = 16.6;
+const VLLM_LORA_SMALL: f64 = 8.96;
 
 /// One pod's measured capacity for `scenario` on `profile` (emulated req/s).
 pub fn pod_capacity(scenario: &str, profile: &str) -> f64 {

@@ -144,8 +144,9 @@ impl Profile {
     /// The twin of a real vLLM pod: vLLM 0.32's CPU build on one core serving the project's
     /// 5.5 M-parameter tiny model (test-harness/vllm), with vLLM's CPU defaults (128
     /// sequences, 2,048 batched tokens, 1 GiB of KV = 4,096 blocks of 128 tokens). The step
-    /// terms are the least-squares fit of `bench calibrate --fit cpu-small` (CALIBRATION.md,
-    /// "The CPU twins"); the real engine's token quantities are in model-sim tokens.
+    /// terms are the least-squares fit of `bench calibrate --fit cpu-small` on a quiet machine
+    /// (CALIBRATION.md, "The CPU twins": a fit taken while builds ran came out 2–3× slower);
+    /// the real engine's token quantities are in model-sim tokens.
     pub fn cpu_small() -> Self {
         Profile {
             name: "cpu-small".into(),
@@ -154,14 +155,14 @@ impl Profile {
             max_num_seqs: 128,
             max_num_batched_tokens: tiny_tokens(2048),
             max_model_len: tiny_tokens(4096),
-            step_base_s: 0.006_93,
-            decode_per_seq_s: 0.000_328,
-            prefill_per_token_s: 0.000_018_3,
-            prefill_attn_s: 0.000_000_020,
-            kv_read_per_token_s: 0.000_000_227,
+            step_base_s: 0.003_06,
+            decode_per_seq_s: 0.000_140,
+            prefill_per_token_s: 0.000_005_72,
+            prefill_attn_s: 0.000_000_004_5,
+            kv_read_per_token_s: 0.000_000_077,
             lora_load_s: 0.0,
             lora_cpu_load_s: 0.0,
-            request_overhead_s: 0.007_9,
+            request_overhead_s: 0.003_85,
         }
     }
 
@@ -171,12 +172,12 @@ impl Profile {
         Profile {
             name: "cpu-large".into(),
             num_gpu_blocks: 1024,
-            step_base_s: 0.008_83,
-            decode_per_seq_s: 0.000_560,
-            prefill_per_token_s: 0.000_132_9,
-            prefill_attn_s: 0.000_000_072,
-            kv_read_per_token_s: 0.000_000_78,
-            request_overhead_s: 0.009_45,
+            step_base_s: 0.005_66,
+            decode_per_seq_s: 0.000_208,
+            prefill_per_token_s: 0.000_057_2,
+            prefill_attn_s: 0.000_000_003_8,
+            kv_read_per_token_s: 0.000_000_544,
+            request_overhead_s: 0.005_07,
             ..Self::cpu_small()
         }
     }
