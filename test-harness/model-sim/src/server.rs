@@ -401,6 +401,9 @@ pub struct Pod {
     start: Instant,
     start_unix: f64,
     max_model_len: u32,
+    /// The server's own work before the engine sees a request (the profile's
+    /// `request_overhead_s` at the pod's speed-up; zero on the GPU profiles).
+    request_overhead: Duration,
     /// Numbers the render endpoints' request ids.
     renders: AtomicU64,
     /// `GET /metrics` requests answered (any status): the scrape load routers put on the pod.
@@ -633,9 +636,17 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
     let addr = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr: bind, source })?;
+    let scaled = cfg.profile.scaled(cfg.speedup);
+    // Bounded, and never NaN: a Duration cannot hold either.
+    let overhead = scaled.request_overhead_s;
+    let request_overhead = if overhead.is_finite() && overhead > 0.0 {
+        Duration::from_secs_f64(overhead.min(60.0))
+    } else {
+        Duration::ZERO
+    };
     let engine = (!cfg.metrics_only).then(|| {
         Engine::with_cpu_loras(
-            cfg.profile.scaled(cfg.speedup),
+            scaled,
             cfg.max_loras,
             cfg.max_cpu_loras.unwrap_or(cfg.max_loras),
         )
@@ -644,6 +655,7 @@ pub async fn spawn_pod(cfg: PodConfig) -> Result<PodHandle, ServeError> {
     let (die, _) = watch::channel(false);
     let pod = Arc::new(Pod {
         max_model_len: cfg.profile.max_model_len,
+        request_overhead,
         core: Mutex::new(Core {
             engine,
             sinks: HashMap::new(),
@@ -1293,11 +1305,8 @@ async fn infer(pod: &Arc<Pod>, api: Api, req: Request<Incoming>) -> Response<Sim
             "max_tokens must be at least 1, got 0.",
         );
     }
-    // The server's own work before the engine sees the request (the CPU twins; 0 on the GPU
-    // profiles).
-    let overhead = cfg.profile.request_overhead_s / cfg.speedup.max(1e-9);
-    if overhead > 0.0 && overhead.is_finite() {
-        tokio::time::sleep(Duration::from_secs_f64(overhead.min(60.0))).await;
+    if !pod.request_overhead.is_zero() {
+        tokio::time::sleep(pod.request_overhead).await;
     }
     let prompt_tokens = parsed.tokens.len().clamp(1, u32::MAX as usize) as u32;
     let block_hashes =
