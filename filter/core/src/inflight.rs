@@ -19,9 +19,14 @@
 //! outlier detection ejects it too, but the `override_host` policy sends a request to the pod the
 //! filter names whatever its health: seen in Envoy 1.40, `test-harness/e2e/tests/edges.rs`).
 //!
-//! Encoding (little-endian): `b'L' | version u8 = 4 | mean_prefill_tokens f32 | count u16 |
+//! It keeps, per pod, how long its answers take too (`life_ms`: from routing to the end of the
+//! answer, decayed mean): a request for a LoRA adapter that cannot join the pod's batch waits for
+//! an adapter there to finish its requests ([`crate::lora::Placement::blocked`]), a wait in
+//! request lives, not in prefill tokens.
+//!
+//! Encoding (little-endian): `b'L' | version u8 = 5 | mean_prefill_tokens f32 | count u16 |
 //! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 8 × f64 | errors u16 |
-//! ejected_until_ms u64) * count`. A value that
+//! ejected_until_ms u64 | life_ms f32) * count`. A value that
 //! does not decode reads as empty: the table is an estimate and heals itself.
 
 use crate::predict::Fit;
@@ -29,7 +34,7 @@ use crate::store::{SharedStore, StoreError};
 use crate::wire::Reader;
 use std::collections::BTreeMap;
 
-const TAG: [u8; 2] = [b'L', 4];
+const TAG: [u8; 2] = [b'L', 5];
 /// Consecutive server errors after which a pod is put behind the others (Envoy's
 /// `consecutive_5xx` default is 5; the shipped clusters use the same).
 pub const EJECT_AFTER_ERRORS: u16 = 5;
@@ -38,6 +43,8 @@ pub const EJECT_AFTER_ERRORS: u16 = 5;
 pub const EJECT_MS: u64 = 10_000;
 /// Weight of a new request in the pool's mean prefill size.
 const MEAN_ALPHA: f32 = 0.05;
+/// Weight of a new answer in a pod's mean request life (≈ the last 10 answers count).
+const LIFE_ALPHA: f32 = 0.1;
 /// Entries kept at most; idle ones go first.
 const MAX_ENTRIES: usize = 4096;
 
@@ -61,6 +68,9 @@ pub struct PodLoad {
     pub errors: u16,
     /// Until when (host ms) the pod goes behind the others; 0 = not.
     pub ejected_until_ms: u64,
+    /// Decayed mean time from routing to the end of the answer of the requests the pod
+    /// answered, in ms (0 = none yet).
+    pub life_ms: f32,
 }
 
 impl PodLoad {
@@ -136,11 +146,12 @@ impl Table {
                 },
                 errors: r.u16()?,
                 ejected_until_ms: r.u64()?,
+                life_ms: finite(r.f32()?),
             };
             entries.push((addr.to_string(), load));
         }
         r.done().then_some(Table {
-            mean_prefill_tokens: if mean.is_finite() { mean.max(0.0) } else { 0.0 },
+            mean_prefill_tokens: finite(mean),
             entries,
         })
     }
@@ -168,6 +179,7 @@ impl Table {
             }
             out.extend_from_slice(&l.errors.to_le_bytes());
             out.extend_from_slice(&l.ejected_until_ms.to_le_bytes());
+            out.extend_from_slice(&l.life_ms.to_le_bytes());
         }
         out
     }
@@ -212,11 +224,21 @@ impl Table {
     /// Pods with nothing in flight and nothing learned do not accumulate; past the bound, idle
     /// entries go first.
     fn tidy(&mut self) {
-        self.entries.retain(|(_, l)| !(l.idle() && l.fit.n < 1e-3));
+        self.entries
+            .retain(|(_, l)| !(l.idle() && l.fit.n < 1e-3 && l.life_ms <= 0.0));
         if self.entries.len() > MAX_ENTRIES {
             self.entries.sort_by_key(|(_, l)| l.idle());
             self.entries.truncate(MAX_ENTRIES);
         }
+    }
+}
+
+/// A decoded mean: finite and not negative, else 0 (unknown).
+fn finite(x: f32) -> f32 {
+    if x.is_finite() {
+        x.max(0.0)
+    } else {
+        0.0
     }
 }
 
@@ -331,20 +353,46 @@ pub fn first_byte(
 /// A request's stream to `addr` ended; `pending` is what it still had pending (its tokens when
 /// no first byte ever came, else 0).
 pub fn finished(store: &impl SharedStore, pool: &str, addr: &str, pending: u32) -> bool {
-    finished_with(store, pool, addr, pending, Outcome::Unknown, 0)
+    finished_with(store, pool, addr, pending, Ending::unknown())
 }
 
-/// [`finished`], with how the pod answered (at `now_ms`): a server error extends its error run
-/// and, from [`EJECT_AFTER_ERRORS`] in a row, puts it behind the others for [`EJECT_MS`]; an
-/// answer ends the run. In the same update as the count, so it costs no extra write.
+/// How a routed request's answer ended, for [`finished_with`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ending {
+    pub outcome: Outcome,
+    /// Host time (ms) of the end; read only for server errors (an error run's window).
+    pub now_ms: u64,
+    /// Time from routing to the end, when the pod answered.
+    pub life_ms: Option<f64>,
+}
+
+impl Ending {
+    /// Nothing known of how it went.
+    pub fn unknown() -> Ending {
+        Ending {
+            outcome: Outcome::Unknown,
+            now_ms: 0,
+            life_ms: None,
+        }
+    }
+}
+
+/// [`finished`], with how the pod answered: a server error extends its error run and, from
+/// [`EJECT_AFTER_ERRORS`] in a row, puts it behind the others for [`EJECT_MS`]; an answer ends
+/// the run and, with its life, updates the pod's [`PodLoad::life_ms`]. In the same update as
+/// the count, so it costs no extra write.
 pub fn finished_with(
     store: &impl SharedStore,
     pool: &str,
     addr: &str,
     pending: u32,
-    outcome: Outcome,
-    now_ms: u64,
+    end: Ending,
 ) -> bool {
+    let Ending {
+        outcome,
+        now_ms,
+        life_ms,
+    } = end;
     update(store, pool, |t| {
         t.with(addr, |l| {
             l.in_flight = l.in_flight.saturating_sub(1);
@@ -353,6 +401,14 @@ pub fn finished_with(
                 Outcome::Answered => {
                     l.errors = 0;
                     l.ejected_until_ms = 0;
+                    if let Some(life) = life_ms.filter(|x| x.is_finite() && *x >= 0.0) {
+                        let life = life as f32;
+                        l.life_ms = if l.life_ms > 0.0 {
+                            l.life_ms + LIFE_ALPHA * (life - l.life_ms)
+                        } else {
+                            life
+                        };
+                    }
                 }
                 Outcome::ServerError => {
                     l.errors = l.errors.saturating_add(1);
@@ -528,6 +584,52 @@ mod tests {
         let l = read(&s, "p").get("a:1");
         assert_eq!((l.in_flight, l.pending_tokens), (0, 0));
         assert!(l.fit.trusted());
+    }
+
+    #[test]
+    fn a_pods_request_life_is_learned_from_its_answers_only() {
+        let s = MemoryStore::new();
+        let answered = |life| Ending {
+            outcome: Outcome::Answered,
+            now_ms: 0,
+            life_ms: Some(life),
+        };
+        routed(&s, "p", "a:1", 10);
+        finished_with(&s, "p", "a:1", 0, answered(1000.0));
+        assert_eq!(
+            read(&s, "p").get("a:1").life_ms,
+            1000.0,
+            "the first answer sets it"
+        );
+        for _ in 0..60 {
+            routed(&s, "p", "a:1", 10);
+            finished_with(&s, "p", "a:1", 0, answered(200.0));
+        }
+        let life = read(&s, "p").get("a:1").life_ms;
+        assert!(
+            (200.0..210.0).contains(&life),
+            "decays to new answers: {life}"
+        );
+        // Errors, unknown ends and nonsense do not move it; it survives the pod going idle.
+        routed(&s, "p", "a:1", 10);
+        finished_with(
+            &s,
+            "p",
+            "a:1",
+            0,
+            Ending {
+                outcome: Outcome::ServerError,
+                now_ms: 5,
+                life_ms: Some(9e9),
+            },
+        );
+        routed(&s, "p", "a:1", 10);
+        finished_with(&s, "p", "a:1", 0, answered(f64::NAN));
+        routed(&s, "p", "a:1", 10);
+        finished(&s, "p", "a:1", 0);
+        let l = read(&s, "p").get("a:1");
+        assert_eq!((l.in_flight, l.life_ms), (0, life));
+        assert_eq!(Table::decode(&read(&s, "p").encode()), read(&s, "p"));
     }
 
     #[test]

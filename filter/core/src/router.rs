@@ -505,8 +505,8 @@ impl Router {
         inflight::finished(store, pool, pod, pending)
     }
 
-    /// [`Router::finished`], with the status the pod answered (0 = none reached the filter) at
-    /// `now_ms`: a run of server errors puts the pod behind the others for a while
+    /// [`Router::finished`], with how the pod answered: a run of server errors puts the pod
+    /// behind the others for a while, an answer's life teaches the pod's request life
     /// ([`inflight::finished_with`]).
     pub fn finished_with_status(
         &self,
@@ -514,11 +514,14 @@ impl Router {
         pool: &str,
         pod: &str,
         pending: u32,
-        status: u16,
-        now_ms: u64,
+        answer: Answer,
     ) -> bool {
-        let outcome = inflight::Outcome::of_status(status);
-        inflight::finished_with(store, pool, pod, pending, outcome, now_ms)
+        let end = inflight::Ending {
+            outcome: inflight::Outcome::of_status(answer.status),
+            now_ms: answer.now_ms,
+            life_ms: answer.life_ms,
+        };
+        inflight::finished_with(store, pool, pod, pending, end)
     }
 
     /// The request was served by `served` although `chosen` was counted (an Envoy retry went to
@@ -532,6 +535,28 @@ impl Router {
         pending: u32,
     ) -> bool {
         chosen == served || inflight::moved(store, pool, chosen, served, pending)
+    }
+}
+
+/// How a routed request's answer ended, for [`Router::finished_with_status`].
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Answer {
+    /// The status the pod answered (0 = none reached the filter).
+    pub status: u16,
+    /// Host time (ms) of the end: needed only for a server error (an error run's window).
+    pub now_ms: u64,
+    /// Time from routing to the end (ms), when it is known.
+    pub life_ms: Option<f64>,
+}
+
+impl Answer {
+    /// An answer with `status` at `now_ms`, its life unknown.
+    pub fn status(status: u16, now_ms: u64) -> Answer {
+        Answer {
+            status,
+            now_ms,
+            life_ms: None,
+        }
     }
 }
 
@@ -669,6 +694,19 @@ fn candidates<'f, S: SharedStore>(
             })
     });
 
+    // The pool's mean request life, for a pod that has answered nothing yet.
+    let pool_life_ms = {
+        let lives: Vec<f64> = loads
+            .iter()
+            .filter(|l| l.life_ms > 0.0)
+            .map(|l| f64::from(l.life_ms))
+            .collect();
+        if lives.is_empty() {
+            0.0
+        } else {
+            lives.iter().sum::<f64>() / lives.len() as f64
+        }
+    };
     let full = view.mode == Mode::Full;
     let mut ids = Vec::with_capacity(sp.pods.len());
     let mut rooms = Vec::with_capacity(sp.pods.len());
@@ -694,6 +732,7 @@ fn candidates<'f, S: SharedStore>(
                 p.lora.as_ref(),
                 recent.of(&p.address),
                 home_of_adapter == Some(i),
+                l.in_flight > 0,
             ),
             None => Placement::default(),
         };
@@ -710,7 +749,18 @@ fn candidates<'f, S: SharedStore>(
                 } else {
                     pool.lora.stray_ms
                 };
-                load + stray
+                // A blocked pod frees a slot when one adapter's requests there have all ended
+                // while its new ones keep joining ahead: priced at one request life there.
+                let slot_wait = if placement.blocked {
+                    if l.life_ms > 0.0 {
+                        f64::from(l.life_ms)
+                    } else {
+                        pool_life_ms
+                    }
+                } else {
+                    0.0
+                };
+                load + stray + slot_wait
             }
         };
         cands.push(Candidate {

@@ -189,12 +189,14 @@ fn an_adapter_goes_home_before_it_goes_where_it_is_loaded() {
     let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[1, 1, 1])["sql-lora"];
     let elsewhere = (home + 1) % 3;
     let mut snap = snapshot();
-    // The adapter runs on a pod that is not its home; the home's slot holds another adapter.
+    // The adapter runs on a pod that is not its home; the home's slot is free (its adapter
+    // idle), the third pod's runs another adapter.
     snap.pools[0].pods = addrs
         .iter()
         .enumerate()
         .map(|(i, a)| match i {
             i if i == elsewhere => lora_pod(a, &["sql-lora"]),
+            i if i == home => lora_pod(a, &[]),
             _ => lora_pod(a, &["other"]),
         })
         .collect();
@@ -209,6 +211,88 @@ fn an_adapter_goes_home_before_it_goes_where_it_is_loaded() {
     let fleet = Fleet::new(snap, 1000, vec![], &r.config);
     let out = go(&r, &s, Some(&fleet), &chat("sql-lora", &query), ctx(1100)).unwrap();
     assert_eq!(out.endpoints[0], addrs[elsewhere], "{:?}", out.scores);
+}
+
+/// A pod whose batch runs `max_loras` other adapters makes the request wait for one of them to
+/// leave (vLLM schedules at most `max_loras` adapters per batch): the adapter goes where a slot
+/// is free or where it runs, even away from its home.
+#[test]
+fn an_adapter_does_not_wait_at_home_for_a_batch_slot() {
+    let r = router(CONFIG);
+    let addrs = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
+    let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[2, 2, 2])["sql-lora"];
+    let two = |a: &str, running: &[&str]| {
+        let mut p = lora_pod(a, running);
+        if let Some(l) = p.lora.as_mut() {
+            l.max_loras = 2;
+        }
+        p
+    };
+    let fleet_with = |free: usize| {
+        let mut snap = snapshot();
+        snap.pools[0].pods = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| match i {
+                i if i == home => two(a, &["hot-1", "hot-2"]),
+                i if i == free => two(a, &["hot-3"]),
+                _ => two(a, &["hot-3", "hot-4"]),
+            })
+            .collect();
+        Fleet::new(snap, 1000, vec![], &r.config)
+    };
+    let free = (home + 1) % 3;
+    let s = MemoryStore::new();
+    // Requests there take about a second from routing to their last byte.
+    for addr in addrs {
+        inflight::routed(&s, "llama", addr, 0);
+        r.finished_with_status(
+            &s,
+            "llama",
+            addr,
+            0,
+            Answer {
+                status: 200,
+                now_ms: 0,
+                life_ms: Some(1000.0),
+            },
+        );
+    }
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet_with(free)),
+        &chat("sql-lora", "select 1"),
+        ctx(1100),
+    )
+    .unwrap();
+    assert_eq!(out.endpoints[0], addrs[free], "{:?}", out.scores);
+    // With the home's batch free again, it goes home.
+    let mut snap = snapshot();
+    snap.pools[0].pods = addrs
+        .iter()
+        .map(|a| {
+            two(
+                a,
+                if *a == addrs[home] {
+                    &["hot-1"]
+                } else {
+                    &["hot-3", "hot-4"]
+                },
+            )
+        })
+        .collect();
+    let s = MemoryStore::new();
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let out = go(
+        &r,
+        &s,
+        Some(&fleet),
+        &chat("sql-lora", "select 3"),
+        ctx(1100),
+    )
+    .unwrap();
+    assert_eq!(out.endpoints[0], addrs[home], "{:?}", out.scores);
 }
 
 #[test]
@@ -890,7 +974,13 @@ fn a_pod_answering_server_errors_goes_behind_the_others_then_is_probed() {
         let pod = out.endpoints[0].clone();
         let status = if pod == broken { 500 } else { 200 };
         to_broken += usize::from(pod == broken);
-        r.finished_with_status(&s, "llama", &pod, out.pending_tokens, status, now);
+        r.finished_with_status(
+            &s,
+            "llama",
+            &pod,
+            out.pending_tokens,
+            Answer::status(status, now),
+        );
     }
     assert_eq!(
         to_broken,
@@ -911,11 +1001,17 @@ fn a_pod_answering_server_errors_goes_behind_the_others_then_is_probed() {
     )
     .unwrap();
     assert_eq!(out.endpoints[0], broken);
-    r.finished_with_status(&s, "llama", broken, out.pending_tokens, 200, later);
+    r.finished_with_status(
+        &s,
+        "llama",
+        broken,
+        out.pending_tokens,
+        Answer::status(200, later),
+    );
     assert_eq!(inflight::read(&s, "llama").get(broken).errors, 0);
     // Client errors (4xx) are not the pod's fault: no run.
     for _ in 0..10 {
-        r.finished_with_status(&s, "llama", broken, 0, 404, later);
+        r.finished_with_status(&s, "llama", broken, 0, Answer::status(404, later));
     }
     assert!(!inflight::read(&s, "llama").get(broken).ejected(later));
 }
@@ -933,7 +1029,7 @@ fn at_most_half_of_a_pool_is_put_behind() {
     ] {
         for _ in 0..n {
             inflight::routed(&s, "llama", pod, 0);
-            r.finished_with_status(&s, "llama", pod, 0, 503, 1100);
+            r.finished_with_status(&s, "llama", pod, 0, Answer::status(503, 1100));
         }
     }
     let out = go(

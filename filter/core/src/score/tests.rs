@@ -318,6 +318,7 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
         home,
         resident,
         free_slot,
+        blocked: false,
     };
     let c = [
         Candidate {
@@ -345,6 +346,11 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
         order(&only("lora"), &c, &f),
         ["home", "loaded", "free", "full"]
     );
+    // A home whose batch runs `max_loras` other adapters is no better than a full pod.
+    let mut blocked = c.clone();
+    blocked[2].lora.blocked = true;
+    let s = score_all(&only("lora"), &blocked, &f, Mode::Full);
+    assert_eq!((s[2].score, s[0].score), (0.0, 0.0), "{s:?}");
     // Only for adapter requests.
     assert!(score_all(&only("lora"), &c, &F, Mode::Full)
         .iter()
