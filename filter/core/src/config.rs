@@ -225,6 +225,21 @@ pub struct Config {
 
 /// llm-d's objective header; read before the configured `objective_header`.
 pub const LLMD_OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// A request's time-to-first-token objective in ms (llm-d's SLO-aware scheduling header): a
+/// request held while its pool is full is refused with 429 once it can no longer meet it,
+/// instead of at its class's time to live ([`crate::flow::queue`]). Read from any client: it
+/// only shortens that client's own wait.
+pub const SLO_TTFT_HEADER: &str = "x-slo-ttft-ms";
+
+/// The objective of [`SLO_TTFT_HEADER`], when it is a number of ms from 1 ms to an hour.
+pub fn slo_ttft_ms(value: &str) -> Option<u64> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|ms| (1..=3_600_000).contains(ms))
+}
+
 /// Fairness id (tenant) headers, llm-d's first, then the older GAIE name.
 pub const FAIRNESS_HEADERS: [&str; 2] = [
     "x-llm-d-inference-fairness-id",

@@ -45,20 +45,23 @@ pub const TOKENS: &str = "llm_router_tokens_total";
 /// critical; gauge, summed over the workers, updated on the root context's tick).
 pub const FLOW_WAITING: &str = "llm_router_flow_waiting";
 /// How flow control ended a held request (`pool`, `band`, `outcome`: `dispatched`, `shed`,
-/// `queue_full`, `queue_bytes`, `queue_timeout`, `displaced`, `abandoned` — the client hung
-/// up; counter). `queue_full` and `queue_bytes` were refused on arrival, the others waited.
+/// `queue_full`, `queue_bytes`, `queue_timeout`, `displaced`, `deadline` — its own
+/// `x-slo-ttft-ms` objective passed, or would have before its turn —, `abandoned` — the client
+/// hung up; counter). `queue_full` and `queue_bytes` were refused on arrival, the others waited
+/// (`deadline`: either).
 pub const FLOW_OUTCOMES: &str = "llm_router_flow_requests_total";
 /// How long a dispatched request waited, in milliseconds (`pool`, `band`; histogram).
 pub const FLOW_WAIT: &str = "llm_router_flow_wait_milliseconds";
 
 /// `outcome` values of [`FLOW_OUTCOMES`], in slot order.
-pub const FLOW_OUTCOME_NAMES: [&str; 7] = [
+pub const FLOW_OUTCOME_NAMES: [&str; 8] = [
     "dispatched",
     "shed",
     "queue_full",
     "queue_bytes",
     "queue_timeout",
     "displaced",
+    "deadline",
     "abandoned",
 ];
 

@@ -136,6 +136,7 @@ impl Rejection {
         let why = match reason {
             "rejected-queue-timeout" => "waited too long for a free server",
             "rejected-displaced" => "a request of a higher priority took its place in the queue",
+            "rejected-deadline" => "could not start within its `x-slo-ttft-ms` objective",
             _ => "the queue for its servers is full",
         };
         Rejection {

@@ -18,10 +18,12 @@ mod metrics;
 
 use fleet::{Cache, PushOutcome};
 use host::HostStore;
-use llm_router_core::config::{UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER};
+use llm_router_core::config::{
+    slo_ttft_ms, UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER, SLO_TTFT_HEADER,
+};
 use llm_router_core::flow::{self as flowctl, summary, Class, Pushed, Queue};
 use llm_router_core::request::{self, ApiKind, Entry, RequestError};
-use llm_router_core::router::{Decision, Hold};
+use llm_router_core::router::{Answer, Decision, Hold};
 use llm_router_core::usage::Scanner;
 use llm_router_core::{inflight, Config, Context as RouteContext, Rejection, RouteMode, Router};
 use metrics::Metrics;
@@ -281,6 +283,8 @@ struct Held {
     fairness: Option<String>,
     /// Whether the request declared a `content-length` (a rewritten body gets its new one).
     content_length: bool,
+    /// Its time-to-first-token objective (`x-slo-ttft-ms`), bounding its wait in the queue.
+    slo_ttft_ms: Option<u64>,
 }
 
 fn json_headers<'a>(extra: &'a [(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
@@ -520,7 +524,16 @@ impl Http {
                     content_length: held.content_length,
                     priority,
                 };
-                let queued = enqueue(&mut w, self.id, &pool, &fairness, ctx.now_ms, waiting);
+                // Counted from now: the whole body has arrived, nothing was sent yet.
+                let deadline = held.slo_ttft_ms.map(|slo| ctx.now_ms.saturating_add(slo));
+                let queued = enqueue(
+                    &mut w,
+                    self.id,
+                    (&pool, &fairness),
+                    ctx.now_ms,
+                    deadline,
+                    waiting,
+                );
                 drop(w);
                 if queued {
                     self.waiting_in = Some(pool);
@@ -612,11 +625,20 @@ impl Http {
         }
         if let Some(r) = self.routed.take() {
             let mut w = self.worker.borrow_mut();
-            // The clock is read only when the answer extends or ends an error run.
-            let now_ms = if r.status >= 500 { host::now_ms() } else { 0 };
+            // The clock is read for an error run's window (server errors) and an answer's life
+            // (the pod's mean request life, what a request waiting for an adapter slot waits).
+            let answer = match r.status {
+                500.. => Answer::status(r.status, host::now_ms()),
+                1..=499 => Answer {
+                    status: r.status,
+                    now_ms: 0,
+                    life_ms: Some(host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6),
+                },
+                0 => Answer::status(0, 0),
+            };
             if !w
                 .router
-                .finished_with_status(&HostStore, &r.pool, &r.pod, r.pending, r.status, now_ms)
+                .finished_with_status(&HostStore, &r.pool, &r.pod, r.pending, answer)
             {
                 // Lost to contention: paid on the next tick rather than leaked.
                 w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
@@ -723,6 +745,7 @@ impl HttpContext for Http {
             objective: trusted(LLMD_OBJECTIVE_HEADER).or_else(|| trusted(&c.objective_header)),
             fairness: FAIRNESS_HEADERS.iter().find_map(|h| trusted(h)),
             content_length: headers.contains("content-length"),
+            slo_ttft_ms: headers.get(SLO_TTFT_HEADER).and_then(slo_ttft_ms),
         };
         drop(w);
         self.kind = Kind::Api(kind);
@@ -1013,21 +1036,22 @@ fn refuse_waiting(
 fn enqueue(
     w: &mut Worker,
     id: u32,
-    pool: &str,
-    fairness: &str,
+    (pool, fairness): (&str, &str),
     now_ms: u64,
+    deadline_ms: Option<u64>,
     waiting: Waiting,
 ) -> bool {
     let cfg = w.router.config.flow.clone();
     let (priority, bytes) = (waiting.priority, waiting.body.len());
     let q = w.waiting.entry(pool.to_string()).or_default();
-    match q.push(
+    match q.push_until(
         &cfg,
         u64::from(id),
         priority,
         fairness,
         bytes,
         now_ms,
+        deadline_ms,
         waiting,
     ) {
         Pushed::Queued { displaced } => {
@@ -1075,9 +1099,9 @@ fn dispatch(w: &mut Worker, root: u32) {
             .get_mut(pool)
             .map(|q| q.expire(&cfg, now_ms))
             .unwrap_or_default();
-        for e in expired {
+        for (e, why) in expired {
             let e = (e.key, Class::of(e.priority));
-            refuse_waiting(w, e, pool, flowctl::Refusal::Expired, root);
+            refuse_waiting(w, e, pool, why, root);
         }
         let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
         let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
@@ -1110,7 +1134,11 @@ fn dispatch(w: &mut Worker, root: u32) {
             match decision {
                 Ok(Decision::Wait { .. }) => break,
                 Ok(Decision::Routed(routed)) => {
-                    let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) else {
+                    let Some(e) = w.waiting.get_mut(pool).and_then(|q| {
+                        let e = q.pop();
+                        q.dispatched(now_ms);
+                        e
+                    }) else {
                         break;
                     };
                     let class = Class::of(e.priority);

@@ -49,6 +49,12 @@ pub struct FlowBenchConfig {
     pub experiments: Vec<String>,
     /// Include the best peer of the last full run (sglang-router `cache_aware`).
     pub peers: bool,
+    /// Only the arms of these routers (empty: every arm), e.g. the filter alone while its
+    /// overload behaviour is studied.
+    pub routers: Vec<String>,
+    /// In the overload experiments every client states the SLO it is judged by in llm-d's
+    /// `x-slo-ttft-ms` header (every router gets the same requests; only the filter reads it).
+    pub slo_header: bool,
     /// Bootstrap replicates.
     pub reps: usize,
     /// Where `flow.{json,md}` go.
@@ -182,6 +188,8 @@ pub struct Experiment {
     pub about: String,
     /// The TTFT SLO of goodput, emulated ms.
     pub slo_ms: f64,
+    /// Every client request stated it in `x-slo-ttft-ms` (`--slo-header`).
+    pub slo_header: bool,
     /// Bands: the critical requests' TTFT p99 with each alone on an idle pod of the fleet
     /// (the first seed's window), emulated ms.
     pub critical_floor_p99_ms: Option<f64>,
@@ -594,7 +602,18 @@ fn critical_floor_ms(sc: &Scenario, w: &Windows) -> f64 {
 
 /// Run one experiment: every arm, every seed.
 pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experiment, String> {
-    let list = arms(exp, cfg.peers);
+    let all = arms(exp, cfg.peers);
+    let known = !all.is_empty();
+    let list: Vec<Arm> = all
+        .into_iter()
+        .filter(|a| cfg.routers.is_empty() || cfg.routers.iter().any(|r| r == a.router.name()))
+        .collect();
+    if known && list.is_empty() {
+        return Err(format!(
+            "experiment {exp} has no arm for routers {}",
+            cfg.routers.join(", ")
+        ));
+    }
     if list.is_empty() {
         return Err(format!(
             "unknown experiment {exp} (known: {})",
@@ -616,8 +635,14 @@ pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experime
                 seed: cfg.mode.seed + i as u64,
                 ..cfg.mode
             };
-            let sc = flow_scenario(arm.scenario, mode)
+            let mut sc = flow_scenario(arm.scenario, mode)
                 .ok_or_else(|| format!("no scenario {}", arm.scenario))?;
+            if cfg.slo_header && exp.starts_with("overload") {
+                sc.client_headers.push((
+                    crate::scenarios::SLO_HEADER.to_string(),
+                    format!("{:.0}", sc.slo_ttft_ms),
+                ));
+            }
             if about.is_empty() {
                 about = sc.about.to_string();
             }
@@ -645,6 +670,7 @@ pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experime
         name: exp.to_string(),
         about,
         slo_ms,
+        slo_header: cfg.slo_header && exp.starts_with("overload"),
         critical_floor_p99_ms: floor,
         arms: results,
         checks,
@@ -705,6 +731,12 @@ pub fn markdown(rep: &FlowReport) -> String {
     for e in &rep.experiments {
         let _ = writeln!(md, "\n## {} — {}\n", e.name, e.about);
         let _ = writeln!(md, "SLO (goodput): TTFT ≤ {} ms.\n", num(e.slo_ms));
+        if e.slo_header {
+            md.push_str(
+                "Every client request states that SLO in `x-slo-ttft-ms` (llm-d's header; the \
+                 same requests for every router, only the filter reads it).\n\n",
+            );
+        }
         md.push_str(
             "| router | scenario | group | requests | served | 429 | lost | TTFT p50 | p95 | p99 | goodput/s | e2e p95 | tokens/s | preemptions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );

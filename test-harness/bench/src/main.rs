@@ -224,6 +224,14 @@ enum Cmd {
         /// Leave out the peer router (sglang-router cache_aware).
         #[arg(long)]
         no_peers: bool,
+        /// Only these routers' arms (repeatable), e.g. `--router filter`; a target that
+        /// compares with a router left out is not judged.
+        #[arg(long = "router")]
+        routers: Vec<String>,
+        /// In the overload experiments, every client request states the TTFT SLO it is judged
+        /// by (`x-slo-ttft-ms`, llm-d's header; only the filter reads it).
+        #[arg(long)]
+        slo_header: bool,
     },
     /// Mixed-GPU fleet under round robin, then under the filter, side by side.
     Demo {
@@ -568,6 +576,8 @@ fn main() -> ExitCode {
                 seed,
                 seeds,
                 no_peers,
+                routers,
+                slo_header,
             } => {
                 let mode = if quick {
                     Mode::quick(seed)
@@ -579,6 +589,8 @@ fn main() -> ExitCode {
                     seeds: seeds.unwrap_or(if quick { 1 } else { 3 }),
                     experiments,
                     peers: !no_peers,
+                    routers,
+                    slo_header,
                     reps: if quick { 500 } else { 1000 },
                     out_dir: out_dir.clone(),
                 };

@@ -266,7 +266,7 @@ pub async fn run_windowed(
     let opts = RunOptions {
         url: stack.chat_url(),
         replica_urls: stack.chat_urls().split_off(1),
-        headers: vec![],
+        headers: sc.client_headers.clone(),
         drain: sc.drain,
         request_timeout: sc.workload.horizon + sc.drain + Duration::from_secs(5),
         start: Some(start),

@@ -113,6 +113,9 @@ pub struct Scenario {
     /// null), as [`crate::stack::plugin_config`] merges them: which identity headers are
     /// trusted, a canary rule. Never a routing knob.
     pub filter_config: serde_json::Value,
+    /// Headers every client request carries (the same for every router), e.g. its TTFT
+    /// objective ([`SLO_HEADER`]) in `bench flow --slo-header`.
+    pub client_headers: Vec<(String, String)>,
 }
 
 impl Scenario {
@@ -639,6 +642,7 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
         floor_ms,
         condition: d.condition,
         filter_config: serde_json::Value::Null,
+        client_headers: vec![],
     })
 }
 
@@ -656,6 +660,8 @@ pub const FLOW_NAMES: [&str; 6] = [
 
 /// llm-d's objective header: the request's band through the filter's `objectives` allowlist.
 pub const OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// llm-d's per-request TTFT objective header (ms), sent by `bench flow --slo-header`.
+pub const SLO_HEADER: &str = "x-slo-ttft-ms";
 /// llm-d's fairness-id header: the tenant.
 pub const FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
 /// The model name clients ask for in `flow_canary`; a rewrite rule splits it.

@@ -156,6 +156,48 @@ fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critica
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
 }
 
+/// A held request that states its TTFT objective (`x-slo-ttft-ms`) is answered 429 once it can
+/// no longer meet it, long before the class's 60 s time to live; one without waits on.
+#[test]
+fn a_held_request_is_refused_once_its_own_ttft_objective_has_passed() {
+    let host = host();
+    let vm = flow_vm(&host);
+    nearly_full_pod(&host, &vm);
+    let mut first = stream(&vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    let mut patient = stream(&vm, "two");
+    let hurried = stream_with(&vm, "thr", Some(("x-slo-ttft-ms", "300")));
+    let nonsense = stream_with(&vm, "fou", Some(("x-slo-ttft-ms", "soon")));
+    waits(&patient);
+    waits(&hurried);
+    vm.advance(Duration::from_millis(250)).unwrap();
+    waits(&hurried);
+    vm.advance(Duration::from_millis(100)).unwrap();
+    let lr = hurried
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", hurried.explain()));
+    assert_eq!(lr.status, 429);
+    assert_eq!(lr.header(REASON), Some("rejected-deadline"));
+    assert!(lr.header("retry-after").is_some());
+    waits(&patient);
+    waits(&nonsense);
+    let refused = metric_sum(
+        &host,
+        "llm_router_flow_requests_total",
+        &[
+            ("pool", "llama"),
+            ("band", "standard"),
+            ("outcome", "deadline"),
+        ],
+    );
+    assert_eq!(refused, 1);
+    served(&mut first);
+    vm.advance(Duration::from_millis(25)).unwrap();
+    assert!(patient.forwarded(), "{}", patient.explain());
+    served(&mut patient);
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
 #[test]
 fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
     let host = host();

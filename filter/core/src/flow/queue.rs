@@ -1,6 +1,14 @@
 //! One pool's wait queue: strict priority between bands, round robin between fairness ids
 //! within a band, first come first served within an id; bounded per class and in total.
 //!
+//! A request may carry its own deadline: its time-to-first-token objective (llm-d's
+//! `x-slo-ttft-ms` header), counted from its arrival. Held past it, it cannot meet it: it is
+//! refused then ([`Refusal::Late`]) rather than at its class's time to live. And one that arrives
+//! behind more waiting work than the queue dispatches before its deadline (at the pace this
+//! queue has dispatched at while it was not empty) is refused at once: under a standing
+//! overload the queue then holds only work it can still serve in time, and the client hears
+//! 429 at once instead of after its deadline. Without a deadline nothing changes.
+//!
 //! The queue holds opaque items (the glue's paused streams), each with a key (to remove it
 //! when its client hangs up), its body size and its enqueue time. Memory is bounded by the
 //! limits: at most `max_requests` entries whatever the load, and no fairness id or band
@@ -20,6 +28,8 @@ pub enum Refusal {
     Expired,
     /// A request of a higher class took its place.
     Displaced,
+    /// Its own deadline passed while it waited, or the work ahead of it would outlast it.
+    Late,
 }
 
 impl Refusal {
@@ -30,6 +40,7 @@ impl Refusal {
             Refusal::Bytes => "rejected-queue-bytes",
             Refusal::Expired => "rejected-queue-timeout",
             Refusal::Displaced => "rejected-displaced",
+            Refusal::Late => "rejected-deadline",
         }
     }
 
@@ -40,6 +51,7 @@ impl Refusal {
             Refusal::Bytes => "queue_bytes",
             Refusal::Expired => "queue_timeout",
             Refusal::Displaced => "displaced",
+            Refusal::Late => "deadline",
         }
     }
 }
@@ -51,6 +63,8 @@ pub struct Entry<T> {
     pub priority: i32,
     pub bytes: usize,
     pub enqueued_ms: u64,
+    /// When it can no longer meet its own objective (host ms), if it stated one.
+    pub deadline_ms: Option<u64>,
     pub item: T,
 }
 
@@ -90,6 +104,10 @@ pub struct Queue<T> {
     bands: BTreeMap<i32, Band<T>>,
     counts: [usize; 3],
     bytes: [usize; 3],
+    /// When the last dispatch was, while the queue has not been empty since (host ms).
+    last_dispatch_ms: Option<u64>,
+    /// Decayed mean time between two dispatches while requests waited (ms; 0 = unknown).
+    pace_ms: f64,
 }
 
 impl<T> Default for Queue<T> {
@@ -98,9 +116,14 @@ impl<T> Default for Queue<T> {
             bands: BTreeMap::new(),
             counts: [0; 3],
             bytes: [0; 3],
+            last_dispatch_ms: None,
+            pace_ms: 0.0,
         }
     }
 }
+
+/// Weight of a new interval in [`Queue::pace_ms`].
+const PACE_ALPHA: f64 = 0.2;
 
 fn at(a: &[usize; 3], c: Class) -> usize {
     a.get(c.index()).copied().unwrap_or(0)
@@ -151,6 +174,30 @@ impl<T> Queue<T> {
         now_ms: u64,
         item: T,
     ) -> Pushed<T> {
+        self.push_until(cfg, key, priority, fairness_id, bytes, now_ms, None, item)
+    }
+
+    /// [`Queue::push`] for a request that must be dispatched by `deadline_ms` (its own
+    /// objective): refused with [`Refusal::Late`] when the requests that go before it would
+    /// take longer than that at the queue's dispatch pace.
+    #[allow(clippy::too_many_arguments)]
+    pub fn push_until(
+        &mut self,
+        cfg: &FlowConfig,
+        key: u64,
+        priority: i32,
+        fairness_id: &str,
+        bytes: usize,
+        now_ms: u64,
+        deadline_ms: Option<u64>,
+        item: T,
+    ) -> Pushed<T> {
+        if let Some(deadline) = deadline_ms {
+            let wait = self.predicted_wait_ms(priority);
+            if deadline <= now_ms || wait.is_some_and(|w| now_ms as f64 + w > deadline as f64) {
+                return Pushed::Refused(Refusal::Late, item);
+            }
+        }
         let class = Class::of(priority);
         let BandLimits {
             max_requests,
@@ -187,6 +234,7 @@ impl<T> Queue<T> {
             priority,
             bytes,
             enqueued_ms: now_ms,
+            deadline_ms,
             item,
         };
         self.insert(fairness_id, entry);
@@ -273,6 +321,35 @@ impl<T> Queue<T> {
         e
     }
 
+    /// A request taken out with [`Queue::pop`] was dispatched at `now_ms`: the queue's pace
+    /// learns from the time since the previous dispatch, when requests waited all along.
+    pub fn dispatched(&mut self, now_ms: u64) {
+        if let Some(last) = self.last_dispatch_ms {
+            let gap = now_ms.saturating_sub(last) as f64;
+            self.pace_ms = if self.pace_ms > 0.0 {
+                self.pace_ms + PACE_ALPHA * (gap - self.pace_ms)
+            } else {
+                gap
+            };
+        }
+        self.last_dispatch_ms = (!self.is_empty()).then_some(now_ms);
+    }
+
+    /// How long a request of `priority` arriving now would wait before its turn: the requests
+    /// of its band and the higher ones, at the queue's pace. `None` while the pace is unknown
+    /// (no two dispatches yet in a row of waiting).
+    pub fn predicted_wait_ms(&self, priority: i32) -> Option<f64> {
+        if self.pace_ms <= 0.0 {
+            return None;
+        }
+        let ahead: usize = self
+            .bands
+            .range(priority..)
+            .map(|(_, b)| b.flows.iter().map(|f| f.entries.len()).sum::<usize>())
+            .sum();
+        Some(ahead as f64 * self.pace_ms)
+    }
+
     /// Takes out the entry with `key` (its client hung up).
     pub fn remove(&mut self, key: u64) -> Option<Entry<T>> {
         let mut found = None;
@@ -290,36 +367,57 @@ impl<T> Queue<T> {
         let (p, i, e) = found?;
         let e = e?;
         self.after_removal(p, i, &e);
+        if self.is_empty() {
+            self.last_dispatch_ms = None;
+        }
         Some(e)
     }
 
-    /// Takes out every entry that waited longer than its class's time to live at `now_ms`.
-    pub fn expire(&mut self, cfg: &FlowConfig, now_ms: u64) -> Vec<Entry<T>> {
+    /// Takes out every entry that waited longer than its class's time to live at `now_ms`
+    /// ([`Refusal::Expired`]) or past its own deadline ([`Refusal::Late`]).
+    pub fn expire(&mut self, cfg: &FlowConfig, now_ms: u64) -> Vec<(Entry<T>, Refusal)> {
         let mut out = Vec::new();
         let mut counts = self.counts;
         let mut bytes = self.bytes;
         for (&p, band) in &mut self.bands {
             let class = Class::of(p);
             let ttl = cfg.limits(class).ttl_ms;
+            let why = |e: &Entry<T>| {
+                if now_ms.saturating_sub(e.enqueued_ms) > ttl {
+                    Some(Refusal::Expired)
+                } else if e.deadline_ms.is_some_and(|d| now_ms > d) {
+                    Some(Refusal::Late)
+                } else {
+                    None
+                }
+            };
             for f in &mut band.flows {
-                // FCFS within a flow: the expired ones are at its front.
-                while f
-                    .entries
-                    .front()
-                    .is_some_and(|e| now_ms.saturating_sub(e.enqueued_ms) > ttl)
-                {
-                    if let Some(e) = f.entries.pop_front() {
-                        add(&mut counts, class, 1, false);
-                        add(&mut bytes, class, e.bytes, false);
-                        out.push(e);
+                // Deadlines differ between requests, so every entry is looked at (the TTL's
+                // expired ones alone would be at the front: FCFS within a flow).
+                if !f.entries.iter().any(|e| why(e).is_some()) {
+                    continue;
+                }
+                let mut kept = VecDeque::with_capacity(f.entries.len());
+                for e in f.entries.drain(..) {
+                    match why(&e) {
+                        Some(r) => {
+                            add(&mut counts, class, 1, false);
+                            add(&mut bytes, class, e.bytes, false);
+                            out.push((e, r));
+                        }
+                        None => kept.push_back(e),
                     }
                 }
+                f.entries = kept;
             }
             band.flows.retain(|f| !f.entries.is_empty());
         }
         self.bands.retain(|_, b| !b.flows.is_empty());
         self.counts = counts;
         self.bytes = bytes;
+        if self.is_empty() {
+            self.last_dispatch_ms = None;
+        }
         out
     }
 

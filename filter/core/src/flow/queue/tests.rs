@@ -79,13 +79,13 @@ fn entries_past_their_class_ttl_expire() {
     c.bands[Class::Sheddable.index()].ttl_ms = 5;
     c.bands[Class::Standard.index()].ttl_ms = 100;
     let mut q = queue(&c, &[(1, -1, "a"), (2, 0, "a"), (3, 0, "b"), (4, -1, "a")]);
-    let gone: Vec<u64> = q.expire(&c, 10).into_iter().map(|e| e.key).collect();
+    let gone: Vec<u64> = q.expire(&c, 10).into_iter().map(|(e, _)| e.key).collect();
     // Sheddable 1 waited 9 ms > 5; 4 waited 6 ms > 5; standard ones are within 100 ms.
     assert_eq!(gone, vec![1, 4]);
     assert_eq!(q.count(Class::Sheddable), 0);
     assert_eq!(q.bytes(Class::Sheddable), 0);
     assert_eq!(q.len(), 2);
-    let gone: Vec<u64> = q.expire(&c, 103).into_iter().map(|e| e.key).collect();
+    let gone: Vec<u64> = q.expire(&c, 103).into_iter().map(|(e, _)| e.key).collect();
     assert_eq!(gone, vec![2]);
     assert_eq!(drain(&mut q), vec![3]);
 }
@@ -180,4 +180,83 @@ fn a_removed_entry_leaves_nothing_behind() {
     assert_eq!(q.remove(3).map(|e| e.item), Some(3));
     assert!(q.is_empty() && q.bands.is_empty());
     assert_eq!(q.oldest(), [None; 3]);
+}
+
+#[test]
+fn a_request_held_past_its_own_deadline_is_refused_then() {
+    let c = cfg();
+    let mut q: Queue<u64> = Queue::default();
+    // Three standard requests of one tenant; the middle one must start within 50 ms.
+    for (key, deadline) in [(1, None), (2, Some(50)), (3, None)] {
+        assert!(matches!(
+            q.push_until(&c, key, 0, "a", 10, 0, deadline, key),
+            Pushed::Queued { displaced: None }
+        ));
+    }
+    assert!(q.expire(&c, 50).is_empty(), "not before its deadline");
+    let gone: Vec<(u64, Refusal)> = q
+        .expire(&c, 51)
+        .into_iter()
+        .map(|(e, r)| (e.key, r))
+        .collect();
+    assert_eq!(
+        gone,
+        vec![(2, Refusal::Late)],
+        "behind a request without one"
+    );
+    assert_eq!(drain(&mut q), vec![1, 3]);
+    // Past the TTL the class's reason wins.
+    q.push_until(&c, 4, 0, "a", 10, 0, Some(10_000_000), 4);
+    let gone = q.expire(&c, c.limits(Class::Standard).ttl_ms + 1);
+    assert_eq!(gone[0].1, Refusal::Expired);
+}
+
+#[test]
+fn a_request_that_would_wait_past_its_deadline_is_refused_at_once() {
+    let c = cfg();
+    let mut q: Queue<u64> = Queue::default();
+    // Ten wait; the queue dispatches one every 100 ms.
+    for key in 0..10u64 {
+        q.push(&c, key, 0, "a", 10, 0, key);
+    }
+    assert_eq!(
+        q.predicted_wait_ms(0),
+        None,
+        "no pace yet: nothing refused on a guess"
+    );
+    for t in [100, 200, 300] {
+        q.pop().unwrap();
+        q.dispatched(t);
+    }
+    // Seven wait ahead: about 700 ms.
+    let wait = q.predicted_wait_ms(0).unwrap();
+    assert!((600.0..=800.0).contains(&wait), "{wait}");
+    match q.push_until(&c, 20, 0, "b", 10, 300, Some(300 + 500), 20) {
+        Pushed::Refused(Refusal::Late, 20) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        q.push_until(&c, 21, 0, "b", 10, 300, Some(300 + 1_000), 21),
+        Pushed::Queued { .. }
+    ));
+    // A critical request has nobody ahead of it.
+    assert!(matches!(
+        q.push_until(&c, 22, 1, "b", 10, 300, Some(300 + 50), 22),
+        Pushed::Queued { .. }
+    ));
+    // A deadline already past is refused whatever the queue.
+    let mut empty: Queue<u64> = Queue::default();
+    assert!(matches!(
+        empty.push_until(&c, 1, 0, "a", 10, 300, Some(300), 1),
+        Pushed::Refused(Refusal::Late, 1)
+    ));
+    // Once the queue has emptied, the gap to the next dispatch is not a pace.
+    drain(&mut q);
+    q.dispatched(400);
+    q.push(&c, 30, 0, "a", 10, 10_000, 30);
+    q.push(&c, 31, 0, "a", 10, 10_000, 31);
+    q.pop();
+    q.dispatched(10_000);
+    let after = q.predicted_wait_ms(0).unwrap();
+    assert!(after <= 200.0, "one ahead at the old pace: {after}");
 }
