@@ -725,6 +725,7 @@ fn candidates<'f, S: SharedStore>(
         ids.push(id);
         rooms.push(PodRoom {
             kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
+            adapter_slots: p.lora.as_ref().is_some_and(|l| l.max_loras > 0),
         });
         let placement = match adapter_name {
             Some(a) => lora::placement(
