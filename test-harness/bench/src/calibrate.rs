@@ -98,6 +98,50 @@ pub async fn scenario_capacity(
     Ok(out)
 }
 
+/// Measures, on this machine, the real-pod capacities the real scenarios among `names` need
+/// and have not got yet ([`crate::scenarios::unmeasured_real`]), and keeps them in
+/// [`crate::scenarios::local_capacity_file`] for every later run on this machine. About
+/// 2 minutes per profile (the pod's start and 60 s of load), once per machine.
+pub async fn ensure_real_capacities(names: &[&str]) -> Result<(), String> {
+    use crate::scenarios::{
+        local_capacity_file, machine_key, unmeasured_real, REAL_CAPACITY_CLIENTS,
+        REAL_CAPACITY_SECS,
+    };
+    for (name, missing) in unmeasured_real(names) {
+        eprintln!(
+            "bench: {name}: measuring this machine's ({}) capacity of {} (once per machine, \
+             about 2 min per profile; kept in {})",
+            machine_key(),
+            missing.join(", "),
+            local_capacity_file().display()
+        );
+        let measured =
+            scenario_capacity(name, REAL_CAPACITY_CLIENTS, REAL_CAPACITY_SECS, false).await;
+        crate::realpods::release();
+        let path = local_capacity_file();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let mut lines = String::new();
+        for c in measured? {
+            eprintln!(
+                "bench: {name}: {} serves {:.2} req/s here",
+                c.profile, c.rps
+            );
+            lines.push_str(&serde_json::to_string(&c).map_err(|e| e.to_string())?);
+            lines.push('\n');
+        }
+        use std::io::Write;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(lines.as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// One pod (`fleet` holds one) under a closed loop of `concurrency` clients sending `reqs`.
 async fn measure(
     fleet: &FleetSpec,

@@ -317,6 +317,12 @@ fn main() -> ExitCode {
                         }
                     };
                 }
+                // A real pod's speed is this machine's: measure it first where not yet done.
+                let names: Vec<&str> = cfg.scenarios.iter().map(String::as_str).collect();
+                if let Err(e) = bench::calibrate::ensure_real_capacities(&names).await {
+                    eprintln!("bench: measuring real-pod capacities: {e}");
+                    return ExitCode::FAILURE;
+                }
                 let stem = match (quick, partial) {
                     (true, false) => "quick",
                     (false, false) => "latest",
@@ -584,6 +590,14 @@ fn main() -> ExitCode {
                 } else {
                     Mode::full(seed)
                 };
+                if experiments.iter().any(|e| e == "overload_vllm") {
+                    // Offered 1.5× vllm_uneven's capacity: this machine's.
+                    if let Err(e) = bench::calibrate::ensure_real_capacities(&["vllm_uneven"]).await
+                    {
+                        eprintln!("bench flow: measuring real-pod capacities: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
                 let cfg = bench::flowbench::FlowBenchConfig {
                     mode,
                     seeds: seeds.unwrap_or(if quick { 1 } else { 3 }),

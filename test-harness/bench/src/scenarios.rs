@@ -195,8 +195,10 @@ pub const CAPACITY: &[(&str, &str, f64)] = &[
     ("vllm_lora", "cpu-small", VLLM_LORA_SMALL),
 ];
 
-// Measured capacities of the real pods (see CAPACITY): 32 clients, 60 s each, one run, on
-// 2026-12-02 with nothing else running (results/vllm/capacity.jsonl). A first measurement
+// Measured capacities of the real pods (see CAPACITY) on the reference machine (Intel Xeon, 2
+// cores): 32 clients, 60 s each, one run, on 2026-12-02 with nothing else running
+// (results/vllm/capacity.jsonl). Used only where this machine has not measured its own
+// ([`local_capacity`]). A first measurement
 // taken while builds ran found about half of these (11.09, 4.11, 8.33, 6.62): the real-v1
 // results ran at the rates those gave.
 const VLLM_UNEVEN_SMALL: f64 = 21.31;
@@ -204,12 +206,98 @@ const VLLM_UNEVEN_LARGE: f64 = 6.87;
 const VLLM_SHARED_SMALL: f64 = 16.6;
 const VLLM_LORA_SMALL: f64 = 8.96;
 
-/// One pod's measured capacity for `scenario` on `profile` (emulated req/s).
+/// One pod's measured capacity for `scenario` on `profile` (emulated req/s). A real pod's is
+/// this machine's own measurement when there is one ([`local_capacity`]): a CPU engine's speed
+/// is the machine's (on an AMD EPYC machine a real pod decoded 2.5–3.5× slower than on the Intel
+/// Xeon the constants were measured on, and `vllm_lora` at "0.6 of capacity" overloaded every
+/// router), so `bench run` measures it once per machine before a real scenario
+/// ([`REAL_CAPACITY_CLIENTS`] clients, [`REAL_CAPACITY_SECS`] s per profile).
 pub fn pod_capacity(scenario: &str, profile: &str) -> f64 {
+    if let Some(c) = local_capacity(scenario, profile) {
+        return c;
+    }
     CAPACITY
         .iter()
         .find(|(s, p, _)| *s == scenario && *p == profile)
         .map_or(0.0, |x| x.2)
+}
+
+/// Closed-loop clients of a real pod's capacity measurement: twice the pods' `--max-num-seqs`,
+/// so the engine's queue never empties.
+pub const REAL_CAPACITY_CLIENTS: usize = 32;
+/// Seconds of a real pod's capacity measurement (the first quarter is warm-up).
+pub const REAL_CAPACITY_SECS: u64 = 60;
+
+/// This machine, as far as a CPU engine's speed goes: its CPU model and core count.
+pub fn machine_key() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("unknown-cpu");
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mut key: String = model
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while key.contains("--") {
+        key = key.replace("--", "-");
+    }
+    format!("{}-{cores}cpu", key.trim_matches('-'))
+}
+
+/// Where this machine's real-pod capacities are kept (JSON lines of `bench calibrate`), in the
+/// cache the vLLM install uses: `<cache>/wasm-llm-router/capacity/<machine_key>.jsonl`.
+pub fn local_capacity_file() -> std::path::PathBuf {
+    testkit::vllm::cache_root()
+        .join("capacity")
+        .join(format!("{}.jsonl", machine_key()))
+}
+
+/// This machine's measured capacity of `profile` in `scenario`, if measured (the last line
+/// for the pair wins).
+pub fn local_capacity(scenario: &str, profile: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(local_capacity_file()).ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["scenario"] == scenario && v["profile"] == profile)
+        .filter_map(|v| v["rps"].as_f64())
+        .find(|r| r.is_finite() && *r > 0.0)
+}
+
+/// The real scenarios among `names` whose pods this machine has not measured yet, with the
+/// missing profiles.
+pub fn unmeasured_real(names: &[&str]) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out = Vec::new();
+    for name in REAL_NAMES {
+        if !names.contains(&name) {
+            continue;
+        }
+        let Some(sc) = scenario(name, Mode::quick(7)) else {
+            continue;
+        };
+        let mut missing: Vec<&'static str> = sc
+            .fleet
+            .pods
+            .iter()
+            .map(|p| p.profile)
+            .filter(|p| local_capacity(name, p).is_none())
+            .collect();
+        missing.dedup();
+        if !missing.is_empty() {
+            out.push((name, missing));
+        }
+    }
+    out
 }
 
 fn pods(profiles: &[&'static str], f: impl Fn(&mut PodSpec)) -> Vec<PodSpec> {
@@ -440,7 +528,9 @@ fn design(name: &str) -> Option<Design> {
                 max_tokens: Range::new(30, 150),
             },
             // 80 % of 2 × the slow pod's capacity (what round robin can carry).
-            load: 0.8 * 2.0 * VLLM_UNEVEN_LARGE / (VLLM_UNEVEN_SMALL + VLLM_UNEVEN_LARGE),
+            load: 0.8 * 2.0 * pod_capacity("vllm_uneven", "cpu-large")
+                / (pod_capacity("vllm_uneven", "cpu-small")
+                    + pod_capacity("vllm_uneven", "cpu-large")),
             bursts: None,
             adapters: vec![],
             slo_ms: 1000.0,
@@ -489,7 +579,15 @@ fn design(name: &str) -> Option<Design> {
                 prompt_tokens: Range::new(200, 800),
                 max_tokens: Range::new(30, 120),
             },
-            load: 0.6,
+            // Not 0.6 as the others: a slot-bound pod's closed-loop capacity overstates what it
+            // serves in open loop. With 32 clients waiting, vLLM keeps filling its batch with
+            // the running adapters' requests while the others starve, which a closed loop does
+            // not show (one pod on an AMD EPYC machine: 5.0 req/s at 32 clients, 3.2 at 16, 2.4
+            // at 8 with a mean TTFT of 1.8 s). At 0.6 every router overloaded, on the machine
+            // whose capacity it was (TTFT p95 11.7–15.6 s under round robin, sglang-router and
+            // the filter, 2 seeds, 2026-12-02); 0.45 is where `real-v1` found all eight routers
+            // with a p95 near 1.2 s.
+            load: 0.45,
             bursts: None,
             adapters: (0..8).map(adapter_name).collect(),
             slo_ms: 1000.0,
@@ -536,7 +634,7 @@ const VLLM_LORA_CARD: &str = "\
 batch), one core each; 8 adapters registered at runtime (`POST /v1/load_lora_adapter`) and \
 kept in the CPU cache.
 - **Traffic**: Poisson; 8 adapters (Zipf 1.0) + 10% base model; prompts 200–800, 30–120 out; \
-60% of 2 × one pod's measured capacity.
+45% of 2 × one pod's measured (closed-loop) capacity: at 60% every router overloads.
 - **Anchor**: more adapters than batch slots: a request whose adapter finds both slots taken \
 waits in the engine's queue (`waiting_lora_adapters`).
 - **Check**: none.

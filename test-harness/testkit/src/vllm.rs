@@ -76,7 +76,7 @@ impl Installed {
 }
 
 /// `$XDG_CACHE_HOME/wasm-llm-router`, else `$HOME/.cache/wasm-llm-router` (as install.sh).
-fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"),
