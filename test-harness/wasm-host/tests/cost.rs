@@ -102,8 +102,9 @@ const BUDGET: &[(&str, u64)] = &[
     // upstream.address on the response.
     ("proxy_get_property", 1),
     // One before the decision (time, tie-break, send time), one after it (its duration for
-    // llm_router_decision_duration_microseconds), one at the first byte of a stream.
-    ("proxy_get_current_time_nanoseconds", 3),
+    // llm_router_decision_duration_microseconds), one at the first byte of a stream, one at
+    // the end of the answer (its life: the pod's mean request life).
+    ("proxy_get_current_time_nanoseconds", 4),
     // clear_route_cache, so Envoy routes on the cluster header.
     ("proxy_call_foreign_function", 1),
     // llm_router_requests_total and llm_router_picks_total; the prompt and completion tokens
