@@ -694,17 +694,20 @@ fn candidates<'f, S: SharedStore>(
             })
     });
 
-    // The pool's mean request life, for a pod that has answered nothing yet.
-    let pool_life_ms = {
-        let lives: Vec<f64> = loads
-            .iter()
-            .filter(|l| l.life_ms > 0.0)
-            .map(|l| f64::from(l.life_ms))
-            .collect();
-        if lives.is_empty() {
-            0.0
-        } else {
-            lives.iter().sum::<f64>() / lives.len() as f64
+    // The pool's mean request life, for a pod that has answered nothing yet (adapter requests
+    // only: nothing else prices a slot wait).
+    let pool_life_ms = match adapter_name {
+        None => 0.0,
+        Some(_) => {
+            let (sum, n) = loads
+                .iter()
+                .filter(|l| l.life_ms > 0.0)
+                .fold((0.0, 0u32), |(s, n), l| (s + f64::from(l.life_ms), n + 1));
+            if n == 0 {
+                0.0
+            } else {
+                sum / f64::from(n)
+            }
         }
     };
     let full = view.mode == Mode::Full;
