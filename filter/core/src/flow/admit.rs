@@ -61,11 +61,15 @@ pub fn has_room(
     room: PodRoom,
     f: &Features<'_>,
 ) -> bool {
-    (room.adapter_slots || queue_fits(pool, c, f)) && kv_fits(kv_bound, c, room, f)
+    queue_fits(pool, c, room, f) && kv_fits(kv_bound, c, room, f)
 }
 
-/// The queued-prefill-work bound of [`has_room`].
-fn queue_fits(pool: &PoolConfig, c: &Candidate<'_>, f: &Features<'_>) -> bool {
+/// The queued-prefill-work bound of [`has_room`] (none for a pod that batches by adapter
+/// slots: see the module documentation).
+fn queue_fits(pool: &PoolConfig, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>) -> bool {
+    if room.adapter_slots {
+        return true;
+    }
     let queued = c.queued_tokens(f, Mode::Full);
     let allowed = pool.saturation.queue_threshold * f.mean_prefill_tokens.max(1.0);
     queued <= 0.0 || queued + c.uncached_tokens(f) <= allowed
@@ -114,7 +118,7 @@ pub fn admit(
         .iter()
         .zip(&fits)
         .enumerate()
-        .any(|(i, (c, &kv))| kv && (room(i).adapter_slots || queue_fits(pool, c, f)));
+        .any(|(i, (c, &kv))| kv && queue_fits(pool, c, room(i), f));
     if any_room {
         Admission::Admit(fits)
     } else {
