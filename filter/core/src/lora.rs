@@ -22,6 +22,9 @@
 //! time. Measured on real vLLM (`vllm_lora`, 2 pods × 2 slots, 8 adapters; results
 //! `test-harness/bench/results/real-v1.md`): without it the six rarer adapters waited at their
 //! home for a slot (TTFT p95 1,716 ms against 1,247–1,569 for the other routers).
+//! When every pod is blocked, the adapters already waiting there for a slot
+//! ([`Placement::slot_queue`]) are ahead of this one: vLLM's scheduler keeps the requests it
+//! skips for want of a slot in arrival order and gives a freed slot to the first of them.
 //!
 //! Recent-adapter table encoding (little-endian): `count u16 | (len u8 | address | n u8 |
 //! (len u8 | adapter) * n) * count`.
@@ -226,6 +229,10 @@ pub struct Placement {
     /// The engine's batch already runs requests of `max_loras` other adapters: the request would
     /// wait until one of them leaves.
     pub blocked: bool,
+    /// On a blocked pod, the other adapters already waiting there for a batch slot (the engine's
+    /// waiting adapters that are not in its batch): each takes the next slot that frees before
+    /// this request can, first come first served in the engine's queue.
+    pub slot_queue: u16,
 }
 
 /// Residency of `adapter` on a pod from the engine's report and the routing history. `busy`:
@@ -261,11 +268,21 @@ pub fn placement(
             batch.push(last);
         }
     }
+    let blocked = slots > 0 && !batch.contains(&adapter) && batch.len() >= slots;
+    let slot_queue = match engine.filter(|_| blocked) {
+        Some(l) => l
+            .waiting
+            .iter()
+            .filter(|a| *a != adapter && !batch.contains(&a.as_str()))
+            .count(),
+        None => 0,
+    };
     Placement {
         home,
         resident,
         free_slot: engine.is_some() && loaded.len() < slots,
-        blocked: slots > 0 && !batch.contains(&adapter) && batch.len() >= slots,
+        blocked,
+        slot_queue: u16::try_from(slot_queue).unwrap_or(u16::MAX),
     }
 }
 
@@ -365,6 +382,17 @@ mod tests {
         assert!(!placement("b", Some(&one), &last, false, true).blocked);
         // Waiting requests hold no slot.
         assert!(!placement("c", Some(&two(&["a"], &["b"])), &[], false, false).blocked);
+        // On a blocked pod, the other adapters waiting for a slot are ahead of this one; its
+        // own waiting requests and the batch's are not.
+        let queued = two(&["a", "b"], &["a", "d", "c", "e"]);
+        assert_eq!(
+            placement("c", Some(&queued), &[], true, false).slot_queue,
+            2
+        );
+        assert_eq!(
+            placement("a", Some(&queued), &[], true, false).slot_queue,
+            0
+        );
         // Unknown slots (no LoRA report, or max_loras 0): never blocked.
         assert!(!placement("c", None, &last, false, true).blocked);
         let unknown = LoraState {

@@ -754,13 +754,17 @@ fn candidates<'f, S: SharedStore>(
                     pool.lora.stray_ms
                 };
                 // A blocked pod frees a slot when one adapter's requests there have all ended
-                // while its new ones keep joining ahead: priced at one request life there.
+                // while its new ones keep joining ahead: one request life there, and one more
+                // for each adapter already waiting for a slot (the engine gives freed slots
+                // first come first served; a busy adapter's slot may not free at all, so the
+                // queue drains through one slot, not through all of them).
                 let slot_wait = if placement.blocked {
-                    if l.life_ms > 0.0 {
+                    let life = if l.life_ms > 0.0 {
                         f64::from(l.life_ms)
                     } else {
                         pool_life_ms
-                    }
+                    };
+                    life * (1.0 + f64::from(placement.slot_queue))
                 } else {
                     0.0
                 };

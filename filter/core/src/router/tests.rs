@@ -295,6 +295,62 @@ fn an_adapter_does_not_wait_at_home_for_a_batch_slot() {
     assert_eq!(out.endpoints[0], addrs[home], "{:?}", out.scores);
 }
 
+/// Every pod's batch is full of other adapters; at the home, two more adapters already wait for
+/// a slot: the request goes where it is first in line, though both pods are blocked.
+#[test]
+fn a_blocked_adapter_queues_where_fewest_adapters_wait_for_a_slot() {
+    let r = router(CONFIG);
+    let addrs = ["10.0.0.1:8000", "10.0.0.2:8000"];
+    let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[2, 2])["sql-lora"];
+    let other = 1 - home;
+    let pod_of = |a: &str, waiting: &[&str]| {
+        let mut p = lora_pod(a, &["hot-1", "hot-2"]);
+        if let Some(l) = p.lora.as_mut() {
+            l.max_loras = 2;
+            l.waiting = waiting.iter().map(|w| w.to_string()).collect();
+        }
+        p
+    };
+    let decide = |home_waiting: &[&str]| {
+        let mut snap = snapshot();
+        snap.pools[0].pods = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| pod_of(a, if i == home { home_waiting } else { &["hot-1"] }))
+            .collect();
+        let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+        let s = MemoryStore::new();
+        for addr in addrs {
+            inflight::routed(&s, "llama", addr, 0);
+            r.finished_with_status(
+                &s,
+                "llama",
+                addr,
+                0,
+                Answer {
+                    status: 200,
+                    now_ms: 0,
+                    life_ms: Some(1000.0),
+                },
+            );
+        }
+        go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("sql-lora", "select 1"),
+            ctx(1100),
+        )
+        .unwrap()
+    };
+    // Nobody waits for a slot at home: blocked everywhere, it stays home.
+    let out = decide(&["hot-2"]);
+    assert_eq!(out.endpoints[0], addrs[home], "{:?}", out.scores);
+    // Two adapters wait for a slot at home: the other pod frees one for it sooner.
+    let out = decide(&["cold-1", "cold-2"]);
+    assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
+}
+
 #[test]
 fn routed_adapters_are_remembered_per_pod() {
     let r = router(CONFIG);

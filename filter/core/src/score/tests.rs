@@ -319,6 +319,7 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
         resident,
         free_slot,
         blocked: false,
+        slot_queue: 0,
     };
     let c = [
         Candidate {
