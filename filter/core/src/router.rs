@@ -233,6 +233,10 @@ pub struct Context {
     pub priority: i32,
     pub now_ms: u64,
     pub tie: u64,
+    /// When the request's own time-to-first-token objective ends (host ms; llm-d's
+    /// `x-slo-ttft-ms` from its arrival): with flow control, only pods predicted to answer
+    /// by then take it ([`crate::flow::admit`]).
+    pub deadline_ms: Option<u64>,
 }
 
 /// The configured router.
@@ -876,13 +880,27 @@ fn admit_or_wait(
         return Ok(Some(None));
     }
     let f = base_features(view, req, view.model(req), ctx);
+    let budget_ms = ctx.deadline_ms.map(|d| d.saturating_sub(ctx.now_ms) as f64);
     let admission = match hold {
         Hold::Behind => Admission::Wait,
-        _ => flow::admit(&view.pool, kv_threshold, &c.cands, &c.rooms, &f, view.mode),
+        _ => flow::admit(
+            &view.pool,
+            kv_threshold,
+            &c.cands,
+            &c.rooms,
+            &f,
+            view.mode,
+            budget_ms,
+        ),
     };
     match admission {
         Admission::Admit(fits) if fits.iter().all(|&f| f) => Ok(Some(None)),
         Admission::Admit(fits) => Ok(Some(Some(fits))),
+        Admission::Late => Err(Rejection::not_queued(
+            &view.pool.name,
+            flow::Refusal::Late.reason(),
+            retry_after.0,
+        )),
         Admission::Wait => {
             // Ranking with every pod judges saturation exactly as without flow control: a
             // saturated pool refuses a sheddable request now, and a pool `critical_factor`

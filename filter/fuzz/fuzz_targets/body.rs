@@ -181,6 +181,7 @@ fn check(setup: &Setup, kind: ApiKind, data: &[u8], is_json: bool) {
         priority: 0,
         now_ms: 1_500,
         tie: data.len() as u64,
+        deadline_ms: None,
     };
     match setup.router.route(&store, Some(&setup.fleet), &req, ctx) {
         Ok(routed) => {

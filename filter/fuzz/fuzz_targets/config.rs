@@ -87,6 +87,7 @@ fn route_models(config: Config) {
                 priority: 0,
                 now_ms: 1_100,
                 tie: 3,
+                deadline_ms: None,
             };
             if let Err(rejection) = router.route(&store, fleet, &req, ctx) {
                 let body: serde_json::Value =

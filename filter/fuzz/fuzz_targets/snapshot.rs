@@ -61,6 +61,7 @@ fn route_each_pool(router: &Router, snapshot: Snapshot) {
             priority: 0,
             now_ms: 1_200,
             tie: 7,
+            deadline_ms: None,
         };
         match router.route(&store, Some(&fleet), &req, ctx) {
             Ok(routed) => {

@@ -485,10 +485,13 @@ impl Http {
         } else {
             0
         };
+        let now_ms = now_ns / 1_000_000;
         let ctx = RouteContext {
             priority,
-            now_ms: now_ns / 1_000_000,
+            now_ms,
             tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(self.id),
+            // Counted from now: the whole body has arrived, nothing was sent yet.
+            deadline_ms: held.slo_ttft_ms.map(|slo| now_ms.saturating_add(slo)),
         };
         let fleet = {
             let Worker { cache, router, .. } = &mut *w;
@@ -524,14 +527,12 @@ impl Http {
                     content_length: held.content_length,
                     priority,
                 };
-                // Counted from now: the whole body has arrived, nothing was sent yet.
-                let deadline = held.slo_ttft_ms.map(|slo| ctx.now_ms.saturating_add(slo));
                 let queued = enqueue(
                     &mut w,
                     self.id,
                     (&pool, &fairness),
                     ctx.now_ms,
-                    deadline,
+                    ctx.deadline_ms,
                     waiting,
                 );
                 drop(w);
@@ -545,6 +546,10 @@ impl Http {
             Err(rej) => {
                 w.metrics
                     .decision_us(host::now_nanos().saturating_sub(now_ns) / 1000);
+                if rej.reason == flowctl::Refusal::Late.reason() {
+                    w.metrics
+                        .flow_outcome(&rej.pool, Class::of(priority), "deadline", None);
+                }
                 drop(w);
                 return self.reject(&rej, &parsed.model);
             }
@@ -1126,6 +1131,7 @@ fn dispatch(w: &mut Worker, root: u32) {
                 priority: item.priority,
                 now_ms,
                 tie: now_ns ^ w.requests.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key,
+                deadline_ms: head.deadline_ms,
             };
             let decision =
                 w.router
@@ -1184,8 +1190,14 @@ fn dispatch(w: &mut Worker, root: u32) {
                 }
                 Err(rej) => {
                     if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                        let late = flowctl::Refusal::Late;
+                        let outcome = if rej.reason == late.reason() {
+                            late.outcome()
+                        } else {
+                            "shed"
+                        };
                         w.metrics
-                            .flow_outcome(pool, Class::of(e.priority), "shed", None);
+                            .flow_outcome(pool, Class::of(e.priority), outcome, None);
                         if let Ok(stream) = u32::try_from(e.key) {
                             if proxy_wasm::hostcalls::set_effective_context(stream).is_ok() {
                                 send_reply(w, &rej, &model);

@@ -188,6 +188,7 @@ fn native_run(pods: usize, size: usize, iters: usize) -> Vec<f64> {
             priority: 0,
             now_ms: now,
             tie: i as u64,
+            deadline_ms: None,
         };
         let routed = router
             .route(&store, Some(&fleet), &parsed, ctx)

@@ -198,6 +198,49 @@ fn a_held_request_is_refused_once_its_own_ttft_objective_has_passed() {
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
 }
 
+/// A request stating an objective that no pod with room is predicted to meet is refused at once
+/// (429 `rejected-deadline`), not sent to join a queue it would leave too late; with an
+/// objective the pod can meet, or none, it goes.
+#[test]
+fn a_request_no_pod_is_predicted_to_answer_within_its_objective_is_refused_at_once() {
+    let host = host();
+    let vm = flow_vm(&host);
+    // Two requests wait in the engine: room for more, but not for a first token within 1 ms.
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod(A, 2, 8, 0.1)],
+            )],
+        ),
+    );
+    let mut first = stream(&vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    let hurried = stream_with(&vm, "two", Some(("x-slo-ttft-ms", "1")));
+    let lr = hurried
+        .local_response()
+        .unwrap_or_else(|| panic!("{}", hurried.explain()));
+    assert_eq!(lr.status, 429);
+    assert_eq!(lr.header(REASON), Some("rejected-deadline"));
+    let refused = metric_sum(
+        &host,
+        "llm_router_flow_requests_total",
+        &[("pool", "llama"), ("outcome", "deadline")],
+    );
+    assert_eq!(refused, 1);
+    let mut patient = stream_with(&vm, "thr", Some(("x-slo-ttft-ms", "60000")));
+    assert!(patient.forwarded(), "{}", patient.explain());
+    served(&mut first);
+    served(&mut patient);
+    assert_eq!(inflight_of(&host, "llama", A), 0);
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
 #[test]
 fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
     let host = host();

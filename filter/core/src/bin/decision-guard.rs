@@ -121,6 +121,7 @@ fn main() -> ExitCode {
             priority: 0,
             now_ms: NOW_MS,
             tie: i as u64,
+            deadline_ms: None,
         };
         let Ok(routed) = router.route(&store, Some(&fleet), &parsed, ctx) else {
             eprintln!("the fixed request was not routed");

@@ -51,6 +51,10 @@ pub enum Admission {
     Admit(Vec<bool>),
     /// No pod can: the request waits (or, for a sheddable one in a saturated pool, is refused).
     Wait,
+    /// Pods have room, but none is predicted to answer within the request's own time-to-first-
+    /// token objective: refused now (waiting would not help: the work ahead drains no faster
+    /// than the objective runs out).
+    Late,
 }
 
 /// Whether candidate `c` can take a request of features `f` (see the module documentation).
@@ -95,8 +99,17 @@ pub fn kv_fits(kv_bound: f64, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>
     }
 }
 
+/// Whether candidate `c` is predicted to send the first token within `budget_ms` (the time left
+/// of the request's own objective). A pod with nothing queued always is: nothing makes it
+/// sooner, and a prompt whose own prefill outlasts the objective would otherwise never go.
+pub fn on_time(c: &Candidate<'_>, f: &Features<'_>, budget_ms: f64) -> bool {
+    c.queued_tokens(f, Mode::Full) <= 0.0 || c.predicted_ttft_ms(f, Mode::Full) <= budget_ms
+}
+
 /// The admission stage: [`Admission::Wait`] when no candidate has room, else which ones may be
-/// picked. `rooms[i]` belongs to `cands[i]` (missing = unknown capacity).
+/// picked. `rooms[i]` belongs to `cands[i]` (missing = unknown capacity). With `budget_ms` (the
+/// time left of the request's own TTFT objective) only pods [`on_time`] may be picked, and a
+/// request no pod with room is on time for is [`Admission::Late`].
 pub fn admit(
     pool: &PoolConfig,
     kv_threshold: f64,
@@ -104,26 +117,40 @@ pub fn admit(
     rooms: &[PodRoom],
     f: &Features<'_>,
     mode: Mode,
+    budget_ms: Option<f64>,
 ) -> Admission {
     if mode != Mode::Full {
         return Admission::Admit(vec![true; cands.len()]);
     }
     let room = |i: usize| rooms.get(i).copied().unwrap_or_default();
-    let fits: Vec<bool> = cands
+    let mut fits: Vec<bool> = cands
         .iter()
         .enumerate()
         .map(|(i, c)| kv_fits(kv_threshold, c, room(i), f))
         .collect();
+    let has = |i: usize, c: &Candidate<'_>, kv: bool| kv && queue_fits(pool, c, room(i), f);
     let any_room = cands
         .iter()
         .zip(&fits)
         .enumerate()
-        .any(|(i, (c, &kv))| kv && queue_fits(pool, c, room(i), f));
-    if any_room {
-        Admission::Admit(fits)
-    } else {
-        Admission::Wait
+        .any(|(i, (c, &kv))| has(i, c, kv));
+    if !any_room {
+        return Admission::Wait;
     }
+    if let Some(budget) = budget_ms {
+        let timely = cands
+            .iter()
+            .zip(&fits)
+            .enumerate()
+            .any(|(i, (c, &kv))| has(i, c, kv) && on_time(c, f, budget));
+        if !timely {
+            return Admission::Late;
+        }
+        for (fit, c) in fits.iter_mut().zip(cands) {
+            *fit = *fit && on_time(c, f, budget);
+        }
+    }
+    Admission::Admit(fits)
 }
 
 #[cfg(test)]
@@ -194,12 +221,13 @@ mod tests {
                 std::slice::from_ref(&busy),
                 &[slots],
                 &F,
-                Mode::Full
+                Mode::Full,
+                None
             ),
             Admission::Admit(vec![true])
         );
         assert_eq!(
-            admit(&p, 0.95, &[busy], &[ROOM], &F, Mode::Full),
+            admit(&p, 0.95, &[busy], &[ROOM], &F, Mode::Full, None),
             Admission::Wait
         );
         // The KV gauge still bounds it, without the pending work (which fills no KV yet).
@@ -271,7 +299,7 @@ mod tests {
         // the ejected one may not; one past the KV bound may not either.
         let cands = [cand(9, 0.1, 0), cand(0, 0.1, 0), ejected, cand(0, 0.95, 0)];
         assert_eq!(
-            admit(&p, 0.8, &cands, &[ROOM; 4], &F, Mode::Full),
+            admit(&p, 0.8, &cands, &[ROOM; 4], &F, Mode::Full, None),
             Admission::Admit(vec![true, true, false, false])
         );
         // Only pods past the queue bound: it waits, though their KV has room.
@@ -282,19 +310,43 @@ mod tests {
                 &[cand(9, 0.1, 0), cand(7, 0.1, 0)],
                 &[ROOM; 2],
                 &F,
-                Mode::Full
+                Mode::Full,
+                None
             ),
             Admission::Wait
         );
         let full = [cand(9, 0.1, 0), cand(0, 0.95, 0)];
         assert_eq!(
-            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::Full),
+            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::Full, None),
             Admission::Wait
         );
         // A stale snapshot never holds.
         assert_eq!(
-            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::LeastInflight),
+            admit(&p, 0.8, &full, &[ROOM; 2], &F, Mode::LeastInflight, None),
             Admission::Admit(vec![true, true])
         );
+    }
+    #[test]
+    fn a_request_with_its_own_objective_goes_only_where_it_is_predicted_on_time() {
+        let p = pool();
+        // 30 ms + 0.2 ms per token: 2 waiting requests of 1,000 tokens and this one's 1,000
+        // predict 630 ms; 3 waiting, 830 ms; an idle pod 230 ms.
+        let (two, three, idle) = (cand(2, 0.1, 0), cand(3, 0.1, 0), cand(0, 0.1, 0));
+        let run = |cands: &[Candidate<'static>], budget| {
+            admit(&p, 0.95, cands, &[ROOM; 2], &F, Mode::Full, budget)
+        };
+        let busy = [two.clone(), three];
+        assert_eq!(run(&busy, None), Admission::Admit(vec![true, true]));
+        assert_eq!(run(&busy, Some(700.0)), Admission::Admit(vec![true, false]));
+        // Room on both, neither on time: refused now, not held.
+        assert_eq!(run(&busy, Some(500.0)), Admission::Late);
+        // A pod with nothing queued is always on time, however short the objective.
+        assert_eq!(
+            run(&[two, idle], Some(50.0)),
+            Admission::Admit(vec![false, true])
+        );
+        // No room anywhere: it waits (the queue refuses it when its wait would outlast it).
+        let full = [cand(9, 0.1, 0), cand(7, 0.1, 0)];
+        assert_eq!(run(&full, Some(50.0)), Admission::Wait);
     }
 }

@@ -7,7 +7,8 @@
 //! behind more waiting work than the queue dispatches before its deadline (at the pace this
 //! queue has dispatched at while it was not empty) is refused at once: under a standing
 //! overload the queue then holds only work it can still serve in time, and the client hears
-//! 429 at once instead of after its deadline. Without a deadline nothing changes.
+//! 429 at once instead of after its deadline. Without a deadline nothing changes. (The deadline
+//! also bounds which pods may take the request: [`crate::flow::admit`].)
 //!
 //! The queue holds opaque items (the glue's paused streams), each with a key (to remove it
 //! when its client hangs up), its body size and its enqueue time. Memory is bounded by the

@@ -136,6 +136,7 @@ impl Sim {
             priority,
             now_ms: self.now,
             tie: n as u64,
+            deadline_ms: None,
         };
         let out = self
             .router
@@ -315,6 +316,7 @@ fn a_healthy_pool_with_one_idle_pod_does_not_shed() {
         priority: -1,
         now_ms: 10,
         tie: 1,
+        deadline_ms: None,
     };
     for waits in [[2, 0, 3, 1], [0, 0, 9, 9]] {
         let fleet = Fleet::new(snap(waits), 0, vec![], &r.config);
@@ -370,6 +372,7 @@ fn a_learned_cost_stays_above_a_sixteenth_of_the_pools_median() {
         priority: 0,
         now_ms: 10,
         tie: 1,
+        deadline_ms: None,
     };
     let out = r.route(&s, Some(&fleet), &req, ctx).unwrap();
     assert_ne!(

@@ -87,6 +87,7 @@ fn ctx(now_ms: u64) -> Context {
         priority: 0,
         now_ms,
         tie: 42,
+        deadline_ms: None,
     }
 }
 
