@@ -22,20 +22,25 @@
 //! time. Measured on real vLLM (`vllm_lora`, 2 pods × 2 slots, 8 adapters; results
 //! `test-harness/bench/results/real-v1.md`): without it the six rarer adapters waited at their
 //! home for a slot (TTFT p95 1,716 ms against 1,247–1,569 for the other routers).
-//! When every pod is blocked, the adapters already waiting there for a slot
+//! When every pod is blocked, the pods differ in how soon a slot frees: a slot frees at the
+//! first lull of one request life in its adapter's traffic, rare for an adapter that keeps it
+//! busy ([`drain_lives`], from this proxy's requests in flight per pod and adapter, kept in the
+//! recent-adapter table), and the adapters already waiting there for a slot
 //! ([`Placement::slot_queue`]) are ahead of this one: vLLM's scheduler keeps the requests it
 //! skips for want of a slot in arrival order and gives a freed slot to the first of them.
 //!
-//! Recent-adapter table encoding (little-endian): `count u16 | (len u8 | address | n u8 |
-//! (len u8 | adapter) * n) * count`.
+//! Recent-adapter table encoding (little-endian): `b'A' | version u8 = 2 | count u16 |
+//! (len u8 | address | n u8 | (len u8 | adapter | in_flight u16) * n) * count`.
 
-use crate::store::SharedStore;
+use crate::store::{SharedStore, StoreError};
 use crate::wire::Reader;
 use llm_router_snapshot::LoraState;
 use std::collections::HashMap;
 
 /// Adapters remembered per pod.
 const RECENT: usize = 16;
+/// Recent-adapter table tag and version.
+const TAG: [u8; 2] = [b'A', 2];
 
 /// Rendezvous (highest-random-weight) hash of an adapter on a pod.
 pub fn rendezvous(adapter: &str, address: &str) -> u64 {
@@ -125,10 +130,18 @@ pub fn key(pool: &str) -> String {
     format!("llmr/lora/{pool}")
 }
 
+/// An adapter recently routed to a pod, with this proxy's requests for it there that have not
+/// ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routed {
+    pub adapter: String,
+    pub in_flight: u16,
+}
+
 /// Per pod, the adapters most recently routed there (most recent first).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recent {
-    pub pods: Vec<(String, Vec<String>)>,
+    pub pods: Vec<(String, Vec<Routed>)>,
 }
 
 impl Recent {
@@ -138,14 +151,21 @@ impl Recent {
 
     fn try_decode(bytes: &[u8]) -> Option<Recent> {
         let mut r = Reader(bytes);
+        if r.array::<2>()? != TAG {
+            return None;
+        }
         let count = r.u16()?;
         let mut pods = Vec::with_capacity(usize::from(count).min(4096));
         for _ in 0..count {
             let addr = r.str8()?.to_string();
             let n = r.u8()?;
             let adapters = (0..n)
-                .map(|_| r.str8().map(str::to_string))
-                .collect::<Option<Vec<String>>>()?;
+                .map(|_| {
+                    let adapter = r.str8()?.to_string();
+                    let in_flight = r.u16()?;
+                    Some(Routed { adapter, in_flight })
+                })
+                .collect::<Option<Vec<Routed>>>()?;
             pods.push((addr, adapters));
         }
         r.done().then_some(Recent { pods })
@@ -153,29 +173,35 @@ impl Recent {
 
     pub fn encode(&self) -> Vec<u8> {
         let ok = |s: &String| s.len() <= 255;
-        let pods: Vec<&(String, Vec<String>)> = self
+        let pods: Vec<&(String, Vec<Routed>)> = self
             .pods
             .iter()
             .filter(|(a, _)| ok(a))
             .take(usize::from(u16::MAX))
             .collect();
         let mut out = Vec::new();
+        out.extend_from_slice(&TAG);
         out.extend_from_slice(&(pods.len() as u16).to_le_bytes());
         for (addr, adapters) in pods {
             out.push(addr.len() as u8);
             out.extend_from_slice(addr.as_bytes());
-            let kept: Vec<&String> = adapters.iter().filter(|a| ok(a)).take(RECENT).collect();
+            let kept: Vec<&Routed> = adapters
+                .iter()
+                .filter(|a| ok(&a.adapter))
+                .take(RECENT)
+                .collect();
             out.push(kept.len() as u8);
             for a in kept {
-                out.push(a.len() as u8);
-                out.extend_from_slice(a.as_bytes());
+                out.push(a.adapter.len() as u8);
+                out.extend_from_slice(a.adapter.as_bytes());
+                out.extend_from_slice(&a.in_flight.to_le_bytes());
             }
         }
         out
     }
 
     /// The adapters recently routed to `addr`, most recent first.
-    pub fn of(&self, addr: &str) -> &[String] {
+    pub fn of(&self, addr: &str) -> &[Routed] {
         self.pods
             .iter()
             .find(|(a, _)| a == addr)
@@ -192,29 +218,93 @@ pub fn read(store: &impl SharedStore, pool: &str) -> Recent {
         .unwrap_or_default()
 }
 
-/// Notes that `adapter` was routed to `addr`. Writes only when it is not already the pod's
-/// most recent adapter; best effort (a lost CAS race is ignored: the next request repeats it).
-pub fn note(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str) {
+/// Applies `change` to the table with compare-and-swap, retrying a bounded number of times
+/// (a lost count would misprice a pod until it idles: see [`note`]).
+fn update(store: &impl SharedStore, pool: &str, mut change: impl FnMut(&mut Recent)) -> bool {
     let k = key(pool);
-    let (mut recent, cas) = match store.get(&k) {
-        Some((v, cas)) => (Recent::decode(&v), Some(cas)),
-        None => (Recent::default(), None),
-    };
-    if recent.of(addr).first().map(String::as_str) == Some(adapter) {
-        return;
-    }
-    match recent.pods.iter_mut().find(|(a, _)| a == addr) {
-        Some((_, list)) => {
-            list.retain(|a| a != adapter);
-            list.insert(0, adapter.to_string());
-            list.truncate(RECENT);
+    for _ in 0..32 {
+        let (mut recent, cas) = match store.get(&k) {
+            Some((v, cas)) => (Recent::decode(&v), Some(cas)),
+            None => (Recent::default(), None),
+        };
+        change(&mut recent);
+        match store.set(&k, &recent.encode(), cas) {
+            Ok(()) => return true,
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Failed) => return false,
         }
-        None => recent
-            .pods
-            .push((addr.to_string(), vec![adapter.to_string()])),
     }
-    let _ = store.set(&k, &recent.encode(), cas);
+    false
 }
+
+/// Notes that a request for `adapter` was routed to `addr`: the adapter becomes the pod's most
+/// recent and its count there goes up. `idle`: this proxy had nothing in flight there before
+/// this request, so every count of the pod starts again from 0 (a count a lost update or a
+/// vanished stream left behind heals when the pod idles).
+pub fn note(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str, idle: bool) -> bool {
+    update(store, pool, |recent| {
+        match recent.pods.iter_mut().find(|(a, _)| a == addr) {
+            Some((_, list)) => {
+                if idle {
+                    list.iter_mut().for_each(|r| r.in_flight = 0);
+                }
+                let in_flight = list
+                    .iter()
+                    .position(|r| r.adapter == adapter)
+                    .map_or(0, |i| list.remove(i).in_flight);
+                list.insert(
+                    0,
+                    Routed {
+                        adapter: adapter.to_string(),
+                        in_flight: in_flight.saturating_add(1),
+                    },
+                );
+                list.truncate(RECENT);
+            }
+            None => recent.pods.push((
+                addr.to_string(),
+                vec![Routed {
+                    adapter: adapter.to_string(),
+                    in_flight: 1,
+                }],
+            )),
+        }
+    })
+}
+
+/// A request for `adapter` that was routed to `addr` has ended.
+pub fn ended(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str) -> bool {
+    update(store, pool, |recent| {
+        if let Some(r) = recent
+            .pods
+            .iter_mut()
+            .find(|(a, _)| a == addr)
+            .and_then(|(_, list)| list.iter_mut().find(|r| r.adapter == adapter))
+        {
+            r.in_flight = r.in_flight.saturating_sub(1);
+        }
+    })
+}
+
+/// Request lives a blocked pod's batch slot takes to free, when the batch adapter that frees
+/// first has `n` of this proxy's requests in flight there. The slot frees at the first gap of
+/// one request life `L` with no new request for that adapter; with requests arriving as a
+/// Poisson process of rate `λ`, the expected time to such a gap is `(e^{λL} − 1) / λ`, and
+/// `n ≈ λL` (requests in flight = arrival rate × life): `L (eⁿ − 1) / n`, one life when
+/// nothing of this proxy's is there (the engine's report is up to a scrape old), growing fast
+/// for an adapter that keeps its slot busy. `n` is capped at [`DRAIN_CAP`] (e⁸: thousands of
+/// lives; the ranking only needs "never soon").
+pub fn drain_lives(n: u16) -> f64 {
+    let n = f64::from(n.min(DRAIN_CAP));
+    if n <= 0.0 {
+        1.0
+    } else {
+        n.exp_m1() / n
+    }
+}
+
+/// Largest in-flight count [`drain_lives`] distinguishes.
+const DRAIN_CAP: u16 = 8;
 
 /// What the ranking needs to know about one pod and the requested adapter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -233,28 +323,32 @@ pub struct Placement {
     /// waiting adapters that are not in its batch): each takes the next slot that frees before
     /// this request can, first come first served in the engine's queue.
     pub slot_queue: u16,
+    /// On a blocked pod, this proxy's requests in flight there for the batch adapter that has
+    /// the fewest ([`drain_lives`]: how soon its slot frees).
+    pub drain: u16,
 }
 
-/// Residency of `adapter` on a pod from the engine's report and the routing history. `busy`:
-/// this proxy has requests in flight there, so the adapter it routed there last is probably in
-/// the batch although the engine's last report (up to a scrape interval old) may not list it.
+/// Residency of `adapter` on a pod from the engine's report and the routing history.
+/// `in_flight`: this proxy's requests in flight there; when there are some, the adapter it
+/// routed there last is probably in the batch although the engine's last report (up to a
+/// scrape interval old) may not list it.
 pub fn placement(
     adapter: &str,
     engine: Option<&LoraState>,
-    recent: &[String],
+    recent: &[Routed],
     home: bool,
-    busy: bool,
+    in_flight: u32,
 ) -> Placement {
     let slots = engine.map_or(0, |l| usize::from(l.max_loras));
     let listed =
         |a: &str| engine.is_some_and(|l| l.running.iter().chain(&l.waiting).any(|x| x == a));
-    let recent_loaded = || recent.iter().take(slots);
+    let recent_loaded = || recent.iter().take(slots).map(|r| r.adapter.as_str());
     let resident = listed(adapter) || recent_loaded().any(|a| a == adapter);
     let mut loaded: Vec<&str> = engine
         .map(|l| l.running.iter().map(String::as_str).collect())
         .unwrap_or_default();
     for a in recent_loaded() {
-        if !loaded.contains(&a.as_str()) {
+        if !loaded.contains(&a) {
             loaded.push(a);
         }
     }
@@ -263,9 +357,9 @@ pub fn placement(
     let mut batch: Vec<&str> = engine
         .map(|l| l.running.iter().map(String::as_str).collect())
         .unwrap_or_default();
-    if let Some(last) = recent.first().filter(|_| busy) {
-        if !batch.contains(&last.as_str()) {
-            batch.push(last);
+    if let Some(last) = recent.first().filter(|_| in_flight > 0) {
+        if !batch.contains(&last.adapter.as_str()) {
+            batch.push(&last.adapter);
         }
     }
     let blocked = slots > 0 && !batch.contains(&adapter) && batch.len() >= slots;
@@ -277,12 +371,30 @@ pub fn placement(
             .count(),
         None => 0,
     };
+    // This proxy's requests there for the batch adapter with the fewest (never more than it
+    // has there in all: a count a lost update left behind does not outlive the pod's load).
+    let cap = u16::try_from(in_flight).unwrap_or(u16::MAX);
+    let drain = if blocked {
+        batch
+            .iter()
+            .map(|b| {
+                recent
+                    .iter()
+                    .find(|r| r.adapter == *b)
+                    .map_or(0, |r| r.in_flight.min(cap))
+            })
+            .min()
+            .unwrap_or(0)
+    } else {
+        0
+    };
     Placement {
         home,
         resident,
         free_slot: engine.is_some() && loaded.len() < slots,
         blocked,
         slot_queue: u16::try_from(slot_queue).unwrap_or(u16::MAX),
+        drain,
     }
 }
 
@@ -291,6 +403,17 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::store::MemoryStore;
+
+    /// Recent adapters with no request in flight.
+    fn routed(names: &[&str]) -> Vec<Routed> {
+        names
+            .iter()
+            .map(|n| Routed {
+                adapter: n.to_string(),
+                in_flight: 0,
+            })
+            .collect()
+    }
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("adapter-{i}")).collect()
@@ -347,17 +470,17 @@ mod tests {
             max_loras: 2,
         };
         // Only "a" is active; the history says "b" and "c" were routed here last.
-        let recent = vec!["b".to_string(), "c".to_string(), "d".to_string()];
-        let p = placement("b", Some(&engine), &recent, false, false);
+        let recent = routed(&["b", "c", "d"]);
+        let p = placement("b", Some(&engine), &recent, false, 0);
         assert!(p.resident && !p.free_slot);
-        let p = placement("d", Some(&engine), &recent, true, false);
+        let p = placement("d", Some(&engine), &recent, true, 0);
         assert!(!p.resident && !p.free_slot && p.home);
         // Without history, one of two slots is free.
-        let p = placement("x", Some(&engine), &[], false, false);
+        let p = placement("x", Some(&engine), &[], false, 0);
         assert!(!p.resident && p.free_slot);
         // No LoRA information at all: nothing is known.
         assert_eq!(
-            placement("x", None, &recent, false, true),
+            placement("x", None, &recent, false, 1),
             Placement::default()
         );
     }
@@ -371,54 +494,88 @@ mod tests {
         };
         // Both slots run other adapters: a request for "c" waits, home or not.
         let full = two(&["a", "b"], &[]);
-        assert!(placement("c", Some(&full), &[], true, false).blocked);
+        assert!(placement("c", Some(&full), &[], true, 0).blocked);
         // An adapter of the batch joins it.
-        assert!(!placement("a", Some(&full), &[], false, false).blocked);
+        assert!(!placement("a", Some(&full), &[], false, 0).blocked);
         // One slot runs: free, unless this proxy just routed another adapter there.
         let one = two(&["a"], &[]);
-        let last = vec!["b".to_string()];
-        assert!(!placement("c", Some(&one), &last, false, false).blocked);
-        assert!(placement("c", Some(&one), &last, false, true).blocked);
-        assert!(!placement("b", Some(&one), &last, false, true).blocked);
+        let last = routed(&["b"]);
+        assert!(!placement("c", Some(&one), &last, false, 0).blocked);
+        assert!(placement("c", Some(&one), &last, false, 1).blocked);
+        assert!(!placement("b", Some(&one), &last, false, 1).blocked);
         // Waiting requests hold no slot.
-        assert!(!placement("c", Some(&two(&["a"], &["b"])), &[], false, false).blocked);
+        assert!(!placement("c", Some(&two(&["a"], &["b"])), &[], false, 0).blocked);
         // On a blocked pod, the other adapters waiting for a slot are ahead of this one; its
         // own waiting requests and the batch's are not.
         let queued = two(&["a", "b"], &["a", "d", "c", "e"]);
-        assert_eq!(
-            placement("c", Some(&queued), &[], true, false).slot_queue,
-            2
-        );
-        assert_eq!(
-            placement("a", Some(&queued), &[], true, false).slot_queue,
-            0
-        );
+        assert_eq!(placement("c", Some(&queued), &[], true, 0).slot_queue, 2);
+        assert_eq!(placement("a", Some(&queued), &[], true, 0).slot_queue, 0);
         // Unknown slots (no LoRA report, or max_loras 0): never blocked.
-        assert!(!placement("c", None, &last, false, true).blocked);
+        assert!(!placement("c", None, &last, false, 1).blocked);
         let unknown = LoraState {
             max_loras: 0,
             ..full.clone()
         };
-        assert!(!placement("c", Some(&unknown), &[], false, false).blocked);
+        assert!(!placement("c", Some(&unknown), &[], false, 0).blocked);
     }
 
     #[test]
-    fn recent_adapters_are_shared_and_written_only_when_they_change() {
+    fn recent_adapters_and_their_requests_in_flight_are_shared() {
         let s = MemoryStore::new();
-        note(&s, "p", "a:1", "x");
-        note(&s, "p", "a:1", "y");
-        note(&s, "p", "b:2", "x");
-        let before = s.get(&key("p")).unwrap().1;
-        note(&s, "p", "b:2", "x");
-        assert_eq!(s.get(&key("p")).unwrap().1, before, "no write for a repeat");
-        note(&s, "p", "a:1", "x");
+        note(&s, "p", "a:1", "x", true);
+        note(&s, "p", "a:1", "y", false);
+        note(&s, "p", "b:2", "x", true);
+        note(&s, "p", "a:1", "x", false);
+        let names = |r: &Recent, a: &str| -> Vec<(String, u16)> {
+            r.of(a)
+                .iter()
+                .map(|r| (r.adapter.clone(), r.in_flight))
+                .collect()
+        };
         let r = read(&s, "p");
-        assert_eq!(r.of("a:1"), ["x".to_string(), "y".to_string()]);
-        assert_eq!(r.of("b:2"), ["x".to_string()]);
+        assert_eq!(names(&r, "a:1"), [("x".into(), 2), ("y".into(), 1)]);
+        assert_eq!(names(&r, "b:2"), [("x".into(), 1)]);
         assert_eq!(Recent::decode(&r.encode()), r);
         for cut in 0..r.encode().len() {
             assert_eq!(Recent::decode(&r.encode()[..cut]), Recent::default());
         }
+        ended(&s, "p", "a:1", "x");
+        ended(&s, "p", "a:1", "y");
+        ended(&s, "p", "a:1", "y");
+        assert_eq!(
+            names(&read(&s, "p"), "a:1"),
+            [("x".into(), 1), ("y".into(), 0)]
+        );
+        // The pod idled (a stream's end was lost): its counts start again.
+        note(&s, "p", "a:1", "y", true);
+        assert_eq!(
+            names(&read(&s, "p"), "a:1"),
+            [("y".into(), 1), ("x".into(), 0)]
+        );
+    }
+
+    #[test]
+    fn a_slot_held_by_a_busier_adapter_frees_later() {
+        assert_eq!(drain_lives(0), 1.0);
+        let lives: Vec<f64> = (1..=10).map(drain_lives).collect();
+        assert!((lives[0] - 1.718).abs() < 1e-3, "{lives:?}");
+        assert!(lives.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(lives[7], lives[9], "capped");
+        let two = LoraState {
+            running: vec!["a".into(), "b".into()],
+            waiting: vec![],
+            max_loras: 2,
+        };
+        // Three of this proxy's requests for "a" there and one for "b": "b"'s slot frees first.
+        let mut recent = routed(&["a", "b"]);
+        recent[0].in_flight = 3;
+        recent[1].in_flight = 1;
+        assert_eq!(placement("c", Some(&two), &recent, false, 4).drain, 1);
+        // Never more than the proxy has there in all.
+        recent[1].in_flight = 9;
+        assert_eq!(placement("c", Some(&two), &recent, false, 2).drain, 2);
+        // Not blocked: no wait.
+        assert_eq!(placement("a", Some(&two), &recent, false, 4).drain, 0);
     }
 
     /// The one-pass selection gives the homes of a full sort by weight (ties to the lower

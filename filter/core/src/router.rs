@@ -217,6 +217,9 @@ pub struct Routed {
     /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
     /// when the pod was chosen on a guess of what it has cached ([`crate::prior`]).
     pub work_tokens: f64,
+    /// The LoRA adapter counted in flight on that pod ([`lora::note`]; report its end with
+    /// [`Router::adapter_ended`]).
+    pub adapter: Option<String>,
 }
 
 /// What a request's model name resolves to ([`Router::resolve`]).
@@ -411,6 +414,7 @@ impl Router {
                 inflight_pod: None,
                 pending_tokens: 0,
                 work_tokens: 0.0,
+                adapter: None,
             })))
         };
         let snap = &self.config.snapshot;
@@ -526,6 +530,12 @@ impl Router {
             life_ms: answer.life_ms,
         };
         inflight::finished_with(store, pool, pod, pending, end)
+    }
+
+    /// A request for LoRA adapter `adapter` that was counted on `pod` has ended
+    /// ([`Routed::adapter`]).
+    pub fn adapter_ended(&self, store: &impl SharedStore, pool: &str, pod: &str, adapter: &str) {
+        lora::ended(store, pool, pod, adapter);
     }
 
     /// The request was served by `served` although `chosen` was counted (an Envoy retry went to
@@ -740,7 +750,7 @@ fn candidates<'f, S: SharedStore>(
                 p.lora.as_ref(),
                 recent.of(&p.address),
                 home_of_adapter == Some(i),
-                l.in_flight > 0,
+                l.in_flight,
             ),
             None => Placement::default(),
         };
@@ -757,18 +767,18 @@ fn candidates<'f, S: SharedStore>(
                 } else {
                     pool.lora.stray_ms
                 };
-                // A blocked pod frees a slot when one adapter's requests there have all ended
-                // while its new ones keep joining ahead: one request life there, and one more
-                // for each adapter already waiting for a slot (the engine gives freed slots
-                // first come first served; a busy adapter's slot may not free at all, so the
-                // queue drains through one slot, not through all of them).
+                // A blocked pod frees a slot when one batch adapter's requests there have all
+                // ended while its new ones keep joining ahead: sooner for an adapter with few
+                // requests there than for one that keeps its slot busy
+                // ([`lora::drain_lives`]); then one request life more for each adapter already
+                // waiting for a slot (the engine gives freed slots first come first served).
                 let slot_wait = if placement.blocked {
                     let life = if l.life_ms > 0.0 {
                         f64::from(l.life_ms)
                     } else {
                         pool_life_ms
                     };
-                    life * (1.0 + f64::from(placement.slot_queue))
+                    life * (lora::drain_lives(placement.drain) + f64::from(placement.slot_queue))
                 } else {
                     0.0
                 };
@@ -1034,7 +1044,7 @@ fn account<S: SharedStore>(
             pending_tokens,
         );
         if let Some(a) = features.adapter {
-            lora::note(store, &pool.name, cand.address, a);
+            lora::note(store, &pool.name, cand.address, a, cand.in_flight == 0);
         }
     }
     Routed {
@@ -1054,6 +1064,7 @@ fn account<S: SharedStore>(
         inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
         pending_tokens,
         work_tokens,
+        adapter: chosen.and(features.adapter).map(str::to_string),
     }
 }
 

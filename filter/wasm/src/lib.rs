@@ -239,6 +239,9 @@ struct Routed {
     /// The status the serving pod answered with (0 until its response headers come): a run of
     /// server errors puts the pod behind the others.
     status: u16,
+    /// `(pod, adapter)`: the LoRA adapter counted in flight on the pod chosen for it (where it
+    /// stays counted if an Envoy retry served it elsewhere), uncounted at the end.
+    lora: Option<(String, String)>,
 }
 
 /// Where a routed request's token usage is counted, and the reader of its response body.
@@ -648,6 +651,9 @@ impl Http {
                 // Lost to contention: paid on the next tick rather than leaked.
                 w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
             }
+            if let Some((pod, adapter)) = &r.lora {
+                w.router.adapter_ended(&HostStore, &r.pool, pod, adapter);
+            }
         }
         if let Some(u) = self.usage.take() {
             let usage = u.scanner.usage();
@@ -984,6 +990,7 @@ fn apply(
         );
     }
     if let Some(pod) = routed.inflight_pod {
+        let lora = routed.adapter.map(|a| (pod.clone(), a));
         out.routed = Some(Routed {
             pool: routed.pool,
             pod,
@@ -993,6 +1000,7 @@ fn apply(
             observe: parsed.stream || kind == ApiKind::Embeddings,
             streamed: parsed.stream,
             status: 0,
+            lora,
         });
     }
     out
@@ -1183,6 +1191,10 @@ fn dispatch(w: &mut Worker, root: u32) {
                                 routed.pending_tokens,
                             ) {
                                 w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+                            }
+                            if let Some(adapter) = &routed.adapter {
+                                w.router
+                                    .adapter_ended(&HostStore, &routed.pool, pod, adapter);
                             }
                         }
                     }

@@ -5,7 +5,7 @@
 
 mod util;
 
-use proxy_wasm_host::{Action, HostError, LogLevel, Response};
+use proxy_wasm_host::{Action, Host, HostError, LogLevel, Response};
 use util::*;
 
 fn assert_routed(r: &proxy_wasm_host::Request) {
@@ -209,8 +209,25 @@ fn a_lora_adapter_goes_to_the_pod_that_has_it_loaded() {
             r.explain()
         );
         assert_eq!(r.upstream_header(CLUSTER).as_deref(), Some("pool_llama"));
+        // Counted in flight there for the adapter while it runs (what a blocked pod's slot
+        // wait is priced from), uncounted when it ends.
+        assert_eq!(adapter_in_flight(&host, "10.0.0.2:8000", "sql-lora"), 1);
         r.finish().unwrap();
+        assert_eq!(adapter_in_flight(&host, "10.0.0.2:8000", "sql-lora"), 0);
     }
+}
+
+/// This proxy's requests in flight on `addr` for `adapter` (the recent-adapter table).
+fn adapter_in_flight(host: &Host, addr: &str, adapter: &str) -> u16 {
+    let recent = host
+        .shared_data(&llm_router_core::lora::key("llama"))
+        .map(|(v, _)| llm_router_core::lora::Recent::decode(&v))
+        .unwrap_or_default();
+    recent
+        .of(addr)
+        .iter()
+        .find(|r| r.adapter == adapter)
+        .map_or(0, |r| r.in_flight)
 }
 
 #[test]

@@ -352,6 +352,81 @@ fn a_blocked_adapter_queues_where_fewest_adapters_wait_for_a_slot() {
     assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
 }
 
+/// Every pod's batch is full of other adapters, nobody waits for a slot; at the home this proxy
+/// has three requests in flight for each batch adapter, at the other pod one for one of them:
+/// that slot frees first (a busy adapter's slot frees only in a lull of its own traffic).
+#[test]
+fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
+    let r = router(CONFIG);
+    let addrs = ["10.0.0.1:8000", "10.0.0.2:8000"];
+    let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[2, 2])["sql-lora"];
+    let other = 1 - home;
+    let batch = |i: usize| {
+        if i == home {
+            ["hot-1", "hot-2"]
+        } else {
+            ["hot-3", "hot-4"]
+        }
+    };
+    let mut snap = snapshot();
+    snap.pools[0].pods = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut p = lora_pod(a, &batch(i));
+            if let Some(l) = p.lora.as_mut() {
+                l.max_loras = 2;
+            }
+            p
+        })
+        .collect();
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let decide = |counts: [[u16; 2]; 2]| {
+        let s = MemoryStore::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            // Requests there take about a second from routing to their last byte.
+            inflight::routed(&s, "llama", addr, 0);
+            r.finished_with_status(
+                &s,
+                "llama",
+                addr,
+                0,
+                Answer {
+                    status: 200,
+                    now_ms: 0,
+                    life_ms: Some(1000.0),
+                },
+            );
+            for (adapter, &n) in batch(i).iter().zip(&counts[i]) {
+                for _ in 0..n {
+                    inflight::routed(&s, "llama", addr, 0);
+                    crate::lora::note(&s, "llama", addr, adapter, false);
+                }
+            }
+        }
+        go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("sql-lora", "select 1"),
+            ctx(1100),
+        )
+        .unwrap()
+    };
+    let mut counts = [[0; 2]; 2];
+    // As busy everywhere: it stays home.
+    counts[home] = [1, 1];
+    counts[other] = [1, 1];
+    let out = decide(counts);
+    assert_eq!(out.endpoints[0], addrs[home], "{:?}", out.scores);
+    // The home's batch adapters keep their slots busy; one of the other pod's has one request
+    // (as many in flight on each pod).
+    counts[home] = [3, 3];
+    counts[other] = [1, 5];
+    let out = decide(counts);
+    assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
+}
+
 #[test]
 fn routed_adapters_are_remembered_per_pod() {
     let r = router(CONFIG);
@@ -359,7 +434,15 @@ fn routed_adapters_are_remembered_per_pod() {
     let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
     let out = go(&r, &s, Some(&fleet), &chat("sql-lora", "select"), ctx(1100)).unwrap();
     let recent = crate::lora::read(&s, "llama");
-    assert_eq!(recent.of(&out.endpoints[0]), ["sql-lora".to_string()]);
+    let counted = |recent: &crate::lora::Recent| -> Vec<(String, u16)> {
+        recent
+            .of(&out.endpoints[0])
+            .iter()
+            .map(|r| (r.adapter.clone(), r.in_flight))
+            .collect()
+    };
+    assert_eq!(counted(&recent), [("sql-lora".to_string(), 1)]);
+    assert_eq!(out.adapter.as_deref(), Some("sql-lora"));
     // Base-model requests leave no trace.
     go(
         &r,
@@ -370,6 +453,12 @@ fn routed_adapters_are_remembered_per_pod() {
     )
     .unwrap();
     assert_eq!(crate::lora::read(&s, "llama"), recent);
+    // Its end is counted too.
+    r.adapter_ended(&s, "llama", &out.endpoints[0], "sql-lora");
+    assert_eq!(
+        counted(&crate::lora::read(&s, "llama")),
+        [("sql-lora".to_string(), 0)]
+    );
 }
 
 #[test]

@@ -320,6 +320,7 @@ fn lora_placement_orders_home_loaded_free_then_the_rest() {
         free_slot,
         blocked: false,
         slot_queue: 0,
+        drain: 0,
     };
     let c = [
         Candidate {
