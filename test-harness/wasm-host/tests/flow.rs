@@ -43,6 +43,11 @@ fn stream_with(vm: &Vm, tag: &str, header: Option<(&str, &str)>) -> Request {
 
 /// One pod with 4 requests waiting in its engine: it takes one more, then is full.
 fn nearly_full_pod(host: &Host, vm: &Vm) {
+    one_pod(host, vm, 4);
+}
+
+/// One pod with `waiting` requests waiting in its engine (8 running, KV 10 %).
+fn one_pod(host: &Host, vm: &Vm, waiting: u32) {
     push_ok(
         vm,
         &snapshot(
@@ -52,7 +57,7 @@ fn nearly_full_pod(host: &Host, vm: &Vm) {
                 "llama",
                 "pool_llama",
                 &[LLAMA],
-                vec![pod(A, 4, 8, 0.1)],
+                vec![pod(A, waiting, 8, 0.1)],
             )],
         ),
     );
@@ -206,19 +211,7 @@ fn a_request_no_pod_is_predicted_to_answer_within_its_objective_is_refused_at_on
     let host = host();
     let vm = flow_vm(&host);
     // Two requests wait in the engine: room for more, but not for a first token within 1 ms.
-    push_ok(
-        &vm,
-        &snapshot(
-            &host,
-            1,
-            vec![pool(
-                "llama",
-                "pool_llama",
-                &[LLAMA],
-                vec![pod(A, 2, 8, 0.1)],
-            )],
-        ),
-    );
+    one_pod(&host, &vm, 2);
     let mut first = stream(&vm, "one");
     assert!(first.forwarded(), "{}", first.explain());
     let hurried = stream_with(&vm, "two", Some(("x-slo-ttft-ms", "1")));

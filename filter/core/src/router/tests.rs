@@ -217,6 +217,23 @@ fn an_adapter_goes_home_before_it_goes_where_it_is_loaded() {
 /// A pod whose batch runs `max_loras` other adapters makes the request wait for one of them to
 /// leave (vLLM schedules at most `max_loras` adapters per batch): the adapter goes where a slot
 /// is free or where it runs, even away from its home.
+/// One answered request on `addr` that took a second from routing to its last byte: the pod's
+/// learned request life (what a wait for a LoRA batch slot is priced in).
+fn answered_in_a_second(r: &Router, s: &MemoryStore, addr: &str) {
+    inflight::routed(s, "llama", addr, 0);
+    r.finished_with_status(
+        s,
+        "llama",
+        addr,
+        0,
+        Answer {
+            status: 200,
+            now_ms: 0,
+            life_ms: Some(1000.0),
+        },
+    );
+}
+
 #[test]
 fn an_adapter_does_not_wait_at_home_for_a_batch_slot() {
     let r = router(CONFIG);
@@ -246,18 +263,7 @@ fn an_adapter_does_not_wait_at_home_for_a_batch_slot() {
     let s = MemoryStore::new();
     // Requests there take about a second from routing to their last byte.
     for addr in addrs {
-        inflight::routed(&s, "llama", addr, 0);
-        r.finished_with_status(
-            &s,
-            "llama",
-            addr,
-            0,
-            Answer {
-                status: 200,
-                now_ms: 0,
-                life_ms: Some(1000.0),
-            },
-        );
+        answered_in_a_second(&r, &s, addr);
     }
     let out = go(
         &r,
@@ -322,18 +328,7 @@ fn a_blocked_adapter_queues_where_fewest_adapters_wait_for_a_slot() {
         let fleet = Fleet::new(snap, 1000, vec![], &r.config);
         let s = MemoryStore::new();
         for addr in addrs {
-            inflight::routed(&s, "llama", addr, 0);
-            r.finished_with_status(
-                &s,
-                "llama",
-                addr,
-                0,
-                Answer {
-                    status: 200,
-                    now_ms: 0,
-                    life_ms: Some(1000.0),
-                },
-            );
+            answered_in_a_second(&r, &s, addr);
         }
         go(
             &r,
@@ -385,18 +380,7 @@ fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
         let s = MemoryStore::new();
         for (i, addr) in addrs.iter().enumerate() {
             // Requests there take about a second from routing to their last byte.
-            inflight::routed(&s, "llama", addr, 0);
-            r.finished_with_status(
-                &s,
-                "llama",
-                addr,
-                0,
-                Answer {
-                    status: 200,
-                    now_ms: 0,
-                    life_ms: Some(1000.0),
-                },
-            );
+            answered_in_a_second(&r, &s, addr);
             for (adapter, &n) in batch(i).iter().zip(&counts[i]) {
                 for _ in 0..n {
                     inflight::routed(&s, "llama", addr, 0);
