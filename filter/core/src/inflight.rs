@@ -30,7 +30,7 @@
 //! does not decode reads as empty: the table is an estimate and heals itself.
 
 use crate::predict::Fit;
-use crate::store::{SharedStore, StoreError};
+use crate::store::SharedStore;
 use crate::wire::Reader;
 use std::collections::BTreeMap;
 
@@ -279,27 +279,14 @@ pub fn update(store: &impl SharedStore, pool: &str, change: impl FnMut(&mut Tabl
 fn update_from(
     store: &impl SharedStore,
     pool: &str,
-    mut first: Option<(Table, Option<u32>)>,
+    first: Option<(Table, Option<u32>)>,
     mut change: impl FnMut(&mut Table),
 ) -> bool {
-    let k = key(pool);
-    for _ in 0..32 {
-        let (mut table, cas) = match first.take() {
-            Some(read) => read,
-            None => match store.get(&k) {
-                Some((v, cas)) => (Table::decode(&v), Some(cas)),
-                None => (Table::default(), None),
-            },
-        };
-        change(&mut table);
+    crate::store::update(store, &key(pool), first, Table::decode, |table| {
+        change(table);
         table.tidy();
-        match store.set(&k, &table.encode(), cas) {
-            Ok(()) => return true,
-            Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Failed) => return false,
-        }
-    }
-    false
+        table.encode()
+    })
 }
 
 /// A request that brings `tokens` estimated tokens of prefill work was sent to `addr`.
@@ -542,7 +529,7 @@ pub fn snapshot_baseline(store: &impl SharedStore, pool: &str) {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::store::{MemoryStore, StoreError};
 
     #[test]
     fn counts_and_pending_work_go_up_and_down_and_idle_entries_vanish() {

@@ -32,7 +32,7 @@
 //! Recent-adapter table encoding (little-endian): `b'A' | version u8 = 2 | count u16 |
 //! (len u8 | address | n u8 | (len u8 | adapter | in_flight u16) * n) * count`.
 
-use crate::store::{SharedStore, StoreError};
+use crate::store::SharedStore;
 use crate::wire::Reader;
 use llm_router_snapshot::LoraState;
 use std::collections::HashMap;
@@ -221,20 +221,10 @@ pub fn read(store: &impl SharedStore, pool: &str) -> Recent {
 /// Applies `change` to the table with compare-and-swap, retrying a bounded number of times
 /// (a lost count would misprice a pod until it idles: see [`note`]).
 fn update(store: &impl SharedStore, pool: &str, mut change: impl FnMut(&mut Recent)) -> bool {
-    let k = key(pool);
-    for _ in 0..32 {
-        let (mut recent, cas) = match store.get(&k) {
-            Some((v, cas)) => (Recent::decode(&v), Some(cas)),
-            None => (Recent::default(), None),
-        };
-        change(&mut recent);
-        match store.set(&k, &recent.encode(), cas) {
-            Ok(()) => return true,
-            Err(StoreError::CasMismatch) => continue,
-            Err(StoreError::Failed) => return false,
-        }
-    }
-    false
+    crate::store::update(store, &key(pool), None, Recent::decode, |recent| {
+        change(recent);
+        recent.encode()
+    })
 }
 
 /// Notes that a request for `adapter` was routed to `addr`: the adapter becomes the pod's most

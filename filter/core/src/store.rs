@@ -24,6 +24,35 @@ pub trait SharedStore {
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
 }
 
+/// Read-modify-write of the value at `key` with compare-and-swap, retried (at most 32 times)
+/// while another worker wrote in between. `first`: a value already read in this request, with
+/// its CAS token (no read when nobody wrote since); `decode` reads a stored value (absent: the
+/// default); `change` edits it and returns the bytes to store. False when the host refused or
+/// the retries ran out.
+pub fn update<T: Default>(
+    store: &impl SharedStore,
+    key: &str,
+    mut first: Option<(T, Option<u32>)>,
+    decode: impl Fn(&[u8]) -> T,
+    mut change: impl FnMut(&mut T) -> Vec<u8>,
+) -> bool {
+    for _ in 0..32 {
+        let (mut value, cas) = match first.take() {
+            Some(read) => read,
+            None => match store.get(key) {
+                Some((v, cas)) => (decode(&v), Some(cas)),
+                None => (T::default(), None),
+            },
+        };
+        match store.set(key, &change(&mut value), cas) {
+            Ok(()) => return true,
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Failed) => return false,
+        }
+    }
+    false
+}
+
 /// An in-memory [`SharedStore`] with Envoy's CAS semantics, for tests and native use.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
