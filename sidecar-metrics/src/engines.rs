@@ -297,9 +297,19 @@ impl Acc {
                     .and_then(|m| m.trim().parse::<u32>().ok())
                     .unwrap_or(0)
                     .min(u32::from(u16::MAX - 1)) as u16;
+                let running = adapters(s.label("running_lora_adapters"));
+                let mut waiting = adapters(s.label("waiting_lora_adapters"));
+                // vLLM V1 (checked on 0.32) fills both labels from one table: the adapters
+                // whose requests have been scheduled and have not ended (a request waiting for
+                // a slot is in neither; fixture `vllm-0.32-cpu-local-lora-slot-wait.prom`).
+                // Equal lists say nothing about waiting: the filter learns the slot waiters
+                // from its own requests in flight.
+                if waiting == running {
+                    waiting.clear();
+                }
                 let state = LoraState {
-                    running: adapters(s.label("running_lora_adapters")),
-                    waiting: adapters(s.label("waiting_lora_adapters")),
+                    running,
+                    waiting,
                     max_loras: max,
                 };
                 self.vllm_lora = Some((v, state));

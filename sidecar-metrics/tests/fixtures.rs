@@ -88,6 +88,7 @@ fn every_fixture_is_covered_by_a_test() {
         "triton-trtllm-backend-readme-inflight-batcher.prom",
         "triton-trtllm-backend-readme-v1-model.prom",
         "trtllm-dynamo-docs-illustrative.prom",
+        "vllm-0.32-cpu-local-lora-slot-wait.prom",
         "vllm-design-doc-example-with-ellipsis.prom",
         "vllm-v0.2-aioprometheus-vllm-windows.prom",
         "vllm-v0.7-aibrix-runtime-doc.prom",
@@ -105,7 +106,7 @@ fn every_fixture_is_covered_by_a_test() {
 /// Sample count and bad lines of the raw parse, per fixture.
 #[test]
 fn raw_parse_of_every_fixture() {
-    let expect: [(&str, usize, &[usize]); 13] = [
+    let expect: [(&str, usize, &[usize]); 14] = [
         ("llamacpp-ik_llama-pr695-comment-partial.prom", 4, &[]),
         ("llamacpp-server-0c1e570-local-busy.prom", 15, &[]),
         ("llamacpp-server-0c1e570-local-idle.prom", 15, &[]),
@@ -125,6 +126,7 @@ fn raw_parse_of_every_fixture() {
             &[4, 8, 14],
         ),
         ("vllm-v0.2-aioprometheus-vllm-windows.prom", 7, &[]),
+        ("vllm-0.32-cpu-local-lora-slot-wait.prom", 433, &[]),
         ("vllm-v0.7-aibrix-runtime-doc.prom", 29, &[]),
         ("vllm-v1-grep-head40-llama-vllm-single.prom", 13, &[]),
     ];
@@ -200,6 +202,26 @@ fn vllm_v1_new_kv_name() {
     assert_eq!(m.models, vec!["llama-vllm-single"]);
     assert!(m.missing.is_empty());
     assert!(m.bad_lines.is_empty());
+}
+
+/// A real vLLM 0.32 (CPU build) with one adapter slot, scraped while two requests of `a0` ran
+/// and one of `a1` waited for the slot: the newest `lora_requests_info` series names `a0` in
+/// both lists (`a1` in neither; an older series from a1's earlier run names it): the batch is
+/// `a0`, and nothing is reported waiting.
+#[test]
+fn vllm_0_32_lists_only_scheduled_adapters_in_both_labels() {
+    let m = detailed("vllm-0.32-cpu-local-lora-slot-wait.prom").expect("usable");
+    assert_eq!(m.engine, Engine::Vllm);
+    assert_eq!((m.waiting, m.running), (1, 2));
+    assert_eq!((m.block_size, m.num_blocks), (128, 4096));
+    assert_eq!(
+        m.lora,
+        Some(LoraState {
+            running: vec!["a0".into()],
+            waiting: vec![],
+            max_loras: 1,
+        })
+    );
 }
 
 #[test]
