@@ -309,9 +309,10 @@ pub struct Placement {
     /// The engine's batch already runs requests of `max_loras` other adapters: the request would
     /// wait until one of them leaves.
     pub blocked: bool,
-    /// On a blocked pod, the other adapters already waiting there for a batch slot (the engine's
-    /// waiting adapters that are not in its batch): each takes the next slot that frees before
-    /// this request can, first come first served in the engine's queue.
+    /// On a blocked pod, the other adapters already waiting there for a batch slot ahead of this
+    /// request (the engine's waiting adapters that are not in its batch, where its report tells
+    /// them apart, and this proxy's own: see [`placement`]): each takes the next slot that
+    /// frees before this request can, first come first served in the engine's queue.
     pub slot_queue: u16,
     /// On a blocked pod, this proxy's requests in flight there for the batch adapter that has
     /// the fewest ([`drain_lives`]: how soon its slot frees).
@@ -319,9 +320,18 @@ pub struct Placement {
 }
 
 /// Residency of `adapter` on a pod from the engine's report and the routing history.
-/// `in_flight`: this proxy's requests in flight there; when there are some, the adapter it
-/// routed there last is probably in the batch although the engine's last report (up to a
-/// scrape interval old) may not list it.
+/// `in_flight`: this proxy's requests in flight there.
+///
+/// **The batch and the adapters waiting for a slot.** The engine's report is up to a scrape
+/// old, and vLLM V1 (checked on 0.32) learns of a request's arrival only with its first output:
+/// its `lora_requests_info` names, in both of its lists, the adapters whose requests have been
+/// scheduled and have not ended, so a request waiting for a slot appears in neither
+/// (`test-harness/fixtures/metrics/vllm-0.32-cpu-local-lora-slot-wait.prom`: `max_lora` 1, one
+/// request waiting, both lists `a0`). What the report cannot show, this proxy's own routing
+/// history does: its adapters with requests in flight on the pod (the one it routed there last
+/// counts while it has any request there) that the report does not list, oldest first, take the
+/// slots the report leaves free, and wait for one when none is left (vLLM gives a freed slot to
+/// the earliest request it skipped).
 pub fn placement(
     adapter: &str,
     engine: Option<&LoraState>,
@@ -342,24 +352,48 @@ pub fn placement(
             loaded.push(a);
         }
     }
-    // The adapters of the running batch: the engine's, and the one last routed here while this
-    // proxy still has requests there.
     let mut batch: Vec<&str> = engine
         .map(|l| l.running.iter().map(String::as_str).collect())
         .unwrap_or_default();
-    if let Some(last) = recent.first().filter(|_| in_flight > 0) {
-        if !batch.contains(&last.adapter.as_str()) {
-            batch.push(&last.adapter);
+    let mut waiters: Vec<&str> = Vec::new();
+    if in_flight > 0 {
+        let ours = recent
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(i, r)| *i == 0 || r.in_flight > 0)
+            .map(|(_, r)| r.adapter.as_str());
+        for a in ours {
+            if batch.contains(&a) || waiters.contains(&a) {
+                continue;
+            }
+            if batch.len() < slots {
+                batch.push(a);
+            } else {
+                waiters.push(a);
+            }
         }
     }
     let blocked = slots > 0 && !batch.contains(&adapter) && batch.len() >= slots;
-    let slot_queue = match engine.filter(|_| blocked) {
-        Some(l) => l
-            .waiting
+    // Ahead of this request for a slot: the adapters the engine reports waiting outside its
+    // batch (engines whose lists tell them apart), and this proxy's waiting adapters that
+    // started waiting before this one's (all of them for an adapter not yet waiting here).
+    let slot_queue = if blocked {
+        let reported = engine.map_or(0, |l| {
+            l.waiting
+                .iter()
+                .filter(|a| {
+                    *a != adapter && !batch.contains(&a.as_str()) && !waiters.contains(&a.as_str())
+                })
+                .count()
+        });
+        let ours = waiters
             .iter()
-            .filter(|a| *a != adapter && !batch.contains(&a.as_str()))
-            .count(),
-        None => 0,
+            .position(|a| *a == adapter)
+            .unwrap_or(waiters.len());
+        reported + ours
+    } else {
+        0
     };
     // This proxy's requests there for the batch adapter with the fewest (never more than it
     // has there in all: a count a lost update left behind does not outlive the pod's load).
@@ -507,6 +541,46 @@ mod tests {
             ..full.clone()
         };
         assert!(!placement("c", Some(&unknown), &[], false, 0).blocked);
+    }
+
+    /// vLLM V1 lists only adapters with a scheduled request, the same names in both lists: the
+    /// adapters waiting for a slot are this proxy's in flight there that the report does not
+    /// list, in the order they started waiting.
+    #[test]
+    fn adapters_waiting_for_a_slot_are_known_from_this_proxys_requests() {
+        let v1 = |names: &[&str]| LoraState {
+            running: names.iter().map(|s| s.to_string()).collect(),
+            waiting: names.iter().map(|s| s.to_string()).collect(),
+            max_loras: 2,
+        };
+        let full = v1(&["a", "b"]);
+        // Most recent first: "d", then "c" (both unlisted: waiting, "c" first), "a", "b".
+        let mut recent = routed(&["d", "c", "a", "b"]);
+        for (r, n) in recent.iter_mut().zip([1, 2, 3, 1]) {
+            r.in_flight = n;
+        }
+        let e = placement("e", Some(&full), &recent, false, 7);
+        assert!(e.blocked);
+        assert_eq!(e.slot_queue, 2, "c and d take the next slots before e");
+        let c = placement("c", Some(&full), &recent, false, 7);
+        assert!(c.blocked, "c is not in the batch: its requests wait");
+        assert_eq!(c.slot_queue, 0);
+        assert_eq!(placement("d", Some(&full), &recent, false, 7).slot_queue, 1);
+        assert!(!placement("a", Some(&full), &recent, false, 7).blocked);
+        // The drain is the batch's: "b" has one request here.
+        assert_eq!(e.drain, 1);
+        // A slot the report leaves free goes to the oldest of this proxy's unlisted adapters.
+        let one = v1(&["a"]);
+        let mut recent = routed(&["c", "b", "a"]);
+        for r in &mut recent {
+            r.in_flight = 1;
+        }
+        let d = placement("d", Some(&one), &recent, false, 3);
+        assert!(d.blocked);
+        assert_eq!(d.slot_queue, 1, "b took the free slot, c waits");
+        assert!(!placement("b", Some(&one), &recent, false, 3).blocked);
+        // Nothing of this proxy's there: only the report counts.
+        assert_eq!(placement("e", Some(&full), &recent, false, 0).slot_queue, 0);
     }
 
     #[test]

@@ -411,6 +411,59 @@ fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
     assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
 }
 
+/// vLLM V1 reports only adapters with a scheduled request (the same names in both of its
+/// lists): both pods' batches are full; at the home this proxy also has requests in flight for
+/// two adapters the report does not list, which wait there for a slot: the other pod frees one
+/// sooner.
+#[test]
+fn a_blocked_adapter_queues_where_fewest_of_this_proxys_adapters_wait_for_a_slot() {
+    let r = router(CONFIG);
+    let addrs = ["10.0.0.1:8000", "10.0.0.2:8000"];
+    let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[2, 2])["sql-lora"];
+    let other = 1 - home;
+    let mut snap = snapshot();
+    snap.pools[0].pods = addrs
+        .iter()
+        .map(|a| {
+            let mut p = lora_pod(a, &["hot-1", "hot-2"]);
+            if let Some(l) = p.lora.as_mut() {
+                l.max_loras = 2;
+                l.waiting = l.running.clone();
+            }
+            p
+        })
+        .collect();
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let decide = |home_waiters: &[&str]| {
+        let s = MemoryStore::new();
+        for (i, addr) in addrs.iter().enumerate() {
+            answered_in_a_second(&r, &s, addr);
+            let mut ours = vec!["hot-1", "hot-2"];
+            if i == home {
+                ours.extend_from_slice(home_waiters);
+            }
+            for adapter in ours {
+                inflight::routed(&s, "llama", addr, 0);
+                crate::lora::note(&s, "llama", addr, adapter, false);
+            }
+        }
+        go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("sql-lora", "select 1"),
+            ctx(1100),
+        )
+        .unwrap()
+    };
+    // Nobody waits for a slot: blocked everywhere, it stays home.
+    let out = decide(&[]);
+    assert_eq!(out.endpoints[0], addrs[home], "{:?}", out.scores);
+    // Two of this proxy's adapters wait at home, unseen by the engine's report.
+    let out = decide(&["cold-1", "cold-2"]);
+    assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
+}
+
 #[test]
 fn routed_adapters_are_remembered_per_pod() {
     let r = router(CONFIG);
