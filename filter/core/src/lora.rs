@@ -8,8 +8,9 @@
 //! homes depend only on the adapter names and the pod addresses, so every worker and every
 //! gateway replica computes the same ones without sharing state.
 //!
-//! **Residency.** vLLM's `lora_requests_info` lists only adapters with running or waiting
-//! requests, not the ones idle in their slots, so a pod whose slots are full of idle adapters
+//! **Residency.** vLLM's `lora_requests_info` lists only adapters with requests in the engine
+//! (V1: requests it has scheduled; see [`placement`]), not the ones idle in their slots, so a pod
+//! whose slots are full of idle adapters
 //! looks free. The filter therefore also remembers, per pod, the adapters it routed there most
 //! recently (shared by all workers): an adapter among a pod's last `max_loras` is probably still
 //! loaded, and a pod whose last `max_loras` distinct adapters fill its slots has no free one.
@@ -27,7 +28,8 @@
 //! busy ([`drain_lives`], from this proxy's requests in flight per pod and adapter, kept in the
 //! recent-adapter table), and the adapters already waiting there for a slot
 //! ([`Placement::slot_queue`]) are ahead of this one: vLLM's scheduler keeps the requests it
-//! skips for want of a slot in arrival order and gives a freed slot to the first of them.
+//! skips for want of a slot in arrival order and gives a freed slot to the first of them. vLLM V1
+//! does not report them; this proxy's own requests do ([`placement`]).
 //!
 //! Recent-adapter table encoding (little-endian): `b'A' | version u8 = 2 | count u16 |
 //! (len u8 | address | n u8 | (len u8 | adapter | in_flight u16) * n) * count`.
