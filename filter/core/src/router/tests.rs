@@ -347,6 +347,38 @@ fn a_blocked_adapter_queues_where_fewest_adapters_wait_for_a_slot() {
     assert_eq!(out.endpoints[0], addrs[other], "{:?}", out.scores);
 }
 
+/// A pool of LoRA pods at `addrs` with two batch slots each, pod `i` running `batch(i)`; `v1`:
+/// reported as vLLM V1 does (the same adapters in both lists).
+fn two_slot_fleet(
+    r: &Router,
+    addrs: &[&str],
+    batch: impl Fn(usize) -> [&'static str; 2],
+    v1: bool,
+) -> Fleet {
+    let mut snap = snapshot();
+    snap.pools[0].pods = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mut p = lora_pod(a, &batch(i));
+            if let Some(l) = p.lora.as_mut() {
+                l.max_loras = 2;
+                if v1 {
+                    l.waiting = l.running.clone();
+                }
+            }
+            p
+        })
+        .collect();
+    Fleet::new(snap, 1000, vec![], &r.config)
+}
+
+/// One of this proxy's requests for `adapter` in flight at `addr`.
+fn adapter_in_flight(s: &MemoryStore, addr: &str, adapter: &str) {
+    inflight::routed(s, "llama", addr, 0);
+    crate::lora::note(s, "llama", addr, adapter, false);
+}
+
 /// Every pod's batch is full of other adapters, nobody waits for a slot; at the home this proxy
 /// has three requests in flight for each batch adapter, at the other pod one for one of them:
 /// that slot frees first (a busy adapter's slot frees only in a lull of its own traffic).
@@ -363,19 +395,7 @@ fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
             ["hot-3", "hot-4"]
         }
     };
-    let mut snap = snapshot();
-    snap.pools[0].pods = addrs
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            let mut p = lora_pod(a, &batch(i));
-            if let Some(l) = p.lora.as_mut() {
-                l.max_loras = 2;
-            }
-            p
-        })
-        .collect();
-    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let fleet = two_slot_fleet(&r, &addrs, batch, false);
     let decide = |counts: [[u16; 2]; 2]| {
         let s = MemoryStore::new();
         for (i, addr) in addrs.iter().enumerate() {
@@ -383,8 +403,7 @@ fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
             answered_in_a_second(&r, &s, addr);
             for (adapter, &n) in batch(i).iter().zip(&counts[i]) {
                 for _ in 0..n {
-                    inflight::routed(&s, "llama", addr, 0);
-                    crate::lora::note(&s, "llama", addr, adapter, false);
+                    adapter_in_flight(&s, addr, adapter);
                 }
             }
         }
@@ -421,19 +440,7 @@ fn a_blocked_adapter_queues_where_fewest_of_this_proxys_adapters_wait_for_a_slot
     let addrs = ["10.0.0.1:8000", "10.0.0.2:8000"];
     let home = crate::lora::homes(&["sql-lora".to_string()], &addrs, &[2, 2])["sql-lora"];
     let other = 1 - home;
-    let mut snap = snapshot();
-    snap.pools[0].pods = addrs
-        .iter()
-        .map(|a| {
-            let mut p = lora_pod(a, &["hot-1", "hot-2"]);
-            if let Some(l) = p.lora.as_mut() {
-                l.max_loras = 2;
-                l.waiting = l.running.clone();
-            }
-            p
-        })
-        .collect();
-    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let fleet = two_slot_fleet(&r, &addrs, |_| ["hot-1", "hot-2"], true);
     let decide = |home_waiters: &[&str]| {
         let s = MemoryStore::new();
         for (i, addr) in addrs.iter().enumerate() {
@@ -443,8 +450,7 @@ fn a_blocked_adapter_queues_where_fewest_of_this_proxys_adapters_wait_for_a_slot
                 ours.extend_from_slice(home_waiters);
             }
             for adapter in ours {
-                inflight::routed(&s, "llama", addr, 0);
-                crate::lora::note(&s, "llama", addr, adapter, false);
+                adapter_in_flight(&s, addr, adapter);
             }
         }
         go(
