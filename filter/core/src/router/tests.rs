@@ -373,10 +373,19 @@ fn two_slot_fleet(
     Fleet::new(snap, 1000, vec![], &r.config)
 }
 
-/// One of this proxy's requests for `adapter` in flight at `addr`.
-fn adapter_in_flight(s: &MemoryStore, addr: &str, adapter: &str) {
-    inflight::routed(s, "llama", addr, 0);
-    crate::lora::note(s, "llama", addr, adapter, false);
+/// Routes a `sql-lora` request over `fleet` after this proxy has learned that requests at each
+/// pod of `addrs` take about a second and has `in_flight[i]` requests (one per name, repeats
+/// allowed) in flight at pod `i`.
+fn route_sql_lora(r: &Router, fleet: &Fleet, addrs: &[&str], in_flight: &[Vec<&str>]) -> Routed {
+    let s = MemoryStore::new();
+    for (addr, adapters) in addrs.iter().zip(in_flight) {
+        answered_in_a_second(r, &s, addr);
+        for adapter in adapters {
+            inflight::routed(&s, "llama", addr, 0);
+            crate::lora::note(&s, "llama", addr, adapter, false);
+        }
+    }
+    go(r, &s, Some(fleet), &chat("sql-lora", "select 1"), ctx(1100)).unwrap()
 }
 
 /// Every pod's batch is full of other adapters, nobody waits for a slot; at the home this proxy
@@ -396,25 +405,19 @@ fn a_blocked_adapter_queues_where_a_batch_slot_frees_first() {
         }
     };
     let fleet = two_slot_fleet(&r, &addrs, batch, false);
-    let decide = |counts: [[u16; 2]; 2]| {
-        let s = MemoryStore::new();
-        for (i, addr) in addrs.iter().enumerate() {
-            // Requests there take about a second from routing to their last byte.
-            answered_in_a_second(&r, &s, addr);
-            for (adapter, &n) in batch(i).iter().zip(&counts[i]) {
-                for _ in 0..n {
-                    adapter_in_flight(&s, addr, adapter);
-                }
-            }
-        }
-        go(
-            &r,
-            &s,
-            Some(&fleet),
-            &chat("sql-lora", "select 1"),
-            ctx(1100),
-        )
-        .unwrap()
+    // Requests there take about a second from routing to their last byte; `counts[i][j]` of
+    // this proxy's are in flight for pod `i`'s batch adapter `j`.
+    let decide = |counts: [[usize; 2]; 2]| {
+        let ours: Vec<Vec<&str>> = (0..2)
+            .map(|i| {
+                batch(i)
+                    .iter()
+                    .zip(counts[i])
+                    .flat_map(|(a, n)| std::iter::repeat_n(*a, n))
+                    .collect()
+            })
+            .collect();
+        route_sql_lora(&r, &fleet, &addrs, &ours)
     };
     let mut counts = [[0; 2]; 2];
     // As busy everywhere: it stays home.
@@ -442,25 +445,16 @@ fn a_blocked_adapter_queues_where_fewest_of_this_proxys_adapters_wait_for_a_slot
     let other = 1 - home;
     let fleet = two_slot_fleet(&r, &addrs, |_| ["hot-1", "hot-2"], true);
     let decide = |home_waiters: &[&str]| {
-        let s = MemoryStore::new();
-        for (i, addr) in addrs.iter().enumerate() {
-            answered_in_a_second(&r, &s, addr);
-            let mut ours = vec!["hot-1", "hot-2"];
-            if i == home {
-                ours.extend_from_slice(home_waiters);
-            }
-            for adapter in ours {
-                adapter_in_flight(&s, addr, adapter);
-            }
-        }
-        go(
-            &r,
-            &s,
-            Some(&fleet),
-            &chat("sql-lora", "select 1"),
-            ctx(1100),
-        )
-        .unwrap()
+        let ours: Vec<Vec<&str>> = (0..2)
+            .map(|i| {
+                let mut v = vec!["hot-1", "hot-2"];
+                if i == home {
+                    v.extend_from_slice(home_waiters);
+                }
+                v
+            })
+            .collect();
+        route_sql_lora(&r, &fleet, &addrs, &ours)
     };
     // Nobody waits for a slot: blocked everywhere, it stays home.
     let out = decide(&[]);
