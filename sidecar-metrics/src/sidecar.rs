@@ -365,6 +365,7 @@ impl Loop {
             block_size: m.map_or(0, |m| m.block_size),
             num_blocks: m.map_or(0, |m| m.num_blocks),
             lora: m.and_then(|m| m.lora.clone()),
+            peers: Default::default(),
         }
     }
 

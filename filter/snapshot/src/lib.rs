@@ -15,22 +15,34 @@
 //! pod      address str8 | engine u8 | health u8 | failures u16 | scraped_at_ms u64
 //!          | waiting u32 | running u32 | kv_bp u16 | block_size u32 | num_blocks u32
 //!          | max_loras u16 | running_adapters list8 | waiting_adapters list8
+//!          [ | peer_in_flight u32 | peer_pending_tokens u32 ]   (only with FLAG_PEER_WORK)
 //! str8     len u8 | UTF-8 bytes;  str16: len u16 | UTF-8 bytes;  list8: count u16 | str8 * count
 //! ```
 //! `kv_bp` is the KV-cache use in basis points (0..=10000), `0xFFFF` when the engine has no KV
 //! gauge. `max_loras = 0xFFFF` means "no LoRA information". `block_size`/`num_blocks` are 0 when
 //! unknown. Nothing may follow the last pool.
+//!
+//! Flags: [`FLAG_PEER_WORK`] (bit 0) says every pod carries the work *other* gateway replicas
+//! have in flight on it ([`PeerWork`], merged by a metrics hub from the replicas' [`tally`]s).
+//! A snapshot with no peer work sets no flag and is byte for byte what filters before the flag
+//! read, so a sidecar without a hub keeps working with them.
 
 use std::fmt;
 use std::net::SocketAddr;
 
 pub mod auth;
+pub mod tally;
 pub use auth::{check_secret, sign, verify, SignatureError, SIGNATURE_HEADER};
+pub use tally::{Tally, TallyPod, TallyPool};
 
 /// First bytes of every snapshot.
 pub const MAGIC: [u8; 4] = *b"LRSN";
 /// The format version this crate writes and reads.
 pub const VERSION: u16 = 1;
+/// Header flag: every pod carries [`PeerWork`].
+pub const FLAG_PEER_WORK: u16 = 0x0001;
+/// Every flag this build reads.
+const KNOWN_FLAGS: u16 = FLAG_PEER_WORK;
 /// Upper bounds that keep a hostile or corrupt snapshot from costing the proxy memory.
 pub const MAX_POOLS: usize = 256;
 /// Per pool.
@@ -170,6 +182,26 @@ pub struct LoraState {
     pub max_loras: u16,
 }
 
+/// Work that other gateway replicas have sent to a pod and that has not finished, as their
+/// tallies said when the hub last merged them (never this replica's own: the receiving sidecar
+/// leaves its own tally out). The engine's gauges count the same requests once it has them;
+/// these count them from the moment a replica routes them, and the prompt tokens still to
+/// prefill, which no gauge shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PeerWork {
+    /// Requests in flight from other replicas.
+    pub in_flight: u32,
+    /// Their estimated prompt tokens without a first response byte yet.
+    pub pending_tokens: u32,
+}
+
+impl PeerWork {
+    /// No work from other replicas.
+    pub fn is_none(&self) -> bool {
+        self.in_flight == 0 && self.pending_tokens == 0
+    }
+}
+
 /// The live state of one model-server pod.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pod {
@@ -193,6 +225,8 @@ pub struct Pod {
     pub num_blocks: u32,
     /// `None` when the engine reports nothing about LoRA.
     pub lora: Option<LoraState>,
+    /// Other gateway replicas' work in flight here (zero without a hub that merges tallies).
+    pub peers: PeerWork,
 }
 
 /// A group of interchangeable pods serving the same models, behind one Envoy cluster.
@@ -300,9 +334,14 @@ impl Snapshot {
         let mut w = Writer {
             out: Vec::with_capacity(64 + self.pools.len() * 256),
         };
+        let peer_work = self
+            .pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .any(|pod| !pod.peers.is_none());
         w.out.extend_from_slice(&MAGIC);
         w.u16(VERSION);
-        w.u16(0);
+        w.u16(if peer_work { FLAG_PEER_WORK } else { 0 });
         w.u64(self.generation);
         w.u64(self.created_ms);
         w.len16(self.pools.len(), "pools")?;
@@ -341,6 +380,10 @@ impl Snapshot {
                         w.list8(&l.waiting, "waiting adapters")?;
                     }
                 }
+                if peer_work {
+                    w.u32(pod.peers.in_flight);
+                    w.u32(pod.peers.pending_tokens);
+                }
             }
         }
         Ok(w.out)
@@ -357,9 +400,10 @@ impl Snapshot {
             return Err(DecodeError::UnsupportedVersion(version));
         }
         let flags = r.u16("flags")?;
-        if flags != 0 {
+        if flags & !KNOWN_FLAGS != 0 {
             return Err(DecodeError::UnsupportedFlags(flags));
         }
+        let peer_work = flags & FLAG_PEER_WORK != 0;
         let generation = r.u64("generation")?;
         let created_ms = r.u64("created_ms")?;
         let pool_count = r.count("pools", MAX_POOLS)?;
@@ -419,6 +463,14 @@ impl Snapshot {
                         max_loras,
                     })
                 };
+                let peers = if peer_work {
+                    PeerWork {
+                        in_flight: r.u32("peer in flight")?,
+                        pending_tokens: r.u32("peer pending tokens")?,
+                    }
+                } else {
+                    PeerWork::default()
+                };
                 pods.push(Pod {
                     address,
                     engine,
@@ -431,6 +483,7 @@ impl Snapshot {
                     block_size,
                     num_blocks,
                     lora,
+                    peers,
                 });
             }
             pools.push(Pool {
@@ -551,8 +604,8 @@ impl Snapshot {
     }
 }
 
-struct Writer {
-    out: Vec<u8>,
+pub(crate) struct Writer {
+    pub(crate) out: Vec<u8>,
 }
 
 impl Writer {
@@ -594,12 +647,22 @@ impl Writer {
     }
 }
 
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
+    fn end(&self) -> Result<(), DecodeError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes {
+                at: self.pos,
+                extra: self.buf.len() - self.pos,
+            })
+        }
+    }
     fn take(&mut self, n: usize, wanted: &'static str) -> Result<&'a [u8], DecodeError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
         match end.and_then(|e| self.buf.get(self.pos..e)) {

@@ -33,6 +33,7 @@ fn one_pod() -> Snapshot {
                     waiting: vec![],
                     max_loras: 4,
                 }),
+                peers: Default::default(),
             }],
         }],
     }
@@ -122,12 +123,19 @@ fn header_errors_say_what_is_wrong() {
     let e = Snapshot::decode(&b).unwrap_err();
     assert_eq!(e, DecodeError::UnsupportedVersion(2));
     assert!(e.to_string().contains("version 2"));
+    // Bit 0 is FLAG_PEER_WORK (then every pod carries 8 more bytes); the others are unknown.
     let mut b = ONE_POD_BYTES.to_vec();
-    b[6] = 1;
+    b[6] = 2;
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::UnsupportedFlags(1)
+        DecodeError::UnsupportedFlags(2)
     );
+    let mut b = ONE_POD_BYTES.to_vec();
+    b[6] = 1;
+    assert!(matches!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::Truncated { .. }
+    ));
 }
 
 #[test]

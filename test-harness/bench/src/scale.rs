@@ -227,6 +227,7 @@ fn pod(rng: &mut StdRng, address: String, adapters: &[String], now_ms: u64) -> P
         block_size: 16,
         num_blocks: [2048, 4096, 8192, 16384][rng.random_range(0..4)],
         lora,
+        peers: Default::default(),
     }
 }
 

@@ -49,6 +49,7 @@ fn fleet(n: usize, now_ms: u64) -> Snapshot {
                 waiting: vec![],
                 max_loras: 2,
             }),
+            peers: Default::default(),
         })
         .collect();
     Snapshot {

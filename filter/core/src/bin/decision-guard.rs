@@ -55,6 +55,7 @@ fn snapshot(pods: usize) -> Snapshot {
                 waiting: vec![],
                 max_loras: 2,
             }),
+            peers: Default::default(),
         })
         .collect();
     Snapshot {

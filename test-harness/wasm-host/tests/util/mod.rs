@@ -93,6 +93,7 @@ pub fn pod(addr: &str, waiting: u32, running: u32, kv: f32) -> Pod {
             waiting: vec![],
             max_loras: 0,
         }),
+        peers: Default::default(),
     }
 }
 

@@ -1,0 +1,338 @@
+//! A gateway replica's tally: the work it has in flight on each pod, the one definition shared by
+//! the filter (which serves it), the gateway sidecar (which reads it and sends it to the metrics
+//! hub) and the hub (which streams every replica's latest tally to every subscriber).
+//!
+//! Each replica knows its own requests exactly; the engines' gauges show the others' only once a
+//! scrape catches them, and never the prompt tokens still to prefill. With every replica's tally
+//! in the hub's frames, each gateway sidecar sums the *other* replicas' tallies into the
+//! snapshot it pushes ([`merge_peers`] → [`crate::Pod::peers`]); its own it leaves out, since
+//! its filter counts its own requests itself.
+//!
+//! # Wire format, version 1 (integers little-endian, strings as in the snapshot)
+//! ```text
+//! tally    magic "LRTL" (4) | version u16 = 1 | replica u64 | taken_ms u64 | pool_count u16
+//! pool     name str16 | pod_count u16 | pod * pod_count
+//! pod      address str8 | in_flight u32 | pending_tokens u32
+//! tallies  count u16 | (len u32 | tally) * count          (a hub frame's list)
+//! ```
+//! Only pods with work in flight are listed. `replica` is the sender's random id (0 in what the
+//! filter serves: the sidecar stamps its own); `taken_ms` when the filter's counts were read.
+
+use std::collections::HashMap;
+
+use crate::{DecodeError, EncodeError, Reader, Snapshot, Writer, MAX_PODS_PER_POOL, MAX_POOLS};
+
+/// First bytes of every tally.
+pub const TALLY_MAGIC: [u8; 4] = *b"LRTL";
+/// The tally format version this crate writes and reads.
+pub const TALLY_VERSION: u16 = 1;
+/// Most tallies in one list (gateway replicas a hub merges).
+pub const MAX_TALLIES: usize = 256;
+
+/// One pod's share of a replica's work.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TallyPod {
+    /// `ip:port` as in the snapshot.
+    pub address: String,
+    /// The replica's requests in flight to the pod.
+    pub in_flight: u32,
+    /// Their estimated prompt tokens without a first response byte yet.
+    pub pending_tokens: u32,
+}
+
+/// The pods of one pool with work from this replica.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TallyPool {
+    pub name: String,
+    pub pods: Vec<TallyPod>,
+}
+
+/// What one gateway replica has in flight.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tally {
+    /// The sending sidecar's id (random per process; 0 before it is stamped).
+    pub replica: u64,
+    /// Unix time (ms) when the counts were read from the proxy.
+    pub taken_ms: u64,
+    pub pools: Vec<TallyPool>,
+}
+
+impl Tally {
+    /// Serialises the tally.
+    pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
+        let mut w = Writer {
+            out: Vec::with_capacity(32 + self.pools.len() * 64),
+        };
+        self.write(&mut w)?;
+        Ok(w.out)
+    }
+
+    fn write(&self, w: &mut Writer) -> Result<(), EncodeError> {
+        if self.pools.len() > MAX_POOLS {
+            return Err(EncodeError(format!(
+                "too many pools in a tally: {}",
+                self.pools.len()
+            )));
+        }
+        w.out.extend_from_slice(&TALLY_MAGIC);
+        w.u16(TALLY_VERSION);
+        w.u64(self.replica);
+        w.u64(self.taken_ms);
+        w.len16(self.pools.len(), "tally pools")?;
+        for pool in &self.pools {
+            if pool.pods.len() > MAX_PODS_PER_POOL {
+                return Err(EncodeError(format!(
+                    "too many pods in tally pool {:?}: {}",
+                    pool.name,
+                    pool.pods.len()
+                )));
+            }
+            w.str16(&pool.name, "tally pool name")?;
+            w.len16(pool.pods.len(), "tally pods")?;
+            for pod in &pool.pods {
+                w.str8(&pod.address, "tally pod address")?;
+                w.u32(pod.in_flight);
+                w.u32(pod.pending_tokens);
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses bytes written by [`Tally::encode`]; nothing may follow.
+    pub fn decode(bytes: &[u8]) -> Result<Tally, DecodeError> {
+        let mut r = Reader { buf: bytes, pos: 0 };
+        let t = Tally::read(&mut r)?;
+        r.end()?;
+        Ok(t)
+    }
+
+    fn read(r: &mut Reader<'_>) -> Result<Tally, DecodeError> {
+        if r.take(4, "tally magic")? != TALLY_MAGIC {
+            return Err(DecodeError::Invalid(
+                "not a tally: magic bytes are not \"LRTL\"".into(),
+            ));
+        }
+        let version = r.u16("tally version")?;
+        if version != TALLY_VERSION {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        let replica = r.u64("replica")?;
+        let taken_ms = r.u64("taken_ms")?;
+        let pool_count = r.count("tally pools", MAX_POOLS)?;
+        let mut pools = Vec::with_capacity(pool_count);
+        for _ in 0..pool_count {
+            let name = r.str16("tally pool name")?;
+            let pod_count = r.count("tally pods", MAX_PODS_PER_POOL)?;
+            let mut pods = Vec::with_capacity(pod_count);
+            for _ in 0..pod_count {
+                pods.push(TallyPod {
+                    address: r.str8("tally pod address")?,
+                    in_flight: r.u32("tally in flight")?,
+                    pending_tokens: r.u32("tally pending tokens")?,
+                });
+            }
+            pools.push(TallyPool { name, pods });
+        }
+        Ok(Tally {
+            replica,
+            taken_ms,
+            pools,
+        })
+    }
+
+    /// Serialises a list of tallies (a hub frame's).
+    pub fn encode_all(tallies: &[Tally]) -> Result<Vec<u8>, EncodeError> {
+        if tallies.len() > MAX_TALLIES {
+            return Err(EncodeError(format!("too many tallies: {}", tallies.len())));
+        }
+        let mut w = Writer { out: Vec::new() };
+        w.len16(tallies.len(), "tallies")?;
+        for t in tallies {
+            let at = w.out.len();
+            w.u32(0);
+            t.write(&mut w)?;
+            let len = u32::try_from(w.out.len() - at - 4)
+                .map_err(|_| EncodeError("tally over 4 GiB".into()))?;
+            if let Some(slot) = w.out.get_mut(at..at + 4) {
+                slot.copy_from_slice(&len.to_le_bytes());
+            }
+        }
+        Ok(w.out)
+    }
+
+    /// Parses bytes written by [`Tally::encode_all`]; nothing may follow.
+    pub fn decode_all(bytes: &[u8]) -> Result<Vec<Tally>, DecodeError> {
+        let mut r = Reader { buf: bytes, pos: 0 };
+        let n = r.count("tallies", MAX_TALLIES)?;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let len = r.u32("tally length")? as usize;
+            let body = r.take(len, "tally")?;
+            out.push(Tally::decode(body)?);
+        }
+        r.end()?;
+        Ok(out)
+    }
+}
+
+/// Adds every tally but `own`'s to the pods of `snap` they name ([`crate::Pod::peers`], which
+/// start from zero): the other replicas' work, never this one's, which its filter counts itself.
+/// Pods or pools a tally names that the snapshot does not hold are ignored. Returns the oldest
+/// `taken_ms` among the tallies merged (`None` when none was).
+pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u64> {
+    for pod in snap.pools.iter_mut().flat_map(|p| p.pods.iter_mut()) {
+        pod.peers = crate::PeerWork::default();
+    }
+    let others: Vec<&Tally> = tallies.iter().filter(|t| t.replica != own).collect();
+    if others.is_empty() {
+        return None;
+    }
+    for pool in &mut snap.pools {
+        let index: HashMap<&str, usize> = pool
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.address.as_str(), i))
+            .collect();
+        let mut add: Vec<(usize, u32, u32)> = Vec::new();
+        for t in &others {
+            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
+                for pod in &tp.pods {
+                    if let Some(&i) = index.get(pod.address.as_str()) {
+                        add.push((i, pod.in_flight, pod.pending_tokens));
+                    }
+                }
+            }
+        }
+        for (i, n, tokens) in add {
+            if let Some(p) = pool.pods.get_mut(i) {
+                p.peers.in_flight = p.peers.in_flight.saturating_add(n);
+                p.peers.pending_tokens = p.peers.pending_tokens.saturating_add(tokens);
+            }
+        }
+    }
+    others.iter().map(|t| t.taken_ms).min()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::{PeerWork, Pod, Pool};
+
+    fn tally(replica: u64, taken_ms: u64, pods: &[(&str, u32, u32)]) -> Tally {
+        Tally {
+            replica,
+            taken_ms,
+            pools: vec![TallyPool {
+                name: "p".into(),
+                pods: pods
+                    .iter()
+                    .map(|&(a, n, t)| TallyPod {
+                        address: a.into(),
+                        in_flight: n,
+                        pending_tokens: t,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    fn snap() -> Snapshot {
+        let pod = |a: &str| Pod {
+            address: a.into(),
+            peers: PeerWork {
+                in_flight: 99,
+                pending_tokens: 99,
+            },
+            ..Pod::default()
+        };
+        Snapshot {
+            generation: 1,
+            created_ms: 1,
+            pools: vec![Pool {
+                name: "p".into(),
+                cluster: "c".into(),
+                models: vec!["m".into()],
+                pods: vec![pod("10.0.0.1:8000"), pod("10.0.0.2:8000")],
+            }],
+        }
+    }
+
+    #[test]
+    fn tallies_round_trip_alone_and_as_a_list() {
+        let a = tally(7, 1_000, &[("10.0.0.1:8000", 3, 4_096)]);
+        let b = tally(9, 1_010, &[]);
+        assert_eq!(Tally::decode(&a.encode().unwrap()).unwrap(), a);
+        let list = Tally::encode_all(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(Tally::decode_all(&list).unwrap(), vec![a.clone(), b]);
+        // Truncated, trailing or foreign bytes are refused, never half-read.
+        assert!(Tally::decode_all(&list[..list.len() - 1]).is_err());
+        let mut extra = a.encode().unwrap();
+        extra.push(0);
+        assert!(Tally::decode(&extra).is_err());
+        assert!(Tally::decode(b"LRSN\x01\x00").is_err());
+    }
+
+    #[test]
+    fn a_replicas_own_share_is_never_counted_and_the_others_add_up() {
+        let mut s = snap();
+        let oldest = merge_peers(
+            &mut s,
+            &[
+                tally(1, 500, &[("10.0.0.1:8000", 5, 5_000)]), // ours
+                tally(2, 480, &[("10.0.0.1:8000", 2, 1_000)]),
+                tally(
+                    3,
+                    490,
+                    &[("10.0.0.1:8000", 1, 300), ("10.0.0.9:8000", 4, 4)],
+                ),
+            ],
+            1,
+        );
+        let pods = &s.pools[0].pods;
+        assert_eq!(
+            pods[0].peers,
+            PeerWork {
+                in_flight: 3,
+                pending_tokens: 1_300
+            }
+        );
+        // Stale values are replaced, not added to; an unknown pod is ignored.
+        assert_eq!(pods[1].peers, PeerWork::default());
+        assert_eq!(oldest, Some(480));
+        // Only our own tally: nothing from peers.
+        let mut s = snap();
+        assert_eq!(
+            merge_peers(&mut s, &[tally(1, 5, &[("10.0.0.1:8000", 5, 5)])], 1),
+            None
+        );
+        assert!(s.pools[0].pods.iter().all(|p| p.peers.is_none()));
+    }
+
+    #[test]
+    fn peer_work_travels_in_the_snapshot_only_when_there_is_some() {
+        let mut s = snap();
+        merge_peers(&mut s, &[], 1);
+        let plain = s.encode().unwrap();
+        assert_eq!(u16::from_le_bytes([plain[6], plain[7]]), 0, "no flag");
+        merge_peers(&mut s, &[tally(2, 5, &[("10.0.0.2:8000", 2, 77)])], 1);
+        let with = s.encode().unwrap();
+        assert_eq!(
+            u16::from_le_bytes([with[6], with[7]]),
+            crate::FLAG_PEER_WORK
+        );
+        assert_eq!(with.len(), plain.len() + 2 * 8);
+        let back = Snapshot::decode(&with).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.pools[0].pods[1].peers.pending_tokens, 77);
+        assert!(!back.same_state(&Snapshot::decode(&plain).unwrap()));
+        // A flag this build does not know is still refused.
+        let mut odd = with.clone();
+        odd[6] |= 0x02;
+        assert!(matches!(
+            Snapshot::decode(&odd),
+            Err(DecodeError::UnsupportedFlags(_))
+        ));
+    }
+}
