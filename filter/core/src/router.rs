@@ -794,6 +794,8 @@ fn candidates<'f, S: SharedStore>(
             in_flight: l.in_flight,
             in_flight_baseline: if full { b.in_flight } else { 0 },
             pending_tokens: l.pending_tokens,
+            peer_in_flight: if full { p.peers.in_flight } else { 0 },
+            peer_pending_tokens: if full { p.peers.pending_tokens } else { 0 },
             rate: r.unwrap_or(pool_rate),
             prefix_blocks: found.blocks_for(id),
             lora: placement,

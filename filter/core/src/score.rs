@@ -139,6 +139,11 @@ pub struct Candidate<'a> {
     pub in_flight_baseline: u32,
     /// Estimated prompt tokens this proxy sent there that have no first response byte yet.
     pub pending_tokens: u32,
+    /// Other gateway replicas' requests in flight there, and their prompt tokens without a
+    /// first byte yet, as a metrics hub merged their tallies (`Pod::peers`; 0 without a hub,
+    /// and with a stale snapshot). Tens of ms old at most; this proxy's own never included.
+    pub peer_in_flight: u32,
+    pub peer_pending_tokens: u32,
     /// The pod's prefill rate: its own learned one, or the pool's.
     pub rate: Rate,
     /// Leading prompt blocks the pod probably has cached.
@@ -168,19 +173,22 @@ impl Candidate<'_> {
         (i64::from(self.waiting) + self.delta()).max(0) as f64
     }
 
-    /// Running + waiting, corrected the same way, and never below this proxy's own requests
-    /// in flight there (which the engine holds, whatever it reports).
+    /// Running + waiting, corrected the same way, and never below the requests every gateway
+    /// replica has in flight there (which the engine holds, whatever it reported earlier).
     pub fn est_load(&self) -> f64 {
         let reported = (i64::from(self.waiting) + i64::from(self.running) + self.delta()).max(0);
-        reported.max(i64::from(self.in_flight)) as f64
+        let known = i64::from(self.in_flight) + i64::from(self.peer_in_flight);
+        reported.max(known) as f64
     }
 
-    /// Prefill work queued on the pod, in tokens: this proxy's pending prompts, or the engine's
-    /// waiting requests at the pool's mean prompt size when that is more (other proxies' work).
+    /// Prefill work queued on the pod, in tokens: the pending prompts of this proxy and of the
+    /// other replicas that report to a hub, or the engine's waiting requests at the pool's mean
+    /// prompt size when that is more (work of proxies that report nothing).
     pub fn queued_tokens(&self, f: &Features<'_>, mode: Mode) -> f64 {
         let own = f64::from(self.pending_tokens);
         match mode {
-            Mode::Full => own.max(self.est_waiting() * f.mean_prefill_tokens),
+            Mode::Full => (own + f64::from(self.peer_pending_tokens))
+                .max(self.est_waiting() * f.mean_prefill_tokens),
             Mode::LeastInflight => own,
         }
     }

@@ -89,7 +89,8 @@ pub fn kv_fits(kv_bound: f64, c: &Candidate<'_>, room: PodRoom, f: &Features<'_>
     match (c.kv_usage, room.kv_capacity_tokens) {
         // Pending work waiting for adapter slots fills no KV until it runs: the gauge alone.
         (Some(kv), cap) if cap > 0 && !room.adapter_slots => {
-            let added = (f64::from(c.pending_tokens) + uncached) / cap as f64;
+            let pending = f64::from(c.pending_tokens) + f64::from(c.peer_pending_tokens);
+            let added = (pending + uncached) / cap as f64;
             // A pod with nothing of this proxy's queued takes one request however large (else
             // a prompt bigger than the free KV would never go).
             f64::from(kv) + added <= kv_bound || (queued <= 0.0 && f64::from(kv) < kv_bound)
@@ -174,6 +175,8 @@ mod tests {
             in_flight: 0,
             in_flight_baseline: 0,
             pending_tokens: pending,
+            peer_in_flight: 0,
+            peer_pending_tokens: 0,
             rate: Rate {
                 cost_ms_per_token: 0.2,
                 base_ms: 30.0,

@@ -10,7 +10,7 @@
 use super::*;
 use crate::request::{parse, ApiKind};
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, LoraState, Pod, Pool};
+use llm_router_snapshot::{Engine, LoraState, PeerWork, Pod, Pool};
 
 const CONFIG: &str = r#"{
   "pools": [
@@ -723,6 +723,43 @@ fn a_burst_between_snapshots_spreads_over_pods() {
         per_pod.values().all(|&n| (8..=12).contains(&n)),
         "{per_pod:?}"
     );
+}
+
+#[test]
+fn work_other_replicas_sent_counts_before_the_engine_reports_it() {
+    // Three idle pods as the last scrape saw them; another gateway replica has just sent two
+    // long prompts to the first (the hub's merged tallies): no pick goes there while the others
+    // are free, whatever the tie-breaking bits.
+    let r = router(CONFIG);
+    let mut snap = snapshot();
+    for p in &mut snap.pools[0].pods {
+        *p = pod(&p.address, 0, 0.2);
+    }
+    snap.pools[0].pods[0].peers = PeerWork {
+        in_flight: 2,
+        pending_tokens: 6_000,
+    };
+    let fleet = Fleet::new(snap, 1000, vec![], &r.config);
+    let prompt = "a question about a long report ".repeat(60);
+    for tie in 0..24 {
+        // A fresh store each time: this proxy has nothing in flight.
+        let out = go(
+            &r,
+            &MemoryStore::new(),
+            Some(&fleet),
+            &chat(
+                "meta-llama/Llama-3.1-8B-Instruct",
+                &format!("{tie} {prompt}"),
+            ),
+            Context { tie, ..ctx(1100) },
+        )
+        .unwrap();
+        assert_ne!(
+            out.endpoints[0], "10.0.0.1:8000",
+            "tie {tie}: {:?}",
+            out.scores
+        );
+    }
 }
 
 #[test]

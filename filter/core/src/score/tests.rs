@@ -37,6 +37,8 @@ fn pod(address: &str) -> Candidate<'_> {
         in_flight: 0,
         in_flight_baseline: 0,
         pending_tokens: 0,
+        peer_in_flight: 0,
+        peer_pending_tokens: 0,
         rate: PRIOR,
         prefix_blocks: 0,
         lora: Placement::default(),
