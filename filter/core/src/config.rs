@@ -168,8 +168,12 @@ pub enum OnMissing {
 pub struct SnapshotConfig {
     pub push_path: String,
     pub state_path: String,
-    /// This filter instance serves `push_path` and `state_path` (meant for the instance on a
-    /// loopback-bound internal listener). Off (the default), both paths answer 404.
+    /// Where the sidecar reads this proxy's tally (`llm_router_snapshot::Tally`: its requests
+    /// in flight and pending prompt tokens per pod), which it sends to a metrics hub so other
+    /// gateway replicas count this one's work.
+    pub tally_path: String,
+    /// This filter instance serves `push_path`, `state_path` and `tally_path` (meant for the
+    /// instance on a loopback-bound internal listener). Off (the default), they answer 404.
     pub endpoints: bool,
     /// The HMAC-SHA256 key pushes are signed with; required when `endpoints` is on. From
     /// `secret`, or read from the environment variable `secret_env` names at load time.
@@ -646,6 +650,7 @@ struct RawPrefix {
 struct RawSnapshot {
     push_path: Option<String>,
     state_path: Option<String>,
+    tally_path: Option<String>,
     endpoints: Option<bool>,
     secret: Option<String>,
     /// The name of an environment variable holding the secret (Envoy passes it into the VM with
@@ -877,6 +882,7 @@ impl Config {
             snapshot: SnapshotConfig {
                 push_path: "/__llm_router/snapshot".into(),
                 state_path: "/__llm_router/state".into(),
+                tally_path: "/__llm_router/tally".into(),
                 endpoints: false,
                 secret: String::new(),
                 stale_after_ms: 3000,
@@ -1007,9 +1013,11 @@ impl Config {
         let path_ok = |p: &str| p.starts_with('/') && !p.contains(['?', '#', ' ']);
         let push_path = s.push_path.unwrap_or(base.snapshot.push_path.clone());
         let state_path = s.state_path.unwrap_or(base.snapshot.state_path.clone());
+        let tally_path = s.tally_path.unwrap_or(base.snapshot.tally_path.clone());
         for (name, p) in [
             ("snapshot.push_path", &push_path),
             ("snapshot.state_path", &state_path),
+            ("snapshot.tally_path", &tally_path),
         ] {
             if !path_ok(p) {
                 return err(format!(
@@ -1104,6 +1112,7 @@ impl Config {
         let snapshot = SnapshotConfig {
             push_path,
             state_path,
+            tally_path,
             endpoints,
             secret,
             stale_after_ms,

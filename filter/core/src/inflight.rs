@@ -250,6 +250,38 @@ pub fn read(store: &impl SharedStore, pool: &str) -> Table {
         .unwrap_or_default()
 }
 
+/// This proxy's tally for a metrics hub: per pool of `pools`, the pods with requests in flight
+/// or prompt tokens pending (`replica` 0: the sidecar that sends it stamps its own id). Every
+/// Envoy worker writes the same shared tables, so this is the whole proxy's work.
+pub fn tally<'a>(
+    store: &impl SharedStore,
+    pools: impl IntoIterator<Item = &'a str>,
+    now_ms: u64,
+) -> llm_router_snapshot::Tally {
+    let pools = pools
+        .into_iter()
+        .map(|name| llm_router_snapshot::TallyPool {
+            name: name.to_string(),
+            pods: read(store, name)
+                .entries
+                .into_iter()
+                .filter(|(_, l)| l.in_flight > 0 || l.pending_tokens > 0)
+                .map(|(address, l)| llm_router_snapshot::TallyPod {
+                    address,
+                    in_flight: l.in_flight,
+                    pending_tokens: l.pending_tokens,
+                })
+                .collect(),
+        })
+        .filter(|p| !p.pods.is_empty())
+        .collect();
+    llm_router_snapshot::Tally {
+        replica: 0,
+        taken_ms: now_ms,
+        pools,
+    }
+}
+
 /// Reads a pool's live table with its compare-and-swap token, for a later
 /// [`routed_after_read`] that writes without reading the key again.
 pub fn read_for_update(store: &impl SharedStore, pool: &str) -> (Table, Option<u32>) {
@@ -552,6 +584,29 @@ mod tests {
         assert_eq!(t.entries, vec![]);
         assert!(t.mean_prefill_tokens > 50.0 && t.mean_prefill_tokens < 300.0);
         assert_eq!(read(&s, "other").entries, vec![]);
+    }
+
+    #[test]
+    fn the_tally_lists_the_pods_with_work_in_flight_and_nothing_else() {
+        let s = MemoryStore::new();
+        routed(&s, "p", "10.0.0.1:8000", 100);
+        routed(&s, "p", "10.0.0.1:8000", 300);
+        routed(&s, "p", "10.0.0.2:8000", 50);
+        first_byte(&s, "p", "10.0.0.2:8000", 50, Some((50.0, 20.0)));
+        routed(&s, "q", "10.0.1.1:8000", 7);
+        finished(&s, "q", "10.0.1.1:8000", 7); // ended: only its learned fit stays
+        let t = tally(&s, ["p", "q", "absent"], 1_234);
+        assert_eq!((t.replica, t.taken_ms), (0, 1_234));
+        assert_eq!(t.pools.len(), 1, "pools without work are left out");
+        let pods: Vec<(&str, u32, u32)> = t.pools[0]
+            .pods
+            .iter()
+            .map(|p| (p.address.as_str(), p.in_flight, p.pending_tokens))
+            .collect();
+        assert_eq!(
+            pods,
+            vec![("10.0.0.1:8000", 2, 400), ("10.0.0.2:8000", 1, 0)]
+        );
     }
 
     #[test]

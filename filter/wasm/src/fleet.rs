@@ -181,6 +181,22 @@ impl Cache {
     }
 }
 
+/// The bytes for `GET /__llm_router/tally`: this proxy's work in flight in the pools of the
+/// current snapshot ([`inflight::tally`]); an empty tally before any snapshot.
+pub fn tally_bytes(store: &impl SharedStore, now_ms: u64) -> Vec<u8> {
+    let snap = store
+        .get(SNAPSHOT_KEY)
+        .and_then(|(v, _)| Snapshot::decode(&v).ok());
+    let names = snap
+        .iter()
+        .flat_map(|s| s.pools.iter())
+        .map(|p| p.name.as_str());
+    // Bounded by the snapshot's own limits, so encoding cannot fail; empty if it ever did.
+    inflight::tally(store, names, now_ms)
+        .encode()
+        .unwrap_or_default()
+}
+
 /// JSON for `GET /__llm_router/state`: the snapshot summary and live in-flight counts.
 pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
     let meta = Meta::read(store);
@@ -205,6 +221,8 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
                     "kv_usage": pod.kv_usage,
                     "lora_running": pod.lora.as_ref().map(|l| &l.running),
                     "in_flight": live.in_flight(&pod.address),
+                    "peer_in_flight": pod.peers.in_flight,
+                    "peer_pending_tokens": pod.peers.pending_tokens,
                     "pending_tokens": live.get(&pod.address).pending_tokens,
                     "prefill_ms_per_token": live.get(&pod.address).fit.rate().map(|r| r.cost_ms_per_token),
                     "base_ms": live.get(&pod.address).fit.rate().map(|r| r.base_ms),

@@ -690,10 +690,11 @@ impl HttpContext for Http {
         let path = headers.get(":path").unwrap_or_default();
         let path = path.split('?').next().unwrap_or_default();
         let (is_push, is_state) = (path == c.snapshot.push_path, path == c.snapshot.state_path);
+        let is_tally = path == c.snapshot.tally_path;
         let (endpoints, max_body) = (c.snapshot.endpoints, c.max_body_bytes);
         drop(w);
         let method = headers.get(":method").unwrap_or_default();
-        if is_push || is_state {
+        if is_push || is_state || is_tally {
             if !endpoints {
                 // Not this listener's business: the endpoints live on the internal listener.
                 return self.answer(404, NOT_FOUND);
@@ -701,6 +702,19 @@ impl HttpContext for Http {
             if is_state {
                 let json = fleet::state_json(&HostStore, host::now_ms());
                 return self.answer(200, &json);
+            }
+            if is_tally {
+                let bytes = fleet::tally_bytes(&HostStore, host::now_ms());
+                host::send_response(
+                    200,
+                    &[
+                        ("content-type", "application/x-llm-router-tally"),
+                        ("cache-control", "no-store"),
+                    ],
+                    &bytes,
+                );
+                self.kind = Kind::Done;
+                return Action::Pause;
             }
             if method != "POST" {
                 return self.forbid_push(&format!("method {method}, not POST"));

@@ -1327,6 +1327,69 @@ fn without_snapshot_endpoints_the_paths_are_404_and_instances_share_the_snapshot
 }
 
 #[test]
+fn the_tally_serves_this_proxys_work_and_the_state_shows_the_other_replicas() {
+    let host = host();
+    let public = host.vm(&public_config()).unwrap();
+    let internal = host.vm(&internal_config()).unwrap();
+    let mut busy = pod("10.0.0.7:8000", 0, 0, 0.1);
+    busy.peers = llm_router_snapshot::PeerWork {
+        in_flight: 3,
+        pending_tokens: 2_500,
+    };
+    let bytes = snapshot(
+        &host,
+        5,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![busy, pod("10.0.0.8:8000", 0, 0, 0.1)],
+        )],
+    );
+    push_ok(&internal, &bytes);
+    // Two requests in flight on this proxy (the public instance's streams, unfinished).
+    let a = chat(&public, LLAMA, &"a long question ".repeat(40));
+    let b = chat(&public, LLAMA, "hello");
+    assert_routed(&a);
+    assert_routed(&b);
+    let mut t = tally_request(&internal);
+    t.send().unwrap();
+    let lr = t
+        .local_response()
+        .expect("the tally is answered by the filter");
+    assert_eq!(lr.status, 200, "{}", t.explain());
+    let tally = llm_router_snapshot::Tally::decode(&lr.body).expect("a tally");
+    assert_eq!(tally.replica, 0, "the sidecar stamps its own id");
+    let mut listed: Vec<(String, u32)> = tally
+        .pools
+        .iter()
+        .flat_map(|p| p.pods.iter().map(|q| (q.address.clone(), q.in_flight)))
+        .collect();
+    listed.sort();
+    let mut expected = inflight(&host, "llama");
+    expected.retain(|(_, n)| *n > 0);
+    expected.sort();
+    assert_eq!(listed, expected, "the tally is the shared in-flight table");
+    assert_eq!(listed.iter().map(|(_, n)| n).sum::<u32>(), 2);
+    assert!(tally.pools[0].pods.iter().any(|p| p.pending_tokens > 0));
+    // The other replicas' work, as the hub merged it, is on the state page.
+    let mut s = state_request(&internal);
+    s.send().unwrap();
+    let state = json_of(&s);
+    let pods = state["pools"][0]["pods"].as_array().cloned().unwrap();
+    let busy = pods
+        .iter()
+        .find(|p| p["address"] == "10.0.0.7:8000")
+        .unwrap();
+    assert_eq!(busy["peer_in_flight"], 3);
+    assert_eq!(busy["peer_pending_tokens"], 2_500);
+    // The public instance keeps the path closed.
+    let mut closed = tally_request(&public);
+    closed.send().unwrap();
+    assert_eq!(closed.local_response().map(|l| l.status), Some(404));
+}
+
+#[test]
 fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot() {
     let host = host();
     let vm = vm(&host);

@@ -8,6 +8,7 @@ use proxy_wasm_host::{Host, Request, Vm};
 pub const SECRET: &str = "wasm-host-test-secret-0123456789abcdef";
 pub const PUSH_PATH: &str = "/__llm_router/snapshot";
 pub const STATE_PATH: &str = "/__llm_router/state";
+pub const TALLY_PATH: &str = "/__llm_router/tally";
 pub const LLAMA: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub const ENDPOINT: &str = "x-gateway-destination-endpoint";
 pub const CLUSTER: &str = "x-llm-router-cluster";
@@ -160,6 +161,14 @@ pub fn push_signed(vm: &Vm, bytes: &[u8], signature: Option<&str>) -> Request {
 pub fn state_request(vm: &Vm) -> Request {
     let mut r = vm.request();
     r.headers(&[(":method", "GET"), (":path", STATE_PATH)])
+        .property("source.address", "127.0.0.1:5000");
+    r
+}
+
+/// `GET` on the tally path.
+pub fn tally_request(vm: &Vm) -> Request {
+    let mut r = vm.request();
+    r.headers(&[(":method", "GET"), (":path", TALLY_PATH)])
         .property("source.address", "127.0.0.1:5000");
     r
 }
