@@ -303,6 +303,7 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         push: PushConfig {
             address: push.to_string(),
             path: "/__llm_router/snapshot".into(),
+            tally_path: "/__llm_router/tally".into(),
             secret: Some("bench-secret-0123456789abcdef-0123456789".into()),
             secret_env: None,
             secret_file: None,

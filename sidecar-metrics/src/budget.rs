@@ -29,6 +29,9 @@ const HEADER_BYTES: usize = 4 + 2 + 2 + 8 + 8 + 2;
 /// the two list counts.
 const POD_FIXED_BYTES: usize = 1 + 1 + 1 + 2 + 8 + 4 + 4 + 2 + 4 + 4 + 2 + 2 + 2;
 
+/// Bytes each pod carries more when any pod has other replicas' work (`FLAG_PEER_WORK`).
+const PEER_WORK_BYTES: usize = 4 + 4;
+
 /// The budgets in force.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -106,7 +109,13 @@ fn pool_bytes(p: &Pool) -> usize {
 
 /// Exactly `snap.encode()?.len()` for an encodable snapshot, without encoding it.
 pub fn encoded_len(snap: &Snapshot) -> usize {
-    HEADER_BYTES + snap.pools.iter().map(pool_bytes).sum::<usize>()
+    let pods = snap.pools.iter().flat_map(|p| &p.pods);
+    let peer_work = if pods.clone().any(|p| !p.peers.is_none()) {
+        PEER_WORK_BYTES * pods.count()
+    } else {
+        0
+    };
+    HEADER_BYTES + snap.pools.iter().map(pool_bytes).sum::<usize>() + peer_work
 }
 
 /// Keeps the longest prefix of `l` whose names take at most `cap` bytes; returns how many went.
@@ -266,6 +275,9 @@ mod tests {
             cluster: "c".into(),
             ..Pool::default()
         });
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+        // With other replicas' work on one pod, every pod carries it.
+        s.pools[0].pods[1].peers.in_flight = 2;
         assert_eq!(encoded_len(&s), s.encode().unwrap().len());
         assert_eq!(
             encoded_len(&Snapshot::default()),

@@ -96,6 +96,15 @@ pub struct HubConfig {
     /// Mode `sidecar`: connect and answer timeout of a subscription (ms).
     #[serde(default = "d_hub_timeout")]
     pub timeout_ms: u64,
+    /// Mode `sidecar` with upstreams: read the proxy's tally (its work in flight per pod) this
+    /// often (ms) and send it to every hub, so the other gateway replicas count it; 0 = never
+    /// (the other replicas then see this one's work only through the engines' gauges).
+    #[serde(default = "d_hub_share")]
+    pub share_ms: u64,
+    /// Mode `hub`: a replica's tally not renewed for this long (ms) is dropped (the replica is
+    /// gone, or has no work left and said so).
+    #[serde(default = "d_hub_tally_ttl")]
+    pub tally_ttl_ms: u64,
 }
 
 fn d_hub_listen() -> String {
@@ -103,6 +112,12 @@ fn d_hub_listen() -> String {
 }
 fn d_hub_timeout() -> u64 {
     1000
+}
+fn d_hub_share() -> u64 {
+    25
+}
+fn d_hub_tally_ttl() -> u64 {
+    500
 }
 
 impl Default for HubConfig {
@@ -112,6 +127,8 @@ impl Default for HubConfig {
             upstreams: Vec::new(),
             fallback_after_ms: None,
             timeout_ms: d_hub_timeout(),
+            share_ms: d_hub_share(),
+            tally_ttl_ms: d_hub_tally_ttl(),
         }
     }
 }
@@ -184,6 +201,10 @@ pub struct PushConfig {
     pub address: String,
     #[serde(default = "d_push_path")]
     pub path: String,
+    /// Where the proxy serves its tally (the filter's `snapshot.tally_path`), read when the
+    /// sidecar shares its replica's work with hubs (`hub.share_ms`).
+    #[serde(default = "d_tally_path")]
+    pub tally_path: String,
     /// The shared secret, inline …
     #[serde(default)]
     pub secret: Option<String>,
@@ -199,6 +220,9 @@ pub struct PushConfig {
 
 fn d_push_path() -> String {
     "/__llm_router/snapshot".into()
+}
+fn d_tally_path() -> String {
+    "/__llm_router/tally".into()
 }
 fn d_push_timeout() -> u64 {
     1000
@@ -462,6 +486,9 @@ impl Config {
         let addr_ok = |s: &str| s.parse::<SocketAddr>().is_ok() || host_port(s).is_some();
         match self.mode {
             Mode::Hub => {
+                if self.hub.tally_ttl_ms == 0 {
+                    return Err(invalid("hub.tally_ttl_ms", "must be > 0"));
+                }
                 if self.hub.listen.parse::<SocketAddr>().is_err() {
                     return Err(invalid(
                         "hub.listen",
@@ -485,6 +512,9 @@ impl Config {
                 }
                 if self.hub.timeout_ms == 0 {
                     return Err(invalid("hub.timeout_ms", "must be > 0"));
+                }
+                if !self.push.tally_path.starts_with('/') {
+                    return Err(invalid("push.tally_path", "must be an absolute path"));
                 }
             }
         }

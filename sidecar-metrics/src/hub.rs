@@ -3,11 +3,13 @@
 //!
 //! Transport: one long HTTP/1.1 response per subscriber (`GET` [`STREAM_PATH`], chunked), whose
 //! body is a sequence of length-delimited frames (`tokio_util::codec::LengthDelimitedCodec`: a
-//! 4-byte big-endian length, then the frame). A frame is the snapshot's signature as the push
-//! header carries it (`sha256=<64 hex>`, [`SIGNATURE_LEN`] bytes) followed by the encoded
-//! snapshot, exactly the bytes and signature a push would carry. The hub writes a frame every
+//! 4-byte big-endian length, then the frame). A frame is a signature as the push header carries
+//! it (`sha256=<64 hex>`, [`SIGNATURE_LEN`] bytes) over the rest: the encoded snapshot's length
+//! (u32, little-endian), the encoded snapshot, and the gateway replicas' tallies the hub holds
+//! (`llm_router_snapshot::Tally::encode_all`; see `crate::share`). The hub writes a frame every
 //! scrape round (changed or not: the frames are also its heartbeat); a slow subscriber gets the
-//! newest frame, never a backlog (a `watch` channel feeds every stream).
+//! newest frame, never a backlog (a `watch` channel feeds every stream). Replicas send their
+//! tallies to [`crate::share::TALLY_PATH`] on the same listener, signed like a push.
 //!
 //! Authentication, both ways, from the one shared secret:
 //! - a subscriber proves it holds the secret with [`SIGNATURE_HEADER`] on its request: the HMAC
@@ -28,7 +30,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
@@ -36,18 +38,20 @@ use http_body_util::{BodyExt, Empty};
 use hyper::Uri;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use llm_router_snapshot::{Snapshot, SIGNATURE_HEADER};
+use llm_router_snapshot::{Snapshot, Tally, SIGNATURE_HEADER};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{Encoder, FramedRead, LengthDelimitedCodec};
 
+use crate::share::{TallyBoard, MAX_TALLY_BYTES, TALLY_PATH};
 use crate::stats::Stats;
 
 /// Where a hub serves its stream.
 pub const STREAM_PATH: &str = "/v1/snapshots";
 /// Content type of the stream.
 pub const CONTENT_TYPE: &str = "application/x-llm-router-snapshot-frames";
-/// What a subscriber signs to subscribe.
-pub const SUBSCRIBE_CONTEXT: &[u8] = b"llm-router hub subscribe v1";
+/// What a subscriber signs to subscribe. Version 2: frames carry the replicas' tallies (a
+/// version 1 subscriber is refused with 403 and scrapes on its own).
+pub const SUBSCRIBE_CONTEXT: &[u8] = b"llm-router hub subscribe v2";
 /// Bytes of the signature that opens each frame (`sha256=` + 64 hex digits).
 pub const SIGNATURE_LEN: usize = 7 + 64;
 /// Largest frame accepted: the largest snapshot a filter accepts (its `snapshot.max_bytes`
@@ -65,12 +69,20 @@ fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// One frame of the stream, length prefix included, for `snapshot` (encoded) under `secret`.
-pub fn frame(secret: &[u8], snapshot: &[u8]) -> Bytes {
-    let sig = llm_router_snapshot::sign(secret, snapshot);
-    let mut payload = BytesMut::with_capacity(sig.len() + snapshot.len());
+/// One frame of the stream, length prefix included, for `snapshot` (encoded) and `tallies`
+/// (encoded with `Tally::encode_all`) under `secret`.
+pub fn frame(secret: &[u8], snapshot: &[u8], tallies: &[u8]) -> Bytes {
+    let Ok(len) = u32::try_from(snapshot.len()) else {
+        return Bytes::new();
+    };
+    let mut body = Vec::with_capacity(4 + snapshot.len() + tallies.len());
+    body.extend_from_slice(&len.to_le_bytes());
+    body.extend_from_slice(snapshot);
+    body.extend_from_slice(tallies);
+    let sig = llm_router_snapshot::sign(secret, &body);
+    let mut payload = BytesMut::with_capacity(sig.len() + body.len());
     payload.extend_from_slice(sig.as_bytes());
-    payload.extend_from_slice(snapshot);
+    payload.extend_from_slice(&body);
     let mut out = BytesMut::with_capacity(payload.len() + 4);
     // Only a frame over MAX_FRAME fails, and snapshots are bounded far below it.
     if codec().encode(payload.freeze(), &mut out).is_err() {
@@ -100,8 +112,16 @@ impl FrameError {
     }
 }
 
+/// A frame's contents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Opened {
+    pub snapshot: Snapshot,
+    /// Every gateway replica's tally the hub held (the receiver's own among them).
+    pub tallies: Vec<Tally>,
+}
+
 /// Verifies and decodes one frame's payload (without its length prefix).
-pub fn open(secret: &[u8], payload: &[u8]) -> Result<Snapshot, FrameError> {
+pub fn open(secret: &[u8], payload: &[u8]) -> Result<Opened, FrameError> {
     let (sig, body) = (payload.get(..SIGNATURE_LEN), payload.get(SIGNATURE_LEN..));
     let (Some(sig), Some(body)) = (sig, body) else {
         return Err(FrameError::Short);
@@ -109,7 +129,21 @@ pub fn open(secret: &[u8], payload: &[u8]) -> Result<Snapshot, FrameError> {
     let sig = std::str::from_utf8(sig)
         .map_err(|_| FrameError::Signature(llm_router_snapshot::SignatureError::Malformed))?;
     llm_router_snapshot::verify(secret, body, Some(sig)).map_err(FrameError::Signature)?;
-    Snapshot::decode(body).map_err(|e| FrameError::Snapshot(e.to_string()))
+    let bad = |m: String| FrameError::Snapshot(m);
+    let len = body
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| bad("no snapshot length".into()))? as usize;
+    let snap = body
+        .get(4..)
+        .and_then(|b| b.get(..len))
+        .ok_or_else(|| bad("shorter than its snapshot length".into()))?;
+    let rest = body.get(4 + len..).unwrap_or_default();
+    Ok(Opened {
+        snapshot: Snapshot::decode(snap).map_err(|e| bad(e.to_string()))?,
+        tallies: Tally::decode_all(rest).map_err(|e| bad(format!("tallies: {e}")))?,
+    })
 }
 
 // ---- the hub's side ----
@@ -118,6 +152,7 @@ pub fn open(secret: &[u8], payload: &[u8]) -> Result<Snapshot, FrameError> {
 struct HubState {
     secret: Arc<[u8]>,
     frames: watch::Receiver<Option<Bytes>>,
+    board: Arc<TallyBoard>,
     stats: Arc<Stats>,
     shutdown: watch::Receiver<bool>,
 }
@@ -174,32 +209,63 @@ async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// The hub's stream routes.
+/// A replica's tally: kept on the board when signed with the secret (403 otherwise), 204.
+async fn take_tally(State(s): State<HubState>, headers: HeaderMap, body: Bytes) -> Response {
+    let given = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
+    if llm_router_snapshot::verify(&s.secret, &body, given).is_err() {
+        s.stats.hub_tally("forbidden");
+        return (StatusCode::FORBIDDEN, "tally refused\n").into_response();
+    }
+    let t = match Tally::decode(&body) {
+        Ok(t) => t,
+        Err(e) => {
+            s.stats.hub_tally("invalid");
+            return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
+        }
+    };
+    match s.board.offer(t, std::time::Instant::now()) {
+        Ok(()) => {
+            s.stats.hub_tally("accepted");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Err(e) => {
+            s.stats.hub_tally("refused");
+            (StatusCode::CONFLICT, format!("{e}\n")).into_response()
+        }
+    }
+}
+
+/// The hub's routes: the stream, and the replicas' tallies.
 pub fn router(
     secret: &[u8],
     frames: watch::Receiver<Option<Bytes>>,
+    board: Arc<TallyBoard>,
     stats: Arc<Stats>,
     shutdown: watch::Receiver<bool>,
 ) -> Router {
     Router::new()
         .route(STREAM_PATH, get(stream))
+        .route(TALLY_PATH, post(take_tally))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_TALLY_BYTES))
         .with_state(HubState {
             secret: secret.into(),
             frames,
+            board,
             stats,
             shutdown,
         })
 }
 
-/// Serves the stream until `shutdown` turns true (every open stream ends then).
+/// Serves the stream and takes tallies until `shutdown` turns true (every open stream ends then).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     secret: Vec<u8>,
     frames: watch::Receiver<Option<Bytes>>,
+    board: Arc<TallyBoard>,
     stats: Arc<Stats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let app = router(&secret, frames, stats, shutdown.clone());
+    let app = router(&secret, frames, board, stats, shutdown.clone());
     let stop = async move {
         while !*shutdown.borrow() {
             if shutdown.changed().await.is_err() {
@@ -220,8 +286,13 @@ pub async fn serve(
 /// What a subscription reports to the sidecar's loop.
 #[derive(Debug)]
 pub enum HubEvent {
-    /// A verified snapshot from hub number `hub` (its index in the configured list).
-    Frame { hub: usize, snapshot: Snapshot },
+    /// A verified snapshot from hub number `hub` (its index in the configured list), with the
+    /// replicas' tallies it carried.
+    Frame {
+        hub: usize,
+        snapshot: Snapshot,
+        tallies: Vec<Tally>,
+    },
     /// The connection to hub `hub` ended or could not be made.
     Down { hub: usize, reason: String },
 }
@@ -307,7 +378,7 @@ pub async fn subscribe(
                     Some(Ok(p)) => p,
                 };
                 match open(&secret, &payload) {
-                    Ok(snapshot) => {
+                    Ok(Opened { snapshot, tallies }) => {
                         if first {
                             first = false;
                             delivered = true;
@@ -315,7 +386,11 @@ pub async fn subscribe(
                         }
                         stats.hub_frame_received();
                         if events
-                            .send(HubEvent::Frame { hub, snapshot })
+                            .send(HubEvent::Frame {
+                                hub,
+                                snapshot,
+                                tallies,
+                            })
                             .await
                             .is_err()
                         {
@@ -398,11 +473,18 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_refuse_other_secrets() {
-        let f = frame(SECRET, &snap(7));
+        let tallies = vec![Tally {
+            replica: 3,
+            taken_ms: 9,
+            pools: vec![],
+        }];
+        let f = frame(SECRET, &snap(7), &Tally::encode_all(&tallies).unwrap());
         let mut buf = BytesMut::from(&f[..]);
         let payload = codec().decode(&mut buf).unwrap().unwrap();
         assert!(buf.is_empty());
-        assert_eq!(open(SECRET, &payload).unwrap().generation, 7);
+        let opened = open(SECRET, &payload).unwrap();
+        assert_eq!(opened.snapshot.generation, 7);
+        assert_eq!(opened.tallies, tallies);
         assert!(matches!(
             open(b"another-secret-0123456789abcdef0123", &payload),
             Err(FrameError::Signature(_))

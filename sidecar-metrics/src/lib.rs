@@ -14,5 +14,6 @@ pub mod kube;
 pub mod prom;
 pub mod push;
 pub mod scrape;
+pub mod share;
 pub mod sidecar;
 pub mod stats;

@@ -188,6 +188,7 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
                 push: PushConfig {
                     address,
                     path: path.unwrap_or_else(|| "/__llm_router/snapshot".into()),
+                    tally_path: "/__llm_router/tally".into(),
                     secret: a.secret.clone(),
                     secret_env: a.secret_env.clone(),
                     secret_file: a.secret_file.clone(),

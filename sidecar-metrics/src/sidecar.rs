@@ -181,10 +181,12 @@ type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 enum Output {
     /// Mode `sidecar`: POSTed into the local proxy.
     Push(Box<Pusher>),
-    /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`).
+    /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`), with the
+    /// replicas' tallies on the board.
     Publish {
         secret: Vec<u8>,
         frames: watch::Sender<Option<Bytes>>,
+        board: Arc<crate::share::TallyBoard>,
     },
 }
 
@@ -208,6 +210,9 @@ struct Loop {
     snapshots: watch::Sender<Option<Snapshot>>,
     /// Fleet-wide index of the pod the next round starts with.
     next_pod: usize,
+    /// This gateway replica's id in the tallies it shares (its own is left out of the hubs'
+    /// frames it pushes).
+    replica: u64,
 }
 
 impl Loop {
@@ -461,10 +466,19 @@ impl Loop {
 
     /// A verified snapshot from a hub, used as this round's: the hub's pod states and
     /// `created_ms`, with this sidecar's own generation (so the proxy sees one increasing
-    /// sequence whichever hub, or its own scraping, the snapshots come from).
-    fn offer_hub(&mut self, mut snap: Snapshot, push_fut: &mut Option<BoxFut<PushOutcome>>) {
+    /// sequence whichever hub, or its own scraping, the snapshots come from), and the other
+    /// replicas' work from the tallies the frame carried (never this replica's own).
+    fn offer_hub(
+        &mut self,
+        mut snap: Snapshot,
+        tallies: &[llm_router_snapshot::Tally],
+        push_fut: &mut Option<BoxFut<PushOutcome>>,
+    ) {
         let now = now_ms();
         self.stats.hub_frame_applied(now);
+        let oldest = llm_router_snapshot::tally::merge_peers(&mut snap, tallies, self.replica);
+        self.stats
+            .peer_work_age(oldest.map(|t| now.saturating_sub(t)));
         let trim = self.trim(&mut snap);
         self.deliver(snap, trim, now, push_fut);
     }
@@ -579,12 +593,26 @@ impl Loop {
         let Some(bytes) = self.stamp_and_encode(&mut snap, trim, now, "published") else {
             return;
         };
-        let Output::Publish { secret, frames } = &self.out else {
+        let Output::Publish {
+            secret,
+            frames,
+            board,
+        } = &self.out
+        else {
             return;
         };
+        let tallies = board.current(Instant::now());
+        let tally_bytes = match llm_router_snapshot::Tally::encode_all(&tallies) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "the replicas' tallies cannot be encoded; published without them");
+                llm_router_snapshot::Tally::encode_all(&[]).unwrap_or_default()
+            }
+        };
+        self.stats.hub_replicas(tallies.len());
         let generation = snap.generation;
         self.stats.snapshot_trimmed(trim);
-        let _ = frames.send(Some(crate::hub::frame(secret, &bytes)));
+        let _ = frames.send(Some(crate::hub::frame(secret, &bytes, &tally_bytes)));
         self.last_generation = generation;
         self.stats.hub_published(generation, snap.created_ms);
         let _ = self.snapshots.send(Some(snap.clone()));
@@ -787,7 +815,7 @@ async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch:
                 let Some(f) = follow.as_mut() else { continue };
                 let now = Instant::now();
                 match ev {
-                    HubEvent::Frame { hub, snapshot } => {
+                    HubEvent::Frame { hub, snapshot, tallies } => {
                         match f.on_frame(hub, snapshot.created_ms, now) {
                             FollowStep::Use => {
                                 if scraping {
@@ -798,7 +826,7 @@ async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch:
                                     lp.stats.hub_source("hub", None);
                                     tracing::info!(hub, "using the hub's snapshots; not scraping on our own");
                                 }
-                                lp.offer_hub(snapshot, &mut push_fut);
+                                lp.offer_hub(snapshot, &tallies, &mut push_fut);
                             }
                             FollowStep::Old => lp.stats.hub_frame_refused("old"),
                             _ => {}
@@ -920,6 +948,10 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         pools.push(rt);
     }
     let (frames_tx, frames_rx) = watch::channel(None);
+    let board = Arc::new(crate::share::TallyBoard::new(Duration::from_millis(
+        cfg.hub.tally_ttl_ms,
+    )));
+    let replica = crate::share::replica_id();
     let out = match cfg.mode {
         Mode::Sidecar => Output::Push(Box::new(Pusher::new(
             &cfg.push.address,
@@ -932,6 +964,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             Output::Publish {
                 secret: secret.as_bytes().to_vec(),
                 frames: frames_tx,
+                board: board.clone(),
             }
         }
     };
@@ -952,12 +985,14 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             l,
             secret.as_bytes().to_vec(),
             frames_rx,
+            board,
             stats.clone(),
             shutdown_rx.clone(),
         )));
     }
     let follow = if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
         let (tx, rx) = mpsc::channel(8);
+        let mut hub_uris = Vec::with_capacity(cfg.hub.upstreams.len());
         let opts = crate::hub::SubscribeOptions {
             timeout: Duration::from_millis(cfg.hub.timeout_ms),
             max_backoff: Duration::from_secs(1),
@@ -967,12 +1002,34 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
                 hub: u.clone(),
                 reason,
             })?;
+            hub_uris.push(uri.clone());
             tasks.push(tokio::spawn(crate::hub::subscribe(
                 i,
                 uri,
                 secret.as_bytes().to_vec(),
                 opts,
                 tx.clone(),
+                stats.clone(),
+                shutdown_rx.clone(),
+            )));
+        }
+        if cfg.hub.share_ms > 0 {
+            let tally_uri: hyper::Uri =
+                format!("http://{}{}", cfg.push.address, cfg.push.tally_path)
+                    .parse()
+                    .map_err(|e: hyper::http::uri::InvalidUri| StartError::Hub {
+                        hub: cfg.push.address.clone(),
+                        reason: format!("push.tally_path: {e}"),
+                    })?;
+            tasks.push(tokio::spawn(crate::share::share(
+                crate::share::ShareOptions {
+                    replica,
+                    interval: Duration::from_millis(cfg.hub.share_ms),
+                    tally_uri,
+                    hubs: hub_uris,
+                    timeout: Duration::from_millis(cfg.hub.timeout_ms),
+                },
+                secret.as_bytes().to_vec(),
                 stats.clone(),
                 shutdown_rx.clone(),
             )));
@@ -1043,6 +1100,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         last_push_label: "none",
         snapshots: snap_tx,
         next_pod: 0,
+        replica,
         cfg,
     };
     let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));

@@ -24,6 +24,11 @@ pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CON
 pub const LATENCY_BUCKETS: [f64; 10] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
+/// Upper bounds (seconds) of the age of the other replicas' work when a hub frame is applied.
+pub const PEER_AGE_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0,
+];
+
 /// Every push result, exported from the start (at 0) so that rates exist before the first one.
 pub const PUSH_RESULTS: [&str; 8] = [
     "accepted",
@@ -72,6 +77,8 @@ struct Inner {
     budget_bytes: u64,
     over_budget: u64,
     hub: HubNumbers,
+    /// Subscriber side: age of the oldest other replica's tally in each applied hub frame.
+    peer_age: Option<Histogram>,
 }
 
 /// The hub's and the subscriber's numbers.
@@ -94,6 +101,17 @@ pub struct HubNumbers {
     pub subscribes_refused: u64,
     /// Hub side: snapshots published to the stream.
     pub published: u64,
+    /// Hub side: tallies received from gateway replicas, by result (`accepted`, `forbidden`,
+    /// `invalid`, `refused`).
+    pub tallies: BTreeMap<&'static str, u64>,
+    /// Hub side: replicas whose tallies the last frame carried.
+    pub replicas: u64,
+    /// Subscriber side: tallies of this replica sent to hubs, by result (`sent` per hub,
+    /// `hub_error` per hub, `proxy_error`: the proxy's tally could not be read).
+    pub shared: BTreeMap<&'static str, u64>,
+    /// Subscriber side: the age (ms) of the oldest other replica's tally in the last applied
+    /// frame (0 when it carried none).
+    pub peer_age_ms: u64,
 }
 
 /// The `budget` × `list` label pairs of the adapter counters, all exported from the start.
@@ -368,6 +386,42 @@ impl Collector for Exposition {
             MetricType::Counter,
         )?;
         ConstCounter::new(h.published).encode(m)?;
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_tallies",
+            "Hub: gateway replicas' tallies received, by result (accepted; forbidden: not signed with our secret; invalid: not a tally; refused: older than the one held, or the board is full).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in ["accepted", "forbidden", "invalid", "refused"] {
+            let n = h.tallies.get(r).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
+        }
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_replicas",
+            "Hub: gateway replicas whose tallies the last published frame carried.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(h.replicas as i64).encode(m)?;
+        let mut m = enc.encode_descriptor(
+            "llm_router_sidecar_tallies_shared",
+            "This replica's tallies sent to hubs, by result (sent and hub_error count per hub; proxy_error: the proxy's tally could not be read).",
+            None,
+            MetricType::Counter,
+        )?;
+        for r in ["sent", "hub_error", "proxy_error"] {
+            let n = h.shared.get(r).copied().unwrap_or(0);
+            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
+        }
+        if let Some(hist) = &i.peer_age {
+            let m = enc.encode_descriptor(
+                "llm_router_sidecar_peer_work_age_seconds",
+                "Age of the oldest other replica's tally in each hub frame applied (read by its sidecar → merged here), i.e. how old the others' work is when this proxy gets it, before the push.",
+                None,
+                MetricType::Histogram,
+            )?;
+            hist.encode(m)?;
+        }
         Ok(())
     }
 }
@@ -482,6 +536,33 @@ impl Stats {
 
     pub fn hub_frame_refused(&self, reason: &'static str) {
         self.with(|i| *i.hub.frames_refused.entry(reason).or_default() += 1);
+    }
+
+    /// Hub side: a replica's tally arrived (`result`).
+    pub fn hub_tally(&self, result: &'static str) {
+        self.with(|i| *i.hub.tallies.entry(result).or_default() += 1);
+    }
+
+    /// Hub side: the replicas the frame just published carried.
+    pub fn hub_replicas(&self, n: usize) {
+        self.with(|i| i.hub.replicas = n as u64);
+    }
+
+    /// Subscriber side: one of this replica's tallies sent (`result`).
+    pub fn tally_shared(&self, result: &'static str) {
+        self.with(|i| *i.hub.shared.entry(result).or_default() += 1);
+    }
+
+    /// Subscriber side: a frame carrying other replicas' tallies, the oldest `age_ms` old.
+    pub fn peer_work_age(&self, age_ms: Option<u64>) {
+        self.with(|i| {
+            i.hub.peer_age_ms = age_ms.unwrap_or(0);
+            if let Some(ms) = age_ms {
+                i.peer_age
+                    .get_or_insert_with(|| Histogram::new(PEER_AGE_BUCKETS))
+                    .observe(ms as f64 / 1000.0);
+            }
+        });
     }
 
     /// Subscriber side: a hub snapshot is the fleet's view now.

@@ -134,6 +134,90 @@ async fn a_subscriber_pushes_the_hubs_view_and_falls_back_when_it_is_gone() {
     h2.stop().await;
 }
 
+/// The peer work a proxy's latest accepted snapshot shows on `pod` of pool `llama`.
+fn peers_seen(proxy: &FakeProxy, pod: SocketAddr) -> Option<(u32, u32)> {
+    let got = proxy.received();
+    let snap = got.iter().rev().find_map(|r| r.snapshot.as_ref().ok())?;
+    let p = snap
+        .pool("llama")?
+        .pods
+        .iter()
+        .find(|p| p.address == pod.to_string())?;
+    Some((p.peers.in_flight, p.peers.pending_tokens))
+}
+
+async fn wait_peers(what: &str, proxy: &FakeProxy, pod: SocketAddr, want: (u32, u32)) {
+    let start = Instant::now();
+    loop {
+        if peers_seen(proxy, pod) == Some(want) {
+            return;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "timed out waiting for {what}: {:?} on {pod}",
+            peers_seen(proxy, pod)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_sees_the_others_work_through_the_hub_and_never_its_own() {
+    let fleet = FakeFleet::start(2, Answer::Text(vllm_text(0, 0, 0.1))).await;
+    let (pod0, pod1) = (fleet.addrs[0], fleet.addrs[1]);
+    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
+        .await
+        .unwrap();
+    let hub_addr = h.hub_addr.unwrap();
+    let (pa, pb) = (FakeProxy::start().await, FakeProxy::start().await);
+    pa.set_tally(&[("llama", &pod0.to_string(), 3, 900)]);
+    pb.set_tally(&[("llama", &pod1.to_string(), 1, 100)]);
+    let fa = sidecar::start(follower_config(&fleet, pa.addr, &[hub_addr]), SECRET.into())
+        .await
+        .unwrap();
+    let fb = sidecar::start(follower_config(&fleet, pb.addr, &[hub_addr]), SECRET.into())
+        .await
+        .unwrap();
+
+    // A sees B's work and not its own; B sees A's and not its own.
+    wait_peers("A sees B's request", &pa, pod1, (1, 100)).await;
+    assert_eq!(
+        peers_seen(&pa, pod0),
+        Some((0, 0)),
+        "A's own work is not a peer's"
+    );
+    wait_peers("B sees A's requests", &pb, pod0, (3, 900)).await;
+    assert_eq!(
+        peers_seen(&pb, pod1),
+        Some((0, 0)),
+        "B's own work is not a peer's"
+    );
+    let hs = h.stats.summary();
+    assert_eq!(hs.hub.replicas, 2, "{hs:#?}");
+    assert!(hs.hub.tallies.get("accepted").copied().unwrap_or(0) >= 2);
+    let a = fa.stats.summary();
+    assert!(
+        a.hub.shared.get("sent").copied().unwrap_or(0) >= 1,
+        "{a:#?}"
+    );
+    assert!(
+        a.hub.peer_age_ms > 0 && a.hub.peer_age_ms < 1_000,
+        "the others' work is fresh: {a:#?}"
+    );
+
+    // B's request ends: A stops counting it.
+    pb.set_tally(&[]);
+    wait_peers("B's work ended", &pa, pod1, (0, 0)).await;
+    // B has work again, then its sidecar goes away: its tally expires at the hub.
+    pb.set_tally(&[("llama", &pod1.to_string(), 2, 40)]);
+    wait_peers("B's new work", &pa, pod1, (2, 40)).await;
+    fb.stop().await;
+    wait_peers("B gone", &pa, pod1, (0, 0)).await;
+    assert_eq!(h.stats.summary().hub.replicas, 1);
+    fa.stop().await;
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_are_neither_served_nor_followed() {
     let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
@@ -204,7 +288,8 @@ async fn open_stranger(secret: &str) -> SocketAddr {
     }
     .encode()
     .unwrap();
-    let frame = hub::frame(secret.as_bytes(), &snap);
+    let no_tallies = llm_router_snapshot::Tally::encode_all(&[]).unwrap();
+    let frame = hub::frame(secret.as_bytes(), &snap, &no_tallies);
     let app = axum::Router::new().route(
         hub::STREAM_PATH,
         axum::routing::get(move || {

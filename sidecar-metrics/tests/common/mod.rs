@@ -174,6 +174,8 @@ pub struct FakeProxy {
     pub stored: Arc<Mutex<u64>>,
     /// Bodies longer than this are answered 413 (as Envoy does past the listener's buffer).
     pub max_body: Arc<Mutex<usize>>,
+    /// What `GET /__llm_router/tally` answers (the filter's work in flight; empty at first).
+    pub tally: Arc<Mutex<llm_router_snapshot::Tally>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -183,6 +185,12 @@ struct ProxyState {
     status: Arc<Mutex<u16>>,
     stored: Arc<Mutex<u64>>,
     max_body: Arc<Mutex<usize>>,
+    tally: Arc<Mutex<llm_router_snapshot::Tally>>,
+}
+
+async fn tally(State(s): State<ProxyState>) -> Vec<u8> {
+    let t = s.tally.lock().expect("lock").clone();
+    t.encode().expect("tally encodes")
 }
 
 async fn receive(
@@ -254,14 +262,17 @@ impl FakeProxy {
         let status = Arc::new(Mutex::new(200));
         let stored = Arc::new(Mutex::new(0));
         let max_body = Arc::new(Mutex::new(usize::MAX));
+        let tally_state = Arc::new(Mutex::new(llm_router_snapshot::Tally::default()));
         let st = ProxyState {
             got: got.clone(),
             status: status.clone(),
             stored: stored.clone(),
             max_body: max_body.clone(),
+            tally: tally_state.clone(),
         };
         let app = Router::new()
             .route("/__llm_router/snapshot", post(receive))
+            .route("/__llm_router/tally", axum::routing::get(tally))
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(st);
         let task = tokio::spawn(async move {
@@ -273,8 +284,37 @@ impl FakeProxy {
             status,
             stored,
             max_body,
+            tally: tally_state,
             task,
         }
+    }
+
+    /// Sets the work in flight its tally reports: `(pool, pod, in_flight, pending_tokens)`.
+    pub fn set_tally(&self, work: &[(&str, &str, u32, u32)]) {
+        let mut pools: Vec<llm_router_snapshot::TallyPool> = Vec::new();
+        for &(pool, pod, n, tokens) in work {
+            let entry = llm_router_snapshot::TallyPod {
+                address: pod.into(),
+                in_flight: n,
+                pending_tokens: tokens,
+            };
+            match pools.iter_mut().find(|p| p.name == pool) {
+                Some(p) => p.pods.push(entry),
+                None => pools.push(llm_router_snapshot::TallyPool {
+                    name: pool.into(),
+                    pods: vec![entry],
+                }),
+            }
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        *self.tally.lock().expect("lock") = llm_router_snapshot::Tally {
+            replica: 0,
+            taken_ms: now,
+            pools,
+        };
     }
 
     pub fn received(&self) -> Vec<Received> {
@@ -327,6 +367,7 @@ pub fn config(
         push: PushConfig {
             address: proxy.to_string(),
             path: "/__llm_router/snapshot".into(),
+            tally_path: "/__llm_router/tally".into(),
             secret: Some(SECRET.into()),
             secret_env: None,
             secret_file: None,

@@ -1,0 +1,339 @@
+//! Gateway replicas' work, shared through the hubs so that every replica counts the others'.
+//!
+//! Each gateway sidecar that follows hubs reads its proxy's tally every `hub.share_ms`
+//! (`GET {push.tally_path}` on the internal listener: the requests in flight and the prompt
+//! tokens still to prefill per pod, [`llm_router_snapshot::Tally`]), stamps it with its replica
+//! id (random per process) and POSTs it, signed like a push, to every hub address its upstreams
+//! resolve to ([`share`]). Each hub keeps the latest tally per replica on its [`TallyBoard`]
+//! and drops one that has not been renewed for `hub.tally_ttl_ms` (a replica gone); every frame
+//! it streams carries the board, and each subscriber sums the tallies of the *other* replicas
+//! into the snapshot it pushes (`llm_router_snapshot::tally::merge_peers`), never its own.
+//!
+//! How old the others' work is when a proxy sees it: at most one `share_ms` (the read) plus the
+//! wait for the hub's next frame (one scrape interval) plus the push; the subscriber measures it
+//! per frame from the oldest tally it merged (`llm_router_sidecar_peer_work_age_seconds`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use http_body_util::{BodyExt, Full};
+use hyper::{StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use llm_router_snapshot::tally::MAX_TALLIES;
+use llm_router_snapshot::{Tally, SIGNATURE_HEADER};
+use tokio::sync::watch;
+
+use crate::stats::Stats;
+
+/// Where a hub takes tallies.
+pub const TALLY_PATH: &str = "/v1/tallies";
+/// Largest tally a hub reads (a tally lists at most every pod of every pool once).
+pub const MAX_TALLY_BYTES: usize = 4 * 1024 * 1024;
+/// How often the hubs' addresses are resolved again.
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The latest tally of each replica, as a hub holds them.
+#[derive(Debug)]
+pub struct TallyBoard {
+    ttl: Duration,
+    inner: Mutex<HashMap<u64, (Tally, Instant)>>,
+}
+
+/// Why a hub refused a tally.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("replica id 0 is reserved")]
+    NoReplica,
+    #[error("older than the tally held for this replica")]
+    Old,
+    #[error("the board holds {MAX_TALLIES} replicas")]
+    Full,
+}
+
+impl TallyBoard {
+    pub fn new(ttl: Duration) -> TallyBoard {
+        TallyBoard {
+            ttl,
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Tally, Instant)>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `t` as its replica's latest, unless the board holds a newer one from it (requests
+    /// can arrive out of order over separate connections). A new replica finds room only below
+    /// [`MAX_TALLIES`] live ones.
+    pub fn offer(&self, t: Tally, now: Instant) -> Result<(), Refused> {
+        if t.replica == 0 {
+            return Err(Refused::NoReplica);
+        }
+        let mut m = self.lock();
+        let ttl = self.ttl;
+        m.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+        match m.get(&t.replica) {
+            Some((held, _)) if held.taken_ms > t.taken_ms => return Err(Refused::Old),
+            None if m.len() >= MAX_TALLIES => return Err(Refused::Full),
+            _ => {}
+        }
+        m.insert(t.replica, (t, now));
+        Ok(())
+    }
+
+    /// Every live tally (renewed within the TTL), by replica id; expired ones are dropped.
+    pub fn current(&self, now: Instant) -> Vec<Tally> {
+        let mut m = self.lock();
+        let ttl = self.ttl;
+        m.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+        let mut v: Vec<Tally> = m.values().map(|(t, _)| t.clone()).collect();
+        v.sort_by_key(|t| t.replica);
+        v
+    }
+}
+
+/// A random replica id, never 0.
+pub fn replica_id() -> u64 {
+    loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// Where and how a replica shares its tally.
+#[derive(Debug, Clone)]
+pub struct ShareOptions {
+    pub replica: u64,
+    pub interval: Duration,
+    /// The proxy's tally URI (`http://{push.address}{push.tally_path}`).
+    pub tally_uri: Uri,
+    /// The hubs' stream URIs as configured (their host and port are resolved; the path is
+    /// replaced by [`TALLY_PATH`]).
+    pub hubs: Vec<Uri>,
+    pub timeout: Duration,
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client(timeout: Duration) -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(timeout));
+    Client::builder(TokioExecutor::new()).build(conn)
+}
+
+/// Every address the hubs' names resolve to now (a headless Service lists every hub).
+async fn resolve(hubs: &[Uri]) -> Vec<(SocketAddr, String)> {
+    let mut out = Vec::new();
+    for u in hubs {
+        let (Some(host), Some(port)) = (u.host(), u.port_u16()) else {
+            continue;
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match tokio::net::lookup_host((host, port)).await {
+            Ok(addrs) => {
+                for a in addrs {
+                    if !out.iter().any(|(b, _)| *b == a) {
+                        out.push((a, format!("{}:{port}", u.host().unwrap_or(host))));
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(hub = %u, error = %e, "cannot resolve the hub"),
+        }
+    }
+    out
+}
+
+async fn read_tally(c: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Tally, String> {
+    let req = hyper::Request::get(uri.clone())
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(timeout, c.request(req))
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = tokio::time::timeout(timeout, resp.into_body().collect())
+        .await
+        .map_err(|_| "body timed out".to_string())?
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if status != StatusCode::OK {
+        return Err(format!("answered {status}"));
+    }
+    Tally::decode(&body).map_err(|e| e.to_string())
+}
+
+async fn send(
+    c: &HttpClient,
+    addr: SocketAddr,
+    authority: &str,
+    body: Bytes,
+    signature: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let uri = format!("http://{addr}{TALLY_PATH}");
+    let req = hyper::Request::post(uri)
+        .header(hyper::header::HOST, authority)
+        .header(
+            hyper::header::CONTENT_TYPE,
+            "application/x-llm-router-tally",
+        )
+        .header(SIGNATURE_HEADER, signature)
+        .body(Full::new(body))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(timeout, c.request(req))
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    // Drain the (short) answer so the connection is reused.
+    let _ = tokio::time::timeout(timeout, resp.into_body().collect()).await;
+    if status.is_success() {
+        Ok(())
+    } else {
+        Err(format!("answered {status}"))
+    }
+}
+
+/// Reads the proxy's tally every interval and sends it to every hub until `shutdown`. An empty
+/// tally is sent once after work ends (so the hubs clear it at once), then not again until
+/// there is work: a replica without work needs no heartbeat, its last tally expiring means the
+/// same.
+pub async fn share(
+    opts: ShareOptions,
+    secret: Vec<u8>,
+    stats: Arc<Stats>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let c = client(opts.timeout);
+    let mut tick = tokio::time::interval(opts.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hubs: Vec<(SocketAddr, String)> = Vec::new();
+    let mut resolved_at: Option<Instant> = None;
+    let mut last_empty = true;
+    let mut logged = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if resolved_at.is_none_or(|t| t.elapsed() >= RESOLVE_EVERY) || hubs.is_empty() {
+            hubs = resolve(&opts.hubs).await;
+            resolved_at = Some(Instant::now());
+        }
+        let mut t = match read_tally(&c, &opts.tally_uri, opts.timeout).await {
+            Ok(t) => t,
+            Err(e) => {
+                stats.tally_shared("proxy_error");
+                if !logged {
+                    tracing::warn!(proxy = %opts.tally_uri, error = %e, "cannot read the proxy's tally; other replicas will not count this one's work");
+                    logged = true;
+                }
+                continue;
+            }
+        };
+        let empty = t.pools.is_empty();
+        if empty && last_empty {
+            continue;
+        }
+        last_empty = empty;
+        t.replica = opts.replica;
+        let Ok(bytes) = t.encode() else {
+            continue;
+        };
+        let signature = llm_router_snapshot::sign(&secret, &bytes);
+        let bytes = Bytes::from(bytes);
+        let sends = hubs.iter().map(|(addr, authority)| {
+            send(
+                &c,
+                *addr,
+                authority,
+                bytes.clone(),
+                &signature,
+                opts.timeout,
+            )
+        });
+        let results = join_all(sends).await;
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        for r in &results {
+            stats.tally_shared(if r.is_ok() { "sent" } else { "hub_error" });
+        }
+        if failed > 0 && !logged {
+            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                tracing::warn!(error = %e, failed, hubs = hubs.len(), "a tally did not reach every hub");
+            }
+            logged = true;
+        } else if failed == 0 {
+            logged = false;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use llm_router_snapshot::{TallyPod, TallyPool};
+
+    fn tally(replica: u64, taken_ms: u64, n: u32) -> Tally {
+        Tally {
+            replica,
+            taken_ms,
+            pools: vec![TallyPool {
+                name: "p".into(),
+                pods: vec![TallyPod {
+                    address: "10.0.0.1:8000".into(),
+                    in_flight: n,
+                    pending_tokens: 10 * n,
+                }],
+            }],
+        }
+    }
+
+    #[test]
+    fn a_replicas_latest_tally_is_kept_and_expires_when_not_renewed() {
+        let b = TallyBoard::new(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        b.offer(tally(1, 1_000, 3), t0).unwrap();
+        b.offer(tally(2, 1_005, 1), t0).unwrap();
+        b.offer(tally(1, 1_025, 4), t0 + ms(25)).unwrap();
+        // Out of order: an older tally never replaces a newer one.
+        assert_eq!(b.offer(tally(1, 1_010, 9), t0 + ms(30)), Err(Refused::Old));
+        let now = b.current(t0 + ms(40));
+        assert_eq!(
+            now.iter()
+                .map(|t| (t.replica, t.pools[0].pods[0].in_flight))
+                .collect::<Vec<_>>(),
+            vec![(1, 4), (2, 1)]
+        );
+        // Replica 2 stops sending (gone): its tally is dropped after the TTL, replica 1's kept.
+        let later = b.current(t0 + ms(510));
+        assert_eq!(later.iter().map(|t| t.replica).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(b.current(t0 + ms(600)), vec![]);
+        // A restarted replica (new id) starts afresh; id 0 is nobody.
+        assert_eq!(b.offer(tally(0, 1, 1), t0), Err(Refused::NoReplica));
+    }
+
+    #[test]
+    fn the_board_is_bounded() {
+        let b = TallyBoard::new(Duration::from_secs(60));
+        let t0 = Instant::now();
+        for r in 1..=MAX_TALLIES as u64 {
+            b.offer(tally(r, 1, 1), t0).unwrap();
+        }
+        assert_eq!(b.offer(tally(9_999, 1, 1), t0), Err(Refused::Full));
+        // A known replica still renews its own.
+        b.offer(tally(1, 2, 2), t0).unwrap();
+        assert_eq!(b.current(t0).len(), MAX_TALLIES);
+    }
+}
