@@ -338,3 +338,109 @@ async fn gateways_follow_two_hubs_and_survive_losing_them() {
     }
     drop(hub_a);
 }
+
+/// The pods' in-flight and pending work as gateway `envoy`'s filter sees it from the other
+/// replicas (its state page): `(peer_in_flight, peer_pending_tokens)` per pod address.
+async fn peer_work(envoy: &EnvoyProcess) -> Vec<(String, u64, u64)> {
+    let r = testkit::get(envoy.push_addr(), "/__llm_router/state", &[])
+        .await
+        .unwrap();
+    let v: Value = r.json().unwrap();
+    v["pools"][0]["pods"]
+        .as_array()
+        .map(|pods| {
+            pods.iter()
+                .map(|p| {
+                    (
+                        p["address"].as_str().unwrap_or_default().to_string(),
+                        p["peer_in_flight"].as_u64().unwrap_or(0),
+                        p["peer_pending_tokens"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Three gateways on one hub: requests held open through gateway 0 show up, within tens of ms,
+/// as other replicas' work on every other gateway's filter, and never on gateway 0's own; when
+/// they end, the others stop counting them. The age of what the others see is measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_gateway_counts_the_others_work_through_the_hub() {
+    if !testkit::prerequisites_ready(
+        "e2e_hub",
+        [
+            testkit::envoy_binary().err().map(|e| e.to_string()),
+            testkit::filter_wasm().err().map(|e| e.to_string()),
+            testkit::bin("model-sim").err().map(|e| e.to_string()),
+        ],
+    ) {
+        return;
+    }
+    // Slow pods (real-time speed), so requests stay in flight for a few seconds.
+    let sim = ["--profile", "a10g", "--speedup", "1", "--model", MODEL];
+    let a = testkit::start_model_sim(&sim).await.unwrap();
+    let b = testkit::start_model_sim(&sim).await.unwrap();
+    let pods = [a.addr, b.addr];
+    let (hub_addr, hub_face) = (addr(), addr());
+    let hub = start_hub(&pods, hub_addr, hub_face);
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        gws.push(start_gateway(&pods, &[hub_addr]).await);
+    }
+    for g in &gws {
+        until("the gateway on the hub", async || frames(g.face).await >= 3).await;
+    }
+    // Three long requests through gateway 0, held open.
+    let listen = gws[0].envoy.listen_addr;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        held.push(tokio::spawn(async move {
+            let body = json!({"model": MODEL, "max_tokens": 150, "messages": [{"role": "user", "content": format!("held {i} {}", "long context ".repeat(200))}]});
+            testkit::post_json(listen, "/v1/chat/completions", &[], &body).await
+        }));
+    }
+    let total = |w: &[(String, u64, u64)]| w.iter().map(|(_, n, _)| n).sum::<u64>();
+    for g in &gws[1..] {
+        until(
+            "the other gateways count gateway 0's requests",
+            async || total(&peer_work(&g.envoy).await) == 3,
+        )
+        .await;
+    }
+    assert_eq!(
+        total(&peer_work(&gws[0].envoy).await),
+        0,
+        "gateway 0 counts its own requests as another replica's"
+    );
+    for r in held {
+        let r = r.await.unwrap().unwrap();
+        assert_eq!(r.status, 200);
+    }
+    for g in &gws[1..] {
+        until("the ended requests no longer counted", async || {
+            total(&peer_work(&g.envoy).await) == 0
+        })
+        .await;
+    }
+    // How old the others' work was when it reached a gateway's sidecar (hub frames applied).
+    let text = testkit::get(gws[1].face, "/metrics", &[])
+        .await
+        .unwrap()
+        .text();
+    let count = text
+        .lines()
+        .find_map(|l| l.strip_prefix("llm_router_sidecar_peer_work_age_seconds_count "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    let le_100ms = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("llm_router_sidecar_peer_work_age_seconds_bucket{le=\"0.1\"} ")
+        })
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    eprintln!("frames with the others' work: {count}, of them ≤ 100 ms old: {le_100ms}");
+    assert!(count > 0.0, "no frame carried the others' work:\n{text}");
+    drop(hub);
+}

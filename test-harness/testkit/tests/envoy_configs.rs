@@ -582,6 +582,12 @@ fn filter_pools_routes_and_sidecar_agree() {
         .find(|d| d.value["kind"] == "Service" && d.value["metadata"]["name"] == "llm-router-hub")
         .expect("the hub's Service");
     assert_eq!(service.value["spec"]["ports"][0]["port"].to_string(), port);
+    // Headless, so the name resolves to every hub and each gateway's tally reaches them all.
+    assert_eq!(service.value["spec"]["clusterIP"], "None");
+    assert!(
+        gateway["hub"]["share_ms"].as_u64().is_some_and(|ms| ms > 0),
+        "the gateway sidecar shares its replica's work with the hubs"
+    );
     assert_eq!(
         gateway["hub"]["upstreams"][0],
         json!(format!(
