@@ -55,6 +55,8 @@ const COLORS: [RGBColor; ROUTERS.len()] = [
     RGBColor(33, 102, 172),  // filter
     RGBColor(90, 174, 97),   // filter_gaie_weights
     RGBColor(103, 169, 207), // filter_x2
+    RGBColor(67, 147, 195),  // filter_x4
+    RGBColor(170, 200, 225), // filter_x2_nohub
     RGBColor(118, 42, 131),  // sglang_cache_aware
     RGBColor(194, 165, 207), // sglang_power_of_two
     RGBColor(1, 102, 94),    // vllm_router_cache_aware
@@ -70,6 +72,8 @@ const SHORT: [&str; ROUTERS.len()] = [
     "filter",
     "GAIE w",
     "filter ×2",
+    "filter ×4",
+    "×2 no hub",
     "SGL cache",
     "SGL P2",
     "vLLM-R cache",

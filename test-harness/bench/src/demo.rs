@@ -149,6 +149,7 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
         pods,
         gateway,
         replicas: vec![],
+        hub: None,
     };
     if router.uses_filter() {
         if let Err(e) = wait_snapshot(&stack, Duration::from_secs(15)).await {

@@ -29,7 +29,7 @@ enum Cmd {
         #[arg(long = "scenario")]
         scenarios: Vec<String>,
         /// Only these routers (repeatable): round_robin least_request least_request_full
-        /// weighted_rr filter (default set), filter_gaie_weights and filter_x2 (extras), and
+        /// weighted_rr filter (default set), filter_gaie_weights, filter_x2, filter_x4 and filter_x2_nohub (extras: gateway replicas with a metrics hub, and two without), and
         /// the field's routers sglang_cache_aware sglang_power_of_two vllm_router_cache_aware
         /// vllm_router_power_of_two (run by default; `./build.sh setup` installs them).
         #[arg(long = "router")]

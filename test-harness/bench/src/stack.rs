@@ -43,10 +43,17 @@ pub enum RouterKind {
     /// optional extra, not in the default set.
     FilterGaieWeights,
     /// Two gateway replicas: two Envoy processes with the filter's default configuration, each
-    /// with its own sidecar, no shared state; the load generator alternates requests between
-    /// them (so the turns of one conversation reach both). An optional extra that measures
-    /// whether replicas agree on prefix placement.
+    /// with its own sidecar following one metrics hub (which alone scrapes the pods and merges
+    /// the replicas' tallies, so each replica counts the other's work); the load generator
+    /// alternates requests between them (so the turns of one conversation reach both). An
+    /// optional extra that measures whether replicas route as one gateway.
     FilterReplicas,
+    /// Four gateway replicas the same way (four Envoys, four sidecars, one hub); requests go
+    /// to them in turn.
+    FilterReplicas4,
+    /// Two gateway replicas whose sidecars each scrape the pods on their own, no hub: what each
+    /// replica knows of the other's work is only what the engines' gauges show.
+    FilterReplicasNoHub,
     /// sglang-router 0.3.2, `cache_aware` (its default): a radix tree of the prompt text it
     /// routed plus its own in-flight counts. Started as shipped ([`testkit::peers`]).
     SglangCacheAware,
@@ -71,7 +78,12 @@ impl RouterKind {
     ];
 
     /// Routers run only when named.
-    pub const EXTRA: [RouterKind; 2] = [RouterKind::FilterGaieWeights, RouterKind::FilterReplicas];
+    pub const EXTRA: [RouterKind; 4] = [
+        RouterKind::FilterGaieWeights,
+        RouterKind::FilterReplicas,
+        RouterKind::FilterReplicas4,
+        RouterKind::FilterReplicasNoHub,
+    ];
 
     /// The field's routers (real binaries from PyPI, `./build.sh setup`), in report order: a
     /// full run runs them all by default after [`RouterKind::ALL`]; quick only
@@ -99,6 +111,8 @@ impl RouterKind {
             RouterKind::Filter => "filter",
             RouterKind::FilterGaieWeights => "filter_gaie_weights",
             RouterKind::FilterReplicas => "filter_x2",
+            RouterKind::FilterReplicas4 => "filter_x4",
+            RouterKind::FilterReplicasNoHub => "filter_x2_nohub",
             RouterKind::SglangCacheAware => "sglang_cache_aware",
             RouterKind::SglangPowerOfTwo => "sglang_power_of_two",
             RouterKind::VllmRouterCacheAware => "vllm_router_cache_aware",
@@ -136,16 +150,29 @@ impl RouterKind {
     pub fn uses_filter(self) -> bool {
         matches!(
             self,
-            RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas
+            RouterKind::Filter
+                | RouterKind::FilterGaieWeights
+                | RouterKind::FilterReplicas
+                | RouterKind::FilterReplicas4
+                | RouterKind::FilterReplicasNoHub
         )
     }
 
     /// How many gateway replicas (Envoy processes) the router runs.
     pub fn replicas(self) -> usize {
         match self {
-            RouterKind::FilterReplicas => 2,
+            RouterKind::FilterReplicas | RouterKind::FilterReplicasNoHub => 2,
+            RouterKind::FilterReplicas4 => 4,
             _ => 1,
         }
+    }
+
+    /// Whether its sidecars follow a metrics hub (started with the stack) instead of scraping.
+    pub fn hub(self) -> bool {
+        matches!(
+            self,
+            RouterKind::FilterReplicas | RouterKind::FilterReplicas4
+        )
     }
 }
 
@@ -185,9 +212,11 @@ pub fn envoy_spec(
     let envoy_router = match router {
         RouterKind::RoundRobin | RouterKind::WeightedRr => EnvoyRouter::RoundRobin,
         RouterKind::LeastRequest | RouterKind::LeastRequestFull => EnvoyRouter::LeastRequest,
-        RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas => {
-            EnvoyRouter::Filter
-        }
+        RouterKind::Filter
+        | RouterKind::FilterGaieWeights
+        | RouterKind::FilterReplicas
+        | RouterKind::FilterReplicas4
+        | RouterKind::FilterReplicasNoHub => EnvoyRouter::Filter,
         // Not an Envoy router (start_stack starts the peer instead); plain round robin if asked.
         RouterKind::SglangCacheAware
         | RouterKind::SglangPowerOfTwo
@@ -209,7 +238,11 @@ pub fn envoy_spec(
                 .map(|(a, p)| (*a, capacity_weight(p.profile)))
                 .collect();
         }
-        RouterKind::Filter | RouterKind::FilterGaieWeights | RouterKind::FilterReplicas => {
+        RouterKind::Filter
+        | RouterKind::FilterGaieWeights
+        | RouterKind::FilterReplicas
+        | RouterKind::FilterReplicas4
+        | RouterKind::FilterReplicasNoHub => {
             spec = spec.plugin_config(plugin_config(
                 adapters,
                 router == RouterKind::FilterGaieWeights,
@@ -582,6 +615,8 @@ pub struct Stack {
     pub gateway: Gateway,
     /// Further gateway replicas ([`RouterKind::replicas`]), each an Envoy with its own sidecar.
     pub replicas: Vec<Gateway>,
+    /// The metrics hub the gateways' sidecars follow ([`RouterKind::hub`]).
+    pub hub: Option<ChildGuard>,
 }
 
 impl Stack {
@@ -604,6 +639,7 @@ impl Stack {
             .chain(&self.replicas)
             .flat_map(Gateway::pids)
             .collect();
+        v.extend(self.hub.iter().map(|g| ("hub", g.pid())));
         v.extend(self.pods.guards.iter().map(|g| ("pods", g.pid())));
         v
     }
@@ -614,6 +650,9 @@ impl Stack {
             g.stop();
         }
         self.gateway.stop();
+        if let Some(h) = self.hub.as_mut() {
+            h.stop();
+        }
         for g in &mut self.pods.guards {
             g.stop();
         }
@@ -630,14 +669,28 @@ pub async fn start_stack(
     scenario_config: &Value,
 ) -> Result<Stack, StackError> {
     let pods = start_pods(fleet, adapters).await?;
-    let gateway =
-        start_gateway(router, fleet, &pods.addrs, adapters, scenario_config, None).await?;
+    let hub = if router.hub() {
+        Some(start_hub(&pods.addrs).await?)
+    } else {
+        None
+    };
+    let hub_addr = hub.as_ref().map(|(_, a)| *a);
+    let gateway = start_gateway_following(
+        router,
+        fleet,
+        &pods.addrs,
+        adapters,
+        scenario_config,
+        None,
+        hub_addr,
+    )
+    .await?;
     let mut replicas = Vec::new();
     for i in 1..router.replicas() {
         let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters, scenario_config);
         spec.name = format!("{}-replica{i}", spec.name);
         let e = spec.start().await.map_err(tk("start Envoy replica"))?;
-        let s = start_sidecar(e.push_addr(), &pods.addrs).await?;
+        let (s, _) = start_sidecar_following(e.push_addr(), &pods.addrs, None, hub_addr).await?;
         replicas.push(Gateway::Envoy {
             envoy: e,
             sidecar: Some(s),
@@ -648,6 +701,7 @@ pub async fn start_stack(
         pods,
         gateway,
         replicas,
+        hub: hub.map(|(g, _)| g),
     };
     if router.uses_filter() {
         for g in std::iter::once(&stack.gateway).chain(&stack.replicas) {
@@ -668,6 +722,28 @@ pub async fn start_gateway(
     scenario_config: &Value,
     listen_port: Option<u16>,
 ) -> Result<Gateway, StackError> {
+    start_gateway_following(
+        router,
+        fleet,
+        pods,
+        adapters,
+        scenario_config,
+        listen_port,
+        None,
+    )
+    .await
+}
+
+/// [`start_gateway`] whose sidecar follows the metrics hub at `hub`, if given.
+async fn start_gateway_following(
+    router: RouterKind,
+    fleet: &FleetSpec,
+    pods: &[SocketAddr],
+    adapters: &[String],
+    scenario_config: &Value,
+    listen_port: Option<u16>,
+    hub: Option<SocketAddr>,
+) -> Result<Gateway, StackError> {
     if let Some((kind, policy)) = router.peer() {
         let p = testkit::peers::start(kind, policy, pods)
             .await
@@ -680,7 +756,11 @@ pub async fn start_gateway(
     }
     let envoy = spec.start().await.map_err(tk("start Envoy"))?;
     let sidecar = if router.uses_filter() {
-        Some(start_sidecar(envoy.push_addr(), pods).await?)
+        Some(
+            start_sidecar_following(envoy.push_addr(), pods, None, hub)
+                .await?
+                .0,
+        )
     } else {
         None
     };
@@ -702,26 +782,63 @@ pub async fn start_sidecar_at(
     pods: &[SocketAddr],
     listen: Option<SocketAddr>,
 ) -> Result<(ChildGuard, SocketAddr), StackError> {
-    let bin = testkit::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
-    let dir = testkit::testlog_dir("bench-sidecar").map_err(tk("log dir"))?;
+    start_sidecar_following(envoy, pods, listen, None).await
+}
+
+/// [`start_sidecar_at`] following the metrics hub at `hub`, if given (it scrapes on its own only
+/// while the hub is silent, and shares its proxy's tally with it).
+pub async fn start_sidecar_following(
+    envoy: SocketAddr,
+    pods: &[SocketAddr],
+    listen: Option<SocketAddr>,
+    hub: Option<SocketAddr>,
+) -> Result<(ChildGuard, SocketAddr), StackError> {
     let listen = match listen {
         Some(a) => a,
-        None => SocketAddr::from((
-            [127, 0, 0, 1],
-            testkit::free_port().map_err(tk("free port"))?,
-        )),
+        None => free_loopback().await?,
     };
+    let mut text = sidecar_config(envoy, pods, listen);
+    if let Some(h) = hub {
+        text.push_str(&format!("hub:\n  upstreams: [\"http://{h}\"]\n"));
+    }
+    let g = spawn_sidecar("bench-sidecar", &text).await?;
+    Ok((g, listen))
+}
+
+/// A metrics hub (`sidecar-metrics` in mode `hub`) scraping `pods`; returns it and where it
+/// streams.
+pub async fn start_hub(pods: &[SocketAddr]) -> Result<(ChildGuard, SocketAddr), StackError> {
+    let (listen, stream) = (free_loopback().await?, free_loopback().await?);
+    let text = format!(
+        "mode: hub\nhub:\n  listen: {stream}\n{}",
+        // The same pools and scraping as a gateway's sidecar; `push` names only the secret.
+        sidecar_config(SocketAddr::from(([127, 0, 0, 1], 1)), pods, listen)
+            .replace("  address: 127.0.0.1:1\n", "")
+    );
+    let g = spawn_sidecar("bench-hub", &text).await?;
+    Ok((g, stream))
+}
+
+async fn free_loopback() -> Result<SocketAddr, StackError> {
+    Ok(SocketAddr::from((
+        [127, 0, 0, 1],
+        testkit::free_port().map_err(tk("free port"))?,
+    )))
+}
+
+/// Runs `sidecar-metrics run` with the configuration `text`, logging under a fresh `label` dir.
+async fn spawn_sidecar(label: &str, text: &str) -> Result<ChildGuard, StackError> {
+    let bin = testkit::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
+    let dir = testkit::testlog_dir(label).map_err(tk("log dir"))?;
     let path: PathBuf = dir.join("sidecar.yaml");
-    let text = sidecar_config(envoy, pods, listen);
     std::fs::write(&path, text).map_err(|source| StackError::Io {
         path: path.display().to_string(),
         source,
     })?;
     let mut cmd = Command::new(bin);
     cmd.arg("run").arg("--config").arg(&path);
-    let g = ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log"))
-        .map_err(tk("start sidecar-metrics"))?;
-    Ok((g, listen))
+    ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log"))
+        .map_err(tk("start sidecar-metrics"))
 }
 
 /// Wait until the filter behind `gateway` reports a snapshot holding `want` pods
@@ -949,7 +1066,7 @@ mod tests {
         for r in RouterKind::every() {
             assert_eq!(RouterKind::from_name(r.name()), Some(r));
         }
-        assert_eq!(RouterKind::names().len(), 11);
+        assert_eq!(RouterKind::names().len(), 13);
         for r in RouterKind::PEERS {
             let (_, policy) = r.peer().unwrap();
             assert!(r.name().ends_with(policy) && !r.uses_filter() && r.replicas() == 1);
