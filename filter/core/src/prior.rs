@@ -39,6 +39,24 @@ pub fn rendezvous<'a>(addrs: impl Iterator<Item = &'a str>, key: u64) -> Option<
         .map(|(i, _)| i)
 }
 
+/// A large pool's address hash for [`rendezvous_hashed`], computed once per snapshot.
+pub fn address_hash(address: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(address.as_bytes(), 0)
+}
+
+/// [`rendezvous`] for a pool of more than [`crate::score::LARGE_POOL`] pods, over their
+/// [`address_hash`]es: each pod's weight for `key` is a cheap mix of the two instead of a hash
+/// of the address, so a request pays a few instructions per pod rather than a pass of xxHash64
+/// over every address. The same on every replica, and only `1/n` of keys move when a pod comes
+/// or goes, as before; the homes differ from [`rendezvous`]'s, so pools at most that large
+/// keep theirs.
+pub fn rendezvous_hashed(hashes: impl Iterator<Item = u64>, key: u64) -> Option<usize> {
+    hashes
+        .enumerate()
+        .max_by_key(|&(_, h)| crate::score::mix(h, key))
+        .map(|(i, _)| i)
+}
+
 /// This proxy's share of the requests the pool's engines report (1 when the engines report
 /// none, or when the proxy has as many in flight as they count).
 pub fn own_share(pool: &Pool, baseline: &Table) -> f64 {
