@@ -527,37 +527,55 @@ pub fn rank_in(
     // exactly as a stable one would). The keys are computed once per pod, not once per
     // comparison, and only the top `top_k` are sorted: a pool of hundreds of pods is
     // partitioned in linear time.
-    let mut keyed: Vec<(Scored, f64, u64, bool, Gauges)> = scored
+    let mut keyed: Vec<(Scored, f64, u64, bool)> = scored
         .into_iter()
         .map(|s| {
             let c = cands.get(s.index);
             let load = c.map(Candidate::est_load).unwrap_or(0.0);
             let over = trust::over_share_of(cands, s.index, scope.pool_pods)
                 || c.is_some_and(|c| c.ejected);
-            if large {
+            let tie = if large {
                 let at = scope.position(s.index) as u64;
-                let gauges = c.map(Gauges::of).unwrap_or_default();
-                (s, load, (at % n + n - start) % n, over, gauges)
+                (at % n + n - start) % n
             } else {
-                (s, load, mix(f.tie, s.index as u64), over, Gauges::default())
-            }
+                mix(f.tie, s.index as u64)
+            };
+            (s, load, tie, over)
         })
         .collect();
-    let order = |a: &(Scored, f64, u64, bool, Gauges), b: &(Scored, f64, u64, bool, Gauges)| {
-        a.3.cmp(&b.3)
-            .then(b.0.score.total_cmp(&a.0.score))
-            .then(a.1.total_cmp(&b.1))
-            .then(a.4.cmp(&b.4))
-            .then(a.2.cmp(&b.2))
-            .then(a.0.index.cmp(&b.0.index))
-    };
     let k = top_k.max(1);
+    if large {
+        let gauges = |i: usize| cands.get(i).map(Gauges::of).unwrap_or_default();
+        let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
+            a.3.cmp(&b.3)
+                .then(b.0.score.total_cmp(&a.0.score))
+                .then(a.1.total_cmp(&b.1))
+                .then_with(|| gauges(a.0.index).cmp(&gauges(b.0.index)))
+                .then(a.2.cmp(&b.2))
+                .then(a.0.index.cmp(&b.0.index))
+        };
+        best_k(&mut keyed, k, order);
+    } else {
+        let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
+            a.3.cmp(&b.3)
+                .then(b.0.score.total_cmp(&a.0.score))
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.0.index.cmp(&b.0.index))
+        };
+        best_k(&mut keyed, k, order);
+    }
+    Ok(keyed.into_iter().map(|(s, ..)| s).collect())
+}
+
+/// Keeps the first `k` of `keyed` in `order`, sorted: a partition in linear time, then a sort
+/// of those `k` only.
+fn best_k<T>(keyed: &mut Vec<T>, k: usize, order: impl Fn(&T, &T) -> std::cmp::Ordering + Copy) {
     if keyed.len() > k {
         keyed.select_nth_unstable_by(k - 1, order);
         keyed.truncate(k);
     }
     keyed.sort_unstable_by(order);
-    Ok(keyed.into_iter().map(|(s, ..)| s).collect())
 }
 
 /// Where a large pool's exact ties start ([`rank_in`]): a position from the request's
