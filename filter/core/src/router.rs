@@ -674,7 +674,7 @@ struct Candidates<'f> {
 impl Candidates<'_> {
     /// The candidate every gateway replica takes as the home of `key`: the rendezvous choice
     /// among the pool's candidates ([`prior::rendezvous`]; over the addresses' hashes in a
-    /// large pool, [`prior::rendezvous_hashed`]).
+    /// large pool, [`prior::Rendezvous`]).
     fn home(&self, key: u64) -> Option<usize> {
         if let Some(homes) = &self.homes {
             let (_, at) = homes.iter().find(|(k, _)| *k == key)?;
@@ -682,7 +682,7 @@ impl Candidates<'_> {
         }
         if self.cands.len() > score::LARGE_POOL {
             let hashes = self.cands.iter().map(|c| prior::address_hash(c.address));
-            return prior::rendezvous_hashed(hashes, key);
+            return prior::Rendezvous::new(hashes).home(key);
         }
         prior::rendezvous(self.cands.iter().map(|c| c.address), key)
     }

@@ -105,8 +105,8 @@ pub(crate) struct Shortlist {
     positions: Vec<u32>,
     /// Position of each prefix-index pod id.
     by_id: HashMap<u32, u32>,
-    /// [`prior::address_hash`] of each position.
-    hashes: Vec<u64>,
+    /// Homes by rendezvous over the positions' [`prior::address_hash`]es.
+    homes: prior::Rendezvous,
     /// Per position.
     pub gauges: Vec<Gauges>,
     /// Positions with a baseline count (every decision scores them).
@@ -142,6 +142,7 @@ impl Shortlist {
         let mut s = Shortlist::default();
         let counts = baseline.get_all(pool.pods.iter().map(|p| p.address.as_str()));
         let mut cands = Vec::new();
+        let mut hashes = Vec::new();
         for (i, (p, b)) in pool.pods.iter().zip(&counts).enumerate() {
             let i = u32::try_from(i).ok()?;
             if s.by_address.insert(p.address.clone(), i).is_some() {
@@ -161,7 +162,7 @@ impl Shortlist {
             if s.by_id.insert(id, at).is_some() {
                 return None;
             }
-            s.hashes.push(prior::address_hash(&p.address));
+            hashes.push(prior::address_hash(&p.address));
             cands.push(Candidate {
                 address: &p.address,
                 stale: p.health == Health::Stale,
@@ -185,6 +186,7 @@ impl Shortlist {
         // What every decision's distrust does to these pods: it depends only on their reports
         // and the baseline, both fixed for the generation.
         trust::distrust(&mut cands);
+        s.homes = prior::Rendezvous::new(hashes.into_iter());
         s.gauges = cands
             .iter()
             .map(|c| Gauges {
@@ -306,10 +308,9 @@ impl Shortlist {
         Some(score::saturation_of(pool, f64::from(g.waiting), g.kv_usage))
     }
 
-    /// The rendezvous home of `key` among the positions ([`prior::rendezvous_hashed`]).
+    /// The rendezvous home of `key` among the positions ([`prior::Rendezvous`]).
     pub fn home(&self, key: u64) -> Option<u32> {
-        prior::rendezvous_hashed(self.hashes.iter().copied(), key)
-            .and_then(|i| u32::try_from(i).ok())
+        self.homes.home(key).and_then(|i| u32::try_from(i).ok())
     }
 
     /// The positions one request scores: `touched` (its table entries, prefix holders; in any
