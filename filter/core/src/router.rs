@@ -669,6 +669,10 @@ struct Candidates<'f> {
     homes: Option<Vec<(u64, Option<u32>)>>,
     /// What the ranking needs of the pods a shortlist left out.
     unscored: Option<Unscored<'f>>,
+    /// A large pool's index for the generation, when its candidates are the whole pool (its
+    /// positions are then the candidates' indices): the homes without a rendezvous built per
+    /// decision.
+    index: Option<&'f Shortlist>,
 }
 
 impl Candidates<'_> {
@@ -681,6 +685,9 @@ impl Candidates<'_> {
             return self.positions.binary_search(&(*at)?).ok();
         }
         if self.cands.len() > score::LARGE_POOL {
+            if let Some(sl) = self.index.filter(|sl| sl.len() == self.cands.len()) {
+                return sl.home(key).map(|at| at as usize);
+            }
             let hashes = self.cands.iter().map(|c| prior::address_hash(c.address));
             return prior::Rendezvous::new(hashes).home(key);
         }
@@ -763,6 +770,7 @@ fn candidates<'f, S: SharedStore>(
                 pool_pods: sl.len(),
                 homes: Some(s.homes),
                 unscored: Some(s.unscored),
+                index: None,
             });
         }
     }
@@ -932,6 +940,7 @@ fn candidates<'f, S: SharedStore>(
         pool_pods,
         homes: None,
         unscored: None,
+        index: view.derived.and_then(|d| d.shortlist.as_ref()),
     })
 }
 
