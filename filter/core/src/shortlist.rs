@@ -377,3 +377,76 @@ impl Shortlist {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use llm_router_snapshot::{Engine, Pod};
+
+    fn pool(n: usize, report: impl Fn(usize) -> (u32, u32, f32)) -> (Pool, Vec<u32>) {
+        let pods: Vec<Pod> = (0..n)
+            .map(|i| {
+                let (waiting, running, kv) = report(i);
+                Pod {
+                    address: format!("10.0.{}.{}:8000", i / 256, i % 256),
+                    engine: Engine::Vllm,
+                    waiting,
+                    running,
+                    kv_usage: Some(kv),
+                    ..Pod::default()
+                }
+            })
+            .collect();
+        let ids = pods
+            .iter()
+            .map(|p| crate::prefix::pod_id(&p.address))
+            .collect();
+        let pool = Pool {
+            name: "p".into(),
+            pods,
+            ..Pool::default()
+        };
+        (pool, ids)
+    }
+
+    fn config() -> PoolConfig {
+        crate::Config::default().default_pool
+    }
+
+    #[test]
+    fn a_small_pool_is_not_shortlisted() {
+        let (p, ids) = pool(score::LARGE_POOL, |_| (0, 0, 0.0));
+        assert!(Shortlist::new(&p, &Table::default(), &ids, &config()).is_none());
+    }
+
+    #[test]
+    fn a_requests_shortlist_does_not_grow_with_the_pool() {
+        // A uniform pool is one group: the first top_k from the request's start, plus the
+        // pods that bound the normalisation and the homes.
+        for n in [200, 4096] {
+            let (p, ids) = pool(n, |_| (1, 4, 0.25));
+            let s = Shortlist::new(&p, &Table::default(), &ids, &config()).unwrap();
+            assert_eq!(s.groups.len(), 1);
+            let plan = s.plan([], &[7, 8], 3, 42).unwrap();
+            assert!(
+                plan.positions.len() <= 3 + 3 + 2,
+                "{n}: {:?}",
+                plan.positions
+            );
+        }
+        // The decision guard's pool: varied reports, few groups can hold the best.
+        let (p, ids) = pool(4096, |i| {
+            (
+                (i * 7 % 5) as u32,
+                (i * 13 % 17) as u32,
+                (i * 37 % 80) as f32 / 100.0,
+            )
+        });
+        let s = Shortlist::new(&p, &Table::default(), &ids, &config()).unwrap();
+        let plan = s.plan([5, 900, 4000], &[7, 8], 3, 42).unwrap();
+        assert!(plan.positions.len() <= 40, "{:?}", plan.positions);
+        // Too many touched pods for the kept groups: scored whole.
+        assert!(s.plan(0..DEPTH as u32, &[], 3, 42).is_none());
+    }
+}

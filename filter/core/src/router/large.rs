@@ -11,7 +11,7 @@ use crate::inflight::PodLoad;
 use crate::predict::Fit;
 use crate::request::{parse, ApiKind};
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, Pod, Pool};
+use llm_router_snapshot::{Engine, LoraState, Pod, Pool};
 use std::sync::atomic::Ordering::Relaxed;
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -47,7 +47,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
     let top_k = 1 + rng.below(4);
     let json = format!(
         r#"{{"pools": [{{"name": "llama", "cluster": "pool_llama", "models": ["{MODEL}"],
-             "preset": "{preset}"}}],
+             "adapters": ["sql-lora"], "preset": "{preset}"}}],
            "snapshot": {{"secret": "router-test-secret-0123456789abcdef", "stale_after_ms": 1000000}},
            "top_k": {top_k}}}"#
     );
@@ -74,6 +74,11 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
             },
             block_size: 16,
             num_blocks: 1000,
+            lora: rng.chance(30).then(|| LoraState {
+                running: vec!["sql-lora".into()],
+                waiting: vec![],
+                max_loras: 2,
+            }),
             ..Pod::default()
         })
         .collect();
@@ -111,7 +116,9 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
             text.push_str("the quick brown fox jumps over the lazy dog ");
         }
         text.push_str(&format!("question {}", rng.next()));
-        serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": text}]})
+        // An adapter request now and then: scored over the whole pool, the same homes.
+        let model = if rng.chance(10) { "sql-lora" } else { MODEL };
+        serde_json::json!({"model": model, "messages": [{"role": "user", "content": text}]})
             .to_string()
     };
     let context = |rng: &mut Rng| Context {
@@ -205,5 +212,9 @@ fn a_large_pools_shortlist_decides_as_scoring_every_pod() {
     assert!(
         shortlisted > 900,
         "only {shortlisted} decisions were shortlisted"
+    );
+    assert!(
+        shortlisted < routed + rejected,
+        "no decision was scored whole"
     );
 }
