@@ -6,7 +6,8 @@
 //! them, they hold none of the prompt's prefix, and they are not the prompt's home. Such a pod
 //! (a *static* pod) is scored from its report alone — waiting, running, KV in use, stale — and
 //! every scorer gives a pod no worse a value for fewer waiting, fewer running, less KV and a
-//! fresh report, whatever the request ([`crate::score::Gauges`]). A static pod that another
+//! fresh report, whatever the request (one that names no adapter: where an adapter is loaded
+//! is not in these four; [`crate::score::Gauges`]). A static pod that another
 //! static pod beats or equals in all four (and differs from) ranks after it, so a static pod
 //! with `k` such *dominators* cannot be among the best `k`.
 //!
@@ -135,8 +136,8 @@ impl Shortlist {
     /// [`score::LARGE_POOL`] pods that are not failing; `None` for a smaller pool, or one whose
     /// addresses or ids repeat or whose KV gauges are not numbers (scored whole).
     pub fn new(pool: &Pool, baseline: &Table, ids: &[u32], config: &PoolConfig) -> Option<Self> {
-        let live = pool.pods.iter().filter(|p| p.health != Health::Failing);
-        if live.count() <= score::LARGE_POOL || ids.len() != pool.pods.len() {
+        let serving = pool.pods.iter().filter(|p| p.health != Health::Failing);
+        if serving.count() <= score::LARGE_POOL || ids.len() != pool.pods.len() {
             return None;
         }
         let mut s = Shortlist::default();
