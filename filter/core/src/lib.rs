@@ -33,6 +33,7 @@ pub mod request;
 pub mod rewrite;
 pub mod router;
 pub mod score;
+mod shortlist;
 pub mod store;
 pub mod trust;
 pub mod usage;

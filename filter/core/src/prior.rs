@@ -39,6 +39,69 @@ pub fn rendezvous<'a>(addrs: impl Iterator<Item = &'a str>, key: u64) -> Option<
         .map(|(i, _)| i)
 }
 
+/// A large pool's address hash for [`Rendezvous`], computed once per snapshot.
+pub fn address_hash(address: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(address.as_bytes(), 0)
+}
+
+/// [`rendezvous`] for a pool of more than [`crate::score::LARGE_POOL`] pods, in two levels so
+/// a request does not weigh every pod: the pods fall into about `√n` groups by the leading
+/// bits of their [`address_hash`] (a power of two of them, so the groups change only when the
+/// pool crosses a power of four), the key picks the group of highest weight, then the pod of
+/// highest weight in it. A weight is a cheap mix of the key with the group's bits or the pod's
+/// hash. About `2√n` mixes per key (128 at 4,096 pods) instead of a pass of xxHash64 over every
+/// address. Still the same on every replica, and a pod that comes or goes moves only keys of
+/// its own group, about `1/n` of them; the homes differ from [`rendezvous`]'s, so pools at most
+/// that large keep theirs. Built once per snapshot ([`crate::shortlist`]), or per decision
+/// where a large pool is scored whole.
+#[derive(Debug, Clone, Default)]
+pub struct Rendezvous {
+    /// `(group, first member in members)`, by group, for the groups that have pods.
+    groups: Vec<(u64, usize)>,
+    /// `(hash, position)` of every pod, by group.
+    members: Vec<(u64, usize)>,
+}
+
+impl Rendezvous {
+    /// Over the pods with these hashes (positions in iteration order).
+    pub fn new(hashes: impl Iterator<Item = u64>) -> Rendezvous {
+        let mut members: Vec<(u64, usize)> = hashes.enumerate().map(|(i, h)| (h, i)).collect();
+        let n = members.len().max(1);
+        // ⌈log2 n⌉ / 2, rounded up: √n groups.
+        let bits = (usize::BITS - (n - 1).leading_zeros()).div_ceil(2);
+        let group = |h: u64| h.checked_shr(64 - bits).unwrap_or(0);
+        members.sort_unstable_by_key(|&(h, i)| (group(h), i));
+        let mut groups: Vec<(u64, usize)> = Vec::new();
+        for (at, &(h, _)) in members.iter().enumerate() {
+            if groups.last().is_none_or(|&(g, _)| g != group(h)) {
+                groups.push((group(h), at));
+            }
+        }
+        Rendezvous { groups, members }
+    }
+
+    /// The position of `key`'s home (`None` without pods).
+    pub fn home(&self, key: u64) -> Option<usize> {
+        let (g, (_, from)) = self
+            .groups
+            .iter()
+            .enumerate()
+            .max_by_key(|&(_, &(g, _))| crate::score::mix(g, key ^ GROUP_SALT))?;
+        let to = self
+            .groups
+            .get(g + 1)
+            .map_or(self.members.len(), |&(_, at)| at);
+        self.members
+            .get(*from..to)?
+            .iter()
+            .max_by_key(|&&(h, _)| crate::score::mix(h, key))
+            .map(|&(_, i)| i)
+    }
+}
+
+/// Keeps a group's weight for a key apart from a pod's whose hash equals the group's bits.
+const GROUP_SALT: u64 = 0x6772_6F75_7073_616C;
+
 /// This proxy's share of the requests the pool's engines report (1 when the engines report
 /// none, or when the proxy has as many in flight as they count).
 pub fn own_share(pool: &Pool, baseline: &Table) -> f64 {
@@ -97,7 +160,7 @@ pub fn credit(target_blocks: usize, known_blocks: u32, own_share: f64) -> Option
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::inflight::PodLoad;
     use llm_router_snapshot::{Engine, Pod};
@@ -144,6 +207,45 @@ mod tests {
             ..Pool::default()
         };
         assert_eq!(own_share(&idle, &table(&[])), 1.0);
+    }
+
+    #[test]
+    fn a_large_pools_homes_move_only_with_their_pod_and_spread_over_the_pool() {
+        let addrs: Vec<String> = (0..1000)
+            .map(|i| format!("10.1.{}.{}:8000", i / 256, i % 256))
+            .collect();
+        let homes = |skip: Option<usize>| {
+            let kept: Vec<&String> = addrs
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != skip)
+                .map(|(_, a)| a)
+                .collect();
+            let r = Rendezvous::new(kept.iter().map(|a| address_hash(a)));
+            (0..20_000u64)
+                .map(|k| kept[r.home(crate::score::mix(k, 7)).unwrap()].clone())
+                .collect::<Vec<String>>()
+        };
+        let all = homes(None);
+        let mut per_pod = std::collections::HashMap::new();
+        for h in &all {
+            *per_pod.entry(h.clone()).or_insert(0) += 1;
+        }
+        // 20 keys per pod on average: every pod gets some, none more than a few times that.
+        assert_eq!(per_pod.len(), 1000);
+        assert!(
+            per_pod.values().all(|&n| n <= 80),
+            "{:?}",
+            per_pod.values().max()
+        );
+        // A pod leaves: only its keys move.
+        let gone = &addrs[123];
+        let after = homes(Some(123));
+        for (before, now) in all.iter().zip(&after) {
+            if before != gone {
+                assert_eq!(before, now);
+            }
+        }
     }
 
     #[test]

@@ -7,14 +7,15 @@
 
 use crate::config::{Config, OnMissing, OnStale, PoolConfig};
 use crate::flow::{self, Admission, PodRoom};
-use crate::inflight::{self, Table};
+use crate::inflight::{self, PodLoad, Table};
 use crate::lora::{self, Placement};
 use crate::predict::{self, Rate};
 use crate::prefix::{self, PrefixIndex};
 use crate::prior;
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
-use crate::score::{self, Candidate, Features, Mode};
+use crate::score::{self, Candidate, Features, Mode, Scope, Unscored};
+use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use crate::trust;
 use llm_router_snapshot::{Health, Snapshot};
@@ -31,6 +32,9 @@ struct PoolIndex {
     homes_key: u64,
     /// This proxy's share of the requests the pool's engines counted ([`prior::own_share`]).
     own_share: f64,
+    /// What a large pool's decisions shortlist from ([`crate::shortlist`]); `None` for a
+    /// pool scored whole.
+    shortlist: Option<Shortlist>,
 }
 
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
@@ -106,16 +110,26 @@ impl Fleet {
                 }
                 let own_share = baselines.get(i).map_or(1.0, |b| prior::own_share(pool, b));
                 let homes_key = lora::homes_key(&adapters, &addrs, &slots);
+                let pod_ids: Vec<u32> = addrs.iter().map(|a| prefix::pod_id(a)).collect();
+                let empty = Table::default();
+                let pool_config = config.pool(&pool.name).unwrap_or(&config.default_pool);
+                let shortlist = Shortlist::new(
+                    pool,
+                    baselines.get(i).unwrap_or(&empty),
+                    &pod_ids,
+                    pool_config,
+                );
                 let reused = prev.and_then(|f| {
                     let j = f.snapshot.pools.iter().position(|p| p.name == pool.name)?;
                     let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
                     Some(old.homes.clone())
                 });
                 PoolIndex {
-                    pod_ids: addrs.iter().map(|a| prefix::pod_id(a)).collect(),
+                    pod_ids,
                     homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
                     homes_key,
                     own_share,
+                    shortlist,
                 }
             })
             .collect();
@@ -359,7 +373,11 @@ impl Router {
             Viewed::Ready(v) => v,
             Viewed::Fallback(r) => return Ok(Decision::Routed(*r)),
         };
-        let mut cands = candidates(store, &view, req, ctx)?;
+        // A large pool's shortlist ranks exactly what scoring every pod would for the best
+        // `top_k`: not for flow control's admission or the debug scores, which look at them all.
+        let shortlist =
+            (hold == Hold::Never && !self.config.debug_scores).then_some(self.config.top_k);
+        let mut cands = candidates(store, &view, req, ctx, shortlist)?;
         let retry = (self.config.retry_after_s, self.config.retry_after_max_s);
         let kv_threshold = self.config.flow.kv_threshold;
         let Some(fits) = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry)? else {
@@ -474,13 +492,19 @@ impl Router {
         } else {
             self.config.top_k
         };
-        let ranked = score::rank(
+        let scope = Scope {
+            positions: &c.positions,
+            pool_pods: c.pool_pods,
+            unscored: c.unscored.as_ref(),
+        };
+        let ranked = score::rank_in(
             &view.pool,
             &c.cands,
             features,
             view.mode,
             keep,
             (self.config.retry_after_s, self.config.retry_after_max_s),
+            &scope,
         )?;
         let Some(fits) = fits else {
             return Ok(ranked);
@@ -636,6 +660,58 @@ struct Candidates<'f> {
     found: prefix::PrefixMatch,
     /// `(candidate, its own prefix record)` for candidates credited by [`features`].
     credited: Vec<(usize, u32)>,
+    /// Each candidate's position among the pool's candidates when they are a large pool's
+    /// shortlist (ascending); empty when they are the whole pool.
+    positions: Vec<u32>,
+    /// Candidates in the whole pool.
+    pool_pods: usize,
+    /// A shortlist's homes: `(key, position)`.
+    homes: Option<Vec<(u64, Option<u32>)>>,
+    /// What the ranking needs of the pods a shortlist left out.
+    unscored: Option<Unscored<'f>>,
+    /// A large pool's index for the generation, when its candidates are the whole pool (its
+    /// positions are then the candidates' indices): the homes without a rendezvous built per
+    /// decision.
+    index: Option<&'f Shortlist>,
+}
+
+impl Candidates<'_> {
+    /// The candidate every gateway replica takes as the home of `key`: the rendezvous choice
+    /// among the pool's candidates ([`prior::rendezvous`]; over the addresses' hashes in a
+    /// large pool, [`prior::Rendezvous`]).
+    fn home(&self, key: u64) -> Option<usize> {
+        if let Some(homes) = &self.homes {
+            let (_, at) = homes.iter().find(|(k, _)| *k == key)?;
+            return self.positions.binary_search(&(*at)?).ok();
+        }
+        if self.cands.len() > score::LARGE_POOL {
+            if let Some(sl) = self.index.filter(|sl| sl.len() == self.cands.len()) {
+                return sl.home(key).map(|at| at as usize);
+            }
+            let hashes = self.cands.iter().map(|c| prior::address_hash(c.address));
+            return prior::Rendezvous::new(hashes).home(key);
+        }
+        prior::rendezvous(self.cands.iter().map(|c| c.address), key)
+    }
+}
+
+/// The anchor of a long context that other replicas probably put somewhere
+/// ([`prior::anchor_depth`]): its chained block hash and the credit its home gets, when this
+/// replica knows less of the prompt (`known` blocks on its best pod) than the anchor's depth.
+fn anchor(
+    pool: &PoolConfig,
+    hashes: &prefix::Hashes,
+    prompt_chars: usize,
+    known: u32,
+    own_share: f64,
+) -> Option<(u64, u32)> {
+    let n = hashes.blocks.len();
+    let prompt_blocks = prompt_chars / pool.prefix.block_chars.max(1);
+    let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
+        .filter(|&depth| (known as usize) < depth)?;
+    let key = hashes.blocks.get(depth - 1).copied()?;
+    let credit = prior::credit(n, known, own_share)?;
+    Some((key, credit))
 }
 
 /// Stage 3: every pod that is not failing, with its gauges, this proxy's load, its learned
@@ -646,6 +722,7 @@ fn candidates<'f, S: SharedStore>(
     view: &PoolView<'f>,
     req: &ParsedRequest<'_>,
     ctx: Context,
+    shortlist: Option<usize>,
 ) -> Result<Candidates<'f>, Rejection> {
     let (pool, sp, live) = (&view.pool, view.sp, &view.live);
     let model = view.model(req);
@@ -676,6 +753,27 @@ fn candidates<'f, S: SharedStore>(
         cost_ms_per_token: predict.prior_ms_per_token,
         base_ms: predict.prior_base_ms,
     };
+    let large = view
+        .derived
+        .and_then(|d| d.shortlist.as_ref())
+        .filter(|_| view.mode == Mode::Full && !view.adapter);
+    if let (Some(sl), Some(top_k)) = (large, shortlist) {
+        if let Some(s) = shortlisted(view, sl, &hashes, &found, req, ctx, prior, top_k) {
+            return Ok(Candidates {
+                cands: s.cands,
+                ids: s.ids,
+                rooms: s.rooms,
+                hashes,
+                found,
+                credited: Vec::new(),
+                positions: s.positions,
+                pool_pods: sl.len(),
+                homes: Some(s.homes),
+                unscored: Some(s.unscored),
+                index: None,
+            });
+        }
+    }
     let addrs = || sp.pods.iter().map(|p| p.address.as_str());
     let loads = live.get_all(addrs());
     let baselines = baseline.get_all(addrs());
@@ -832,6 +930,7 @@ fn candidates<'f, S: SharedStore>(
         };
         return Err(Rejection::no_endpoints(&pool.name, why));
     }
+    let pool_pods = cands.len();
     Ok(Candidates {
         cands,
         ids,
@@ -839,6 +938,157 @@ fn candidates<'f, S: SharedStore>(
         hashes,
         found,
         credited: Vec::new(),
+        positions: Vec::new(),
+        pool_pods,
+        homes: None,
+        unscored: None,
+        index: view.derived.and_then(|d| d.shortlist.as_ref()),
+    })
+}
+
+/// Decisions made over a shortlist (tests check that they were).
+#[cfg(test)]
+static SHORTLISTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Stage 3 over a large pool's shortlist ([`crate::shortlist`]).
+struct Shortlisted<'f> {
+    cands: Vec<Candidate<'f>>,
+    ids: Vec<u32>,
+    rooms: Vec<PodRoom>,
+    positions: Vec<u32>,
+    homes: Vec<(u64, Option<u32>)>,
+    unscored: Unscored<'f>,
+}
+
+/// The candidates of a large pool's shortlist for a request in a fresh snapshot that names no
+/// adapter: each built as [`candidates`] builds it over the whole pool (the gauges already
+/// distrusted once for the generation, [`Shortlist::new`]). `None` when the shortlist cannot
+/// be sure of the best pods ([`Shortlist::plan`]); the whole pool is scored then.
+#[allow(clippy::too_many_arguments)]
+fn shortlisted<'f>(
+    view: &PoolView<'f>,
+    sl: &'f Shortlist,
+    hashes: &prefix::Hashes,
+    found: &prefix::PrefixMatch,
+    req: &ParsedRequest<'_>,
+    ctx: Context,
+    prior: Rate,
+    top_k: usize,
+) -> Option<Shortlisted<'f>> {
+    let (pool, sp, live) = (&view.pool, view.sp, &view.live);
+    let saturations = sl.saturations(pool)?;
+    // This proxy's entries for the pool's pods by snapshot index (the last of an address that
+    // repeats, as [`Table::get_all`] reads it).
+    let mut loads: Vec<(usize, PodLoad)> = live
+        .entries
+        .iter()
+        .rev()
+        .filter_map(|(a, l)| Some((sl.index_of(a)?, *l)))
+        .collect();
+    loads.sort_by_key(|&(i, _)| i);
+    loads.dedup_by_key(|&mut (i, _)| i);
+    let load_of = |i: usize| {
+        loads
+            .binary_search_by_key(&i, |&(j, _)| j)
+            .ok()
+            .and_then(|k| loads.get(k))
+            .map_or_else(PodLoad::default, |&(_, l)| l)
+    };
+    let pool_rate = predict::pool_rate(loads.iter().filter_map(|(_, l)| l.fit.rate()), prior);
+    let floor = trust::cost_floor(pool_rate.cost_ms_per_token);
+    let holders: Vec<(u32, u32)> = found
+        .per_pod
+        .iter()
+        .filter_map(|&(id, blocks)| Some((sl.position_of_id(id)?, blocks)))
+        .collect();
+    let known = holders.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    let share = view.derived.map_or(1.0, |d| d.own_share);
+    let mut keys = vec![hashes.key];
+    keys.extend(anchor(pool, hashes, req.prompt_chars(), known, share).map(|(k, _)| k));
+    let touched = loads
+        .iter()
+        .filter_map(|&(i, _)| sl.position_of(i))
+        .chain(holders.iter().map(|&(at, _)| at));
+    let plan = sl.plan(touched, &keys, top_k, ctx.tie)?;
+    let blocks_of = |at: u32| {
+        holders
+            .iter()
+            .find(|&&(h, _)| h == at)
+            .map_or(0, |&(_, b)| b)
+    };
+    let n = plan.positions.len();
+    let (mut cands, mut ids, mut rooms) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut scored = Vec::new();
+    for &at in &plan.positions {
+        let i = *sl.pods.get(at as usize)? as usize;
+        let (p, g) = (sp.pods.get(i)?, sl.gauges.get(at as usize)?);
+        let l = load_of(i);
+        let rate = l.fit.rate().map_or(pool_rate, |r| Rate {
+            cost_ms_per_token: r.cost_ms_per_token.max(floor),
+            ..r
+        });
+        scored.extend(sl.saturation_of(pool, at));
+        ids.push(
+            view.derived
+                .and_then(|d| d.pod_ids.get(i).copied())
+                .unwrap_or(0),
+        );
+        rooms.push(PodRoom {
+            kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
+            adapter_slots: p.lora.as_ref().is_some_and(|l| l.max_loras > 0),
+        });
+        cands.push(Candidate {
+            address: &p.address,
+            stale: g.stale,
+            waiting: g.waiting,
+            running: g.running,
+            kv_usage: g.kv_usage,
+            in_flight: l.in_flight,
+            in_flight_baseline: g.baseline,
+            pending_tokens: l.pending_tokens,
+            rate,
+            prefix_blocks: blocks_of(at),
+            lora: Placement::default(),
+            adapter_ms: 0.0,
+            contradicted: g.contradicted,
+            ejected: l.ejected(ctx.now_ms),
+        });
+    }
+    // As over the whole pool: at most half of it is put behind for its errors.
+    let half = sl.len() / 2;
+    if cands.iter().filter(|c| c.ejected).count() > half {
+        let mut runs: Vec<(u16, usize)> = cands
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.ejected)
+            .map(|(i, c)| (live.get(c.address).errors, i))
+            .collect();
+        runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, i) in runs.iter().skip(half) {
+            if let Some(c) = cands.get_mut(i) {
+                c.ejected = false;
+            }
+        }
+    }
+    #[cfg(test)]
+    SHORTLISTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let unscored = Unscored {
+        pods: saturations.len().saturating_sub(scored.len()),
+        rate: pool_rate,
+        saturations,
+        scored,
+    };
+    Some(Shortlisted {
+        cands,
+        ids,
+        rooms,
+        positions: plan.positions,
+        homes: plan.homes,
+        unscored,
     })
 }
 
@@ -938,22 +1188,15 @@ fn features<'r>(
 ) -> Features<'r> {
     let pool = &view.pool;
     let full = view.mode == Mode::Full;
-    let key_home = prior::rendezvous(c.cands.iter().map(|c| c.address), c.hashes.key);
+    let key_home = c.home(c.hashes.key);
     let prompt_chars = req.prompt_chars();
     if full {
         let known = c.cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
         let block_chars = pool.prefix.block_chars.max(1);
-        let prompt_blocks = prompt_chars / block_chars;
         let share = view.derived.map_or(1.0, |d| d.own_share);
         let n = c.hashes.blocks.len();
-        let context = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
-            .filter(|&depth| (known as usize) < depth)
-            .and_then(|depth| {
-                let anchor = c.hashes.blocks.get(depth - 1).copied()?;
-                let credit = prior::credit(n, known, share)?;
-                let home = prior::rendezvous(c.cands.iter().map(|c| c.address), anchor)?;
-                Some((home, credit))
-            });
+        let context = anchor(pool, &c.hashes, prompt_chars, known, share)
+            .and_then(|(key, credit)| Some((c.home(key)?, credit)));
         let conversation = req.history_bytes().and_then(|bytes| {
             let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
             Some((key_home?, credit))
@@ -1070,6 +1313,8 @@ fn account<S: SharedStore>(
     }
 }
 
+#[cfg(test)]
+mod large;
 #[cfg(test)]
 mod lying;
 #[cfg(test)]

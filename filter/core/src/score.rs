@@ -277,8 +277,13 @@ pub struct Scored {
 
 /// How saturated a pod is: ≥ 1 means past a threshold (GAIE: `max(queue/5, kv/0.8)`).
 pub fn saturation(pool: &PoolConfig, c: &Candidate<'_>) -> f64 {
-    let q = c.est_waiting() / pool.saturation.queue_threshold;
-    let kv = f64::from(c.kv_usage.unwrap_or(0.0)) / pool.saturation.kv_threshold;
+    saturation_of(pool, c.est_waiting(), c.kv_usage)
+}
+
+/// [`saturation`] of a pod with `waiting` requests waiting and `kv_usage`.
+pub fn saturation_of(pool: &PoolConfig, waiting: f64, kv_usage: Option<f32>) -> f64 {
+    let q = waiting / pool.saturation.queue_threshold;
+    let kv = f64::from(kv_usage.unwrap_or(0.0)) / pool.saturation.kv_threshold;
     q.max(kv)
 }
 
@@ -330,7 +335,7 @@ pub fn score_all(
         .collect()
 }
 
-fn mix(a: u64, b: u64) -> u64 {
+pub(crate) fn mix(a: u64, b: u64) -> u64 {
     // SplitMix64 finaliser: a cheap, well-spread hash of (tie, index).
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -363,6 +368,64 @@ pub fn retry_after_s(
     (secs.max(f64::from(min_s)).min(f64::from(max_s.max(min_s)))) as u32
 }
 
+/// Pools with more candidates than this break exact ties differently ([`Scope`]) and may be
+/// ranked from a shortlist ([`crate::shortlist`]); smaller pools rank exactly as they always did.
+pub const LARGE_POOL: usize = 128;
+
+/// Which pods a ranking sees: the whole pool, or a large pool's shortlist
+/// ([`crate::shortlist`]) with what the ranking needs of the pods left out.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope<'a> {
+    /// The candidates' positions among the pool's candidates (empty: the candidates are the
+    /// whole pool, in order).
+    pub positions: &'a [u32],
+    /// Candidates in the whole pool.
+    pub pool_pods: usize,
+    /// The pods left out, when the candidates are a shortlist.
+    pub unscored: Option<&'a Unscored<'a>>,
+}
+
+impl Scope<'_> {
+    /// The candidates are the whole pool.
+    pub fn whole(pods: usize) -> Scope<'static> {
+        Scope {
+            positions: &[],
+            pool_pods: pods,
+            unscored: None,
+        }
+    }
+
+    fn position(&self, index: usize) -> usize {
+        self.positions
+            .get(index)
+            .map_or(index, |&p| usize::try_from(p).unwrap_or(usize::MAX))
+    }
+}
+
+/// What the pool's saturation needs of the pods a shortlist left out: each of them has no
+/// entry in this proxy's tables, so it is predicted at the pool's rate and its saturation is
+/// its report's, known when the snapshot was indexed.
+#[derive(Debug, Clone)]
+pub struct Unscored<'a> {
+    /// Pods left out.
+    pub pods: usize,
+    /// Their rate (the pool's).
+    pub rate: Rate,
+    /// Saturation of every pod the shortlist may leave out, ascending.
+    pub saturations: &'a [f64],
+    /// The saturations (in `saturations`) of those pods that are candidates after all.
+    pub scored: Vec<f64>,
+}
+
+impl Unscored<'_> {
+    /// Left-out pods at `limit` or above.
+    fn at_least(&self, limit: f64) -> usize {
+        let all = self.saturations.len() - self.saturations.partition_point(|&s| s < limit);
+        let scored = self.scored.iter().filter(|&&s| s >= limit).count();
+        all.saturating_sub(scored)
+    }
+}
+
 /// Ranks the candidates best first (at most `top_k`), or rejects when the pool is saturated
 /// for this request's priority. `retry_after` bounds the `Retry-After` of a rejection.
 pub fn rank(
@@ -373,60 +436,189 @@ pub fn rank(
     top_k: usize,
     retry_after: (u32, u32),
 ) -> Result<Vec<Scored>, Rejection> {
+    rank_in(
+        pool,
+        cands,
+        f,
+        mode,
+        top_k,
+        retry_after,
+        &Scope::whole(cands.len()),
+    )
+}
+
+/// The pool's saturation is at `limit` or past it: the pods holding more than half of its
+/// capacity are ([`trust::pool_saturation`]), counted over the candidates and the pods a
+/// shortlist left out.
+fn saturated(cands: &[Candidate<'_>], scored: &[Scored], rest: &Unscored<'_>, limit: f64) -> bool {
+    let speed = |r: &Rate| 1.0 / r.cost_ms_per_token.max(1e-9);
+    let rest_speed = speed(&rest.rate);
+    let Some(mid) = trust::median_with(
+        cands.iter().map(|c| speed(&c.rate)).collect(),
+        rest_speed,
+        rest.pods,
+    ) else {
+        return false;
+    };
+    let w = |x: f64| {
+        let x = (x / mid).min(1.0);
+        if x.is_finite() && x > 0.0 {
+            x
+        } else {
+            1.0
+        }
+    };
+    let (mut total, mut held) = (0.0, 0.0);
+    for (c, s) in cands.iter().zip(scored) {
+        let x = w(speed(&c.rate));
+        total += x;
+        if s.saturation >= limit {
+            held += x;
+        }
+    }
+    let x = w(rest_speed);
+    total += x * rest.pods as f64;
+    held += x * rest.at_least(limit) as f64;
+    held > total / 2.0
+}
+
+/// [`rank`] over the candidates of `scope`. Ties: in a pool of at most [`LARGE_POOL`]
+/// candidates, equal pods go in a per-request shuffle; in a larger one, by their gauges
+/// (fewer waiting, then less KV in use), then from a per-request starting position round the
+/// pool, so a shortlist can find the tied pods that come first without visiting the others.
+pub fn rank_in(
+    pool: &PoolConfig,
+    cands: &[Candidate<'_>],
+    f: &Features<'_>,
+    mode: Mode,
+    top_k: usize,
+    retry_after: (u32, u32),
+    scope: &Scope<'_>,
+) -> Result<Vec<Scored>, Rejection> {
     if cands.is_empty() {
         return Err(Rejection::no_endpoints(&pool.name, "the pool has no pods"));
     }
     let scored = score_all(pool, cands, f, mode);
     if mode == Mode::Full {
-        // Judged on the pool, not its best pod: the pods holding most of its capacity.
-        let weights = trust::capacity_weights(cands);
-        let pods: Vec<(f64, f64)> = scored
-            .iter()
-            .map(|s| (s.saturation, weights.get(s.index).copied().unwrap_or(1.0)))
-            .collect();
-        let least = trust::pool_saturation(&pods);
         let limit = match f.priority {
             p if p < 0 => Some(1.0),
             0 if pool.saturation.critical_factor > 0.0 => Some(pool.saturation.critical_factor),
             _ => None,
         };
+        let saturated_at = |limit: f64| match scope.unscored {
+            Some(rest) => saturated(cands, &scored, rest, limit),
+            None => {
+                // Judged on the pool, not its best pod: the pods holding most of its capacity.
+                let weights = trust::capacity_weights(cands);
+                let pods: Vec<(f64, f64)> = scored
+                    .iter()
+                    .map(|s| (s.saturation, weights.get(s.index).copied().unwrap_or(1.0)))
+                    .collect();
+                trust::pool_saturation(&pods) >= limit
+            }
+        };
         if let Some(limit) = limit {
-            if least >= limit {
+            if saturated_at(limit) {
                 let (min_s, max_s) = retry_after;
                 let secs = retry_after_s(pool, cands, f, min_s, max_s);
                 return Err(Rejection::saturated(&pool.name, secs));
             }
         }
     }
+    let large = scope.pool_pods > LARGE_POOL;
+    let n = scope.pool_pods.max(1) as u64;
+    let start = rotation_start(f.tie, scope.pool_pods);
     // A contradicted pod holding more than its share of this proxy's requests goes after the
     // rest ([`trust::over_share`]). Then best score first; among equals the lighter pod, then
-    // a per-request shuffle, then the index (a total order, so the unstable sort ranks exactly
-    // as a stable one would). The keys are computed once per pod, not once per comparison,
-    // and only the top `top_k` are sorted: a pool of hundreds of pods is partitioned in
-    // linear time.
+    // (large pools) the one with fewer waiting and less KV in use, then a per-request shuffle
+    // (or starting position), then the index (a total order, so the unstable sort ranks
+    // exactly as a stable one would). The keys are computed once per pod, not once per
+    // comparison, and only the top `top_k` are sorted: a pool of hundreds of pods is
+    // partitioned in linear time.
     let mut keyed: Vec<(Scored, f64, u64, bool)> = scored
         .into_iter()
         .map(|s| {
-            let load = cands.get(s.index).map(Candidate::est_load).unwrap_or(0.0);
-            let over =
-                trust::over_share(cands, s.index) || cands.get(s.index).is_some_and(|c| c.ejected);
-            (s, load, mix(f.tie, s.index as u64), over)
+            let c = cands.get(s.index);
+            let load = c.map(Candidate::est_load).unwrap_or(0.0);
+            let over = trust::over_share_of(cands, s.index, scope.pool_pods)
+                || c.is_some_and(|c| c.ejected);
+            let tie = if large {
+                let at = scope.position(s.index) as u64;
+                (at % n + n - start) % n
+            } else {
+                mix(f.tie, s.index as u64)
+            };
+            (s, load, tie, over)
         })
         .collect();
-    let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
-        a.3.cmp(&b.3)
-            .then(b.0.score.total_cmp(&a.0.score))
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-            .then(a.0.index.cmp(&b.0.index))
-    };
     let k = top_k.max(1);
+    if large {
+        let gauges = |i: usize| cands.get(i).map(Gauges::of).unwrap_or_default();
+        let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
+            a.3.cmp(&b.3)
+                .then(b.0.score.total_cmp(&a.0.score))
+                .then(a.1.total_cmp(&b.1))
+                .then_with(|| gauges(a.0.index).cmp(&gauges(b.0.index)))
+                .then(a.2.cmp(&b.2))
+                .then(a.0.index.cmp(&b.0.index))
+        };
+        best_k(&mut keyed, k, order);
+    } else {
+        let order = |a: &(Scored, f64, u64, bool), b: &(Scored, f64, u64, bool)| {
+            a.3.cmp(&b.3)
+                .then(b.0.score.total_cmp(&a.0.score))
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.0.index.cmp(&b.0.index))
+        };
+        best_k(&mut keyed, k, order);
+    }
+    Ok(keyed.into_iter().map(|(s, ..)| s).collect())
+}
+
+/// Keeps the first `k` of `keyed` in `order`, sorted: a partition in linear time, then a sort
+/// of those `k` only.
+fn best_k<T>(keyed: &mut Vec<T>, k: usize, order: impl Fn(&T, &T) -> std::cmp::Ordering + Copy) {
     if keyed.len() > k {
         keyed.select_nth_unstable_by(k - 1, order);
         keyed.truncate(k);
     }
     keyed.sort_unstable_by(order);
-    Ok(keyed.into_iter().map(|(s, ..)| s).collect())
+}
+
+/// Where a large pool's exact ties start ([`rank_in`]): a position from the request's
+/// tie-break bits.
+pub fn rotation_start(tie: u64, pods: usize) -> u64 {
+    let n = pods.max(1) as u64;
+    mix(tie, n) % n
+}
+
+/// What orders equally scored, equally loaded pods of a large pool: fresh before stale, fewer
+/// waiting, less KV in use (absent: half). Each makes a pod score no worse, so a pod at or
+/// below another in all of them and its load ranks before it ([`crate::shortlist`] relies on
+/// it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gauges {
+    pub stale: bool,
+    pub waiting: f64,
+    pub kv: f64,
+}
+
+impl Gauges {
+    pub fn of(c: &Candidate<'_>) -> Gauges {
+        Gauges {
+            stale: c.stale,
+            waiting: c.est_waiting(),
+            kv: c.kv_usage.map_or(0.5, f64::from),
+        }
+    }
+
+    fn cmp(&self, o: &Gauges) -> std::cmp::Ordering {
+        self.stale
+            .cmp(&o.stale)
+            .then(self.waiting.total_cmp(&o.waiting))
+            .then(self.kv.total_cmp(&o.kv))
+    }
 }
 
 #[cfg(test)]

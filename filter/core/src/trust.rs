@@ -60,6 +60,27 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
     v.get(v.len() / 2).copied()
 }
 
+/// The median of `v` and `extra_count` more values `extra` (as [`median`] of them all, without
+/// writing them out: a large pool's pods left out of a shortlist all have the pool's rate).
+pub fn median_with(mut v: Vec<f64>, extra: f64, extra_count: usize) -> Option<f64> {
+    let n = v.len() + extra_count;
+    if n == 0 {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = n / 2;
+    // The extra values sit after the listed ones below them (a stable sort keeps equal values
+    // in either order: equal, so the median is the same).
+    let below = v.partition_point(|x| x.total_cmp(&extra).is_le());
+    if mid < below {
+        v.get(mid).copied()
+    } else if mid < below + extra_count {
+        Some(extra)
+    } else {
+        v.get(mid - extra_count).copied()
+    }
+}
+
 /// Marks contradicted candidates and replaces their gauges by the medians of the others (a
 /// pod whose gauges are absent keeps them absent). With no trusted pod left, contradicted
 /// pods keep their own gauges: there is nothing better to compare with, and the own-view
@@ -94,10 +115,16 @@ pub fn distrust(cands: &mut [Candidate<'_>]) {
 /// Whether candidate `i` is contradicted and holds more of this proxy's in-flight requests
 /// than the mean of the other pods (so it goes after every pod that is not contradicted).
 pub fn over_share(cands: &[Candidate<'_>], i: usize) -> bool {
+    over_share_of(cands, i, cands.len())
+}
+
+/// [`over_share`] in a pool of `pods` candidates of which `cands` are those with requests of
+/// this proxy in flight (and any others): a large pool's shortlist ([`crate::shortlist`]).
+pub fn over_share_of(cands: &[Candidate<'_>], i: usize, pods: usize) -> bool {
     let Some(c) = cands.get(i).filter(|c| c.contradicted) else {
         return false;
     };
-    let others = cands.len().saturating_sub(1);
+    let others = pods.saturating_sub(1);
     if others == 0 {
         return false;
     }

@@ -447,41 +447,60 @@ fn ties_are_broken_by_the_tie_bits_not_by_position() {
 
 #[test]
 fn the_top_k_are_the_stable_ranking_of_every_pod() {
-    // 200 pods in a few load classes (many exact ties in score and load), each top_k and tie:
-    // the partitioned ranking is the full stable sort by (score, load, tie bits), cut at k.
-    let names: Vec<String> = (0..200)
-        .map(|i| format!("10.0.{}.{}:8000", i / 256, i % 256))
-        .collect();
-    let c: Vec<Candidate<'_>> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| Candidate {
-            waiting: (i % 3) as u32,
-            running: (i % 5) as u32,
-            in_flight: (i % 2) as u32,
-            kv_usage: Some(((i % 4) as f32) / 10.0),
-            ..pod(n)
-        })
-        .collect();
-    let p = latency();
-    for tie in [0, 1, 7, u64::MAX] {
-        let f = Features { tie, ..F };
-        let mut all = score_all(&p, &c, &f, Mode::Full);
-        let load = |s: &Scored| c[s.index].est_load();
-        all.sort_by(|a, b| {
-            b.score
-                .total_cmp(&a.score)
-                .then(load(a).total_cmp(&load(b)))
-                .then(mix(f.tie, a.index as u64).cmp(&mix(f.tie, b.index as u64)))
-        });
-        for k in [1, 2, 5, 32, 200, 500] {
-            let got: Vec<usize> = rank(&p, &c, &f, Mode::Full, k, (1, 30))
-                .unwrap()
-                .iter()
-                .map(|s| s.index)
-                .collect();
-            let want: Vec<usize> = all.iter().take(k).map(|s| s.index).collect();
-            assert_eq!(got, want, "tie {tie}, top {k}");
+    // Pods in a few load classes (many exact ties in score and load), each top_k and tie: the
+    // partitioned ranking is the full stable sort by (score, load, tie bits), cut at k. Past
+    // `LARGE_POOL` pods the ties go by gauges, then round the pool from a per-request start.
+    for pods in [120, 200] {
+        let names: Vec<String> = (0..pods)
+            .map(|i| format!("10.0.{}.{}:8000", i / 256, i % 256))
+            .collect();
+        let c: Vec<Candidate<'_>> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Candidate {
+                waiting: (i % 3) as u32,
+                running: (i % 5) as u32,
+                in_flight: (i % 2) as u32,
+                kv_usage: Some(((i % 4) as f32) / 10.0),
+                ..pod(n)
+            })
+            .collect();
+        let p = latency();
+        for tie in [0, 1, 7, u64::MAX] {
+            let f = Features { tie, ..F };
+            let mut all = score_all(&p, &c, &f, Mode::Full);
+            let load = |s: &Scored| c[s.index].est_load();
+            let start = rotation_start(tie, pods);
+            let tie_key = |s: &Scored| {
+                if pods > LARGE_POOL {
+                    (s.index as u64 + pods as u64 - start) % pods as u64
+                } else {
+                    mix(f.tie, s.index as u64)
+                }
+            };
+            let gauges = |s: &Scored| {
+                if pods > LARGE_POOL {
+                    Gauges::of(&c[s.index])
+                } else {
+                    Gauges::default()
+                }
+            };
+            all.sort_by(|a, b| {
+                b.score
+                    .total_cmp(&a.score)
+                    .then(load(a).total_cmp(&load(b)))
+                    .then(gauges(a).cmp(&gauges(b)))
+                    .then(tie_key(a).cmp(&tie_key(b)))
+            });
+            for k in [1, 2, 5, 32, 200, 500] {
+                let got: Vec<usize> = rank(&p, &c, &f, Mode::Full, k, (1, 30))
+                    .unwrap()
+                    .iter()
+                    .map(|s| s.index)
+                    .collect();
+                let want: Vec<usize> = all.iter().take(k).map(|s| s.index).collect();
+                assert_eq!(got, want, "{pods} pods, tie {tie}, top {k}");
+            }
         }
     }
 }
