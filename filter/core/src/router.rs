@@ -1050,6 +1050,9 @@ fn shortlisted<'f>(
             in_flight: l.in_flight,
             in_flight_baseline: g.baseline,
             pending_tokens: l.pending_tokens,
+            // The shortlist serves fresh snapshots only (a stale one is scored whole).
+            peer_in_flight: p.peers.in_flight,
+            peer_pending_tokens: p.peers.pending_tokens,
             rate,
             prefix_blocks: blocks_of(at),
             lora: Placement::default(),

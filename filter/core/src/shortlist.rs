@@ -54,12 +54,16 @@ pub(crate) struct Gauges {
     pub contradicted: bool,
     /// This proxy's requests in flight there when the snapshot was accepted.
     pub baseline: u32,
+    /// Other gateway replicas have work there (the snapshot's `peers`): scored every time,
+    /// like a baseline pod, since that work is not in the four gauges.
+    pub peers: bool,
 }
 
 impl Gauges {
-    /// A static pod: nothing of this proxy in flight there at the snapshot.
+    /// A static pod: nothing of this proxy in flight there at the snapshot, nor of other
+    /// replicas.
     fn is_static(&self) -> bool {
-        self.baseline == 0
+        self.baseline == 0 && !self.peers
     }
 
     /// Not worse in any gauge than `o`, and not the same.
@@ -173,6 +177,8 @@ impl Shortlist {
                 in_flight: 0,
                 in_flight_baseline: b.in_flight,
                 pending_tokens: 0,
+                peer_in_flight: p.peers.in_flight,
+                peer_pending_tokens: p.peers.pending_tokens,
                 rate: Rate {
                     cost_ms_per_token: 0.0,
                     base_ms: 0.0,
@@ -197,6 +203,7 @@ impl Shortlist {
                 stale: c.stale,
                 contradicted: c.contradicted,
                 baseline: c.in_flight_baseline,
+                peers: c.peer_in_flight > 0 || c.peer_pending_tokens > 0,
             })
             .collect();
         s.thresholds = (

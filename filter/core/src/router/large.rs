@@ -11,7 +11,7 @@ use crate::inflight::PodLoad;
 use crate::predict::Fit;
 use crate::request::{parse, ApiKind};
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, LoraState, Pod, Pool};
+use llm_router_snapshot::{Engine, LoraState, PeerWork, Pod, Pool};
 use std::sync::atomic::Ordering::Relaxed;
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -79,6 +79,15 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
                 waiting: vec![],
                 max_loras: 2,
             }),
+            // Other gateway replicas' work, from a hub.
+            peers: if rng.chance(2) {
+                PeerWork {
+                    in_flight: 1 + rng.below(3) as u32,
+                    pending_tokens: rng.below(4_000) as u32,
+                }
+            } else {
+                PeerWork::default()
+            },
             ..Pod::default()
         })
         .collect();
