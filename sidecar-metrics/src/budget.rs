@@ -115,7 +115,16 @@ pub fn encoded_len(snap: &Snapshot) -> usize {
     } else {
         0
     };
-    HEADER_BYTES + snap.pools.iter().map(pool_bytes).sum::<usize>() + peer_work
+    // Other replicas' placed contexts: a count per pool, then 16 bytes each.
+    let peer_contexts = if snap.pools.iter().any(|p| !p.peer_contexts.is_empty()) {
+        snap.pools
+            .iter()
+            .map(|p| 2 + 16 * p.peer_contexts.len())
+            .sum()
+    } else {
+        0
+    };
+    HEADER_BYTES + snap.pools.iter().map(pool_bytes).sum::<usize>() + peer_work + peer_contexts
 }
 
 /// Keeps the longest prefix of `l` whose names take at most `cap` bytes; returns how many went.
@@ -252,6 +261,7 @@ mod tests {
                 cluster: "pool_llama".into(),
                 models: vec!["meta-llama/Llama-3.1-8B-Instruct".into()],
                 pods,
+                peer_contexts: Vec::new(),
             }],
         }
     }
@@ -278,6 +288,13 @@ mod tests {
         assert_eq!(encoded_len(&s), s.encode().unwrap().len());
         // With other replicas' work on one pod, every pod carries it.
         s.pools[0].pods[1].peers.in_flight = 2;
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+        // And with the contexts they placed: every pool carries its list.
+        s.pools[0].peer_contexts = vec![llm_router_snapshot::PeerContext {
+            key: 1,
+            pod: 2,
+            blocks: 3,
+        }];
         assert_eq!(encoded_len(&s), s.encode().unwrap().len());
         assert_eq!(
             encoded_len(&Snapshot::default()),

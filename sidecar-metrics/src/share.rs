@@ -295,6 +295,7 @@ mod tests {
                     in_flight: n,
                     pending_tokens: 10 * n,
                 }],
+                contexts: Vec::new(),
             }],
         }
     }

@@ -446,6 +446,7 @@ impl Loop {
                 cluster: p.cluster.clone(),
                 models: p.models.clone(),
                 pods: p.pods.iter().map(|s| self.pod_entry(p, s, now)).collect(),
+                peer_contexts: Vec::new(),
             })
             .collect();
         Snapshot {
@@ -479,6 +480,11 @@ impl Loop {
         let oldest = llm_router_snapshot::tally::merge_peers(&mut snap, tallies, self.replica);
         self.stats
             .peer_work_age(oldest.map(|t| now.saturating_sub(t)));
+        // The others' placed contexts only save cold prefills: they never cost the snapshot
+        // its pods or adapters under the byte budget.
+        if budget::encoded_len(&snap) > self.budget.max_bytes {
+            snap.pools.iter_mut().for_each(|p| p.peer_contexts.clear());
+        }
         let trim = self.trim(&mut snap);
         self.deliver(snap, trim, now, push_fut);
     }

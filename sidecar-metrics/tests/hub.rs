@@ -284,6 +284,7 @@ async fn open_stranger(secret: &str) -> SocketAddr {
             cluster: "pool_llama".into(),
             models: vec!["m1".into()],
             pods: vec![],
+            peer_contexts: Vec::new(),
         }],
     }
     .encode()

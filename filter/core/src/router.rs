@@ -18,7 +18,7 @@ use crate::score::{self, Candidate, Features, Mode, Scope, Unscored};
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use crate::trust;
-use llm_router_snapshot::{Health, Snapshot};
+use llm_router_snapshot::{Health, PeerContext, Snapshot};
 use std::collections::HashMap;
 
 /// What is derived once per snapshot for one of its pools.
@@ -35,6 +35,12 @@ struct PoolIndex {
     /// What a large pool's decisions shortlist from ([`crate::shortlist`]); `None` for a
     /// pool scored whole.
     shortlist: Option<Shortlist>,
+    /// Long contexts other gateway replicas placed on the pool's pods, by key
+    /// ([`prior::note_placed`]).
+    peer_contexts: Vec<llm_router_snapshot::PeerContext>,
+    /// The snapshot shows other gateway replicas at work in the pool (their requests or
+    /// their placed contexts): this proxy's own placements are then worth sharing.
+    peers: bool,
 }
 
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
@@ -124,12 +130,18 @@ impl Fleet {
                     let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
                     Some(old.homes.clone())
                 });
+                let mut peer_contexts = pool.peer_contexts.clone();
+                peer_contexts.sort_unstable();
+                let peers =
+                    !peer_contexts.is_empty() || pool.pods.iter().any(|p| !p.peers.is_none());
                 PoolIndex {
                     pod_ids,
                     homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
                     homes_key,
                     own_share,
                     shortlist,
+                    peer_contexts,
+                    peers,
                 }
             })
             .collect();
@@ -660,6 +672,10 @@ struct Candidates<'f> {
     found: prefix::PrefixMatch,
     /// `(candidate, its own prefix record)` for candidates credited by [`features`].
     credited: Vec<(usize, u32)>,
+    /// The prompt's anchor `(key, depth)` when this replica knows less of it than the anchor
+    /// depth and no other replica is known to have placed it: [`account`] shares where it
+    /// goes ([`prior::note_placed`]).
+    unplaced: Option<(u64, usize)>,
     /// Each candidate's position among the pool's candidates when they are a large pool's
     /// shortlist (ascending); empty when they are the whole pool.
     positions: Vec<u32>,
@@ -695,23 +711,31 @@ impl Candidates<'_> {
     }
 }
 
-/// The anchor of a long context that other replicas probably put somewhere
-/// ([`prior::anchor_depth`]): its chained block hash and the credit its home gets, when this
-/// replica knows less of the prompt (`known` blocks on its best pod) than the anchor's depth.
+/// The anchor of a long context that other replicas may have put somewhere
+/// ([`prior::anchor_depth`]): its chained block hash and depth, when this replica knows less of
+/// the prompt (`known` blocks on its best pod) than the anchor's depth.
 fn anchor(
     pool: &PoolConfig,
     hashes: &prefix::Hashes,
     prompt_chars: usize,
     known: u32,
-    own_share: f64,
-) -> Option<(u64, u32)> {
+) -> Option<(u64, usize)> {
     let n = hashes.blocks.len();
     let prompt_blocks = prompt_chars / pool.prefix.block_chars.max(1);
     let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
         .filter(|&depth| (known as usize) < depth)?;
-    let key = hashes.blocks.get(depth - 1).copied()?;
-    let credit = prior::credit(n, known, own_share)?;
-    Some((key, credit))
+    let key = hashes.blocks.get(depth.checked_sub(1)?).copied()?;
+    Some((key, depth))
+}
+
+/// The contexts other gateway replicas placed under `key` ([`prior::note_placed`]).
+fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &PeerContext> {
+    let from = d.peer_contexts.partition_point(|p| p.key < key);
+    d.peer_contexts
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(move |p| p.key == key)
 }
 
 /// Stage 3: every pod that is not failing, with its gauges, this proxy's load, its learned
@@ -766,6 +790,7 @@ fn candidates<'f, S: SharedStore>(
                 hashes,
                 found,
                 credited: Vec::new(),
+                unplaced: None,
                 positions: s.positions,
                 pool_pods: sl.len(),
                 homes: Some(s.homes),
@@ -938,6 +963,7 @@ fn candidates<'f, S: SharedStore>(
         hashes,
         found,
         credited: Vec::new(),
+        unplaced: None,
         positions: Vec::new(),
         pool_pods,
         homes: None,
@@ -1004,11 +1030,27 @@ fn shortlisted<'f>(
     let known = holders.iter().map(|&(_, b)| b).max().unwrap_or(0);
     let share = view.derived.map_or(1.0, |d| d.own_share);
     let mut keys = vec![hashes.key];
-    keys.extend(anchor(pool, hashes, req.prompt_chars(), known, share).map(|(k, _)| k));
+    let n = hashes.blocks.len();
+    let anchored = anchor(pool, hashes, req.prompt_chars(), known);
+    keys.extend(
+        anchored
+            .filter(|_| prior::credit(n, known, share).is_some())
+            .map(|(k, _)| k),
+    );
+    // The pods other replicas placed the context on are scored too.
+    let placed: Vec<u32> = anchored
+        .zip(view.derived)
+        .map(|((key, _), d)| {
+            peer_placed(d, key)
+                .filter_map(|p| sl.position_of_id(p.pod))
+                .collect()
+        })
+        .unwrap_or_default();
     let touched = loads
         .iter()
         .filter_map(|&(i, _)| sl.position_of(i))
-        .chain(holders.iter().map(|&(at, _)| at));
+        .chain(holders.iter().map(|&(at, _)| at))
+        .chain(placed);
     let plan = sl.plan(touched, &keys, top_k, ctx.tie)?;
     let blocks_of = |at: u32| {
         holders
@@ -1198,13 +1240,31 @@ fn features<'r>(
         let block_chars = pool.prefix.block_chars.max(1);
         let share = view.derived.map_or(1.0, |d| d.own_share);
         let n = c.hashes.blocks.len();
-        let context = anchor(pool, &c.hashes, prompt_chars, known, share)
-            .and_then(|(key, credit)| Some((c.home(key)?, credit)));
+        let anchored = anchor(pool, &c.hashes, prompt_chars, known);
+        // Where other replicas placed the context, when their rings say: a fact, in full.
+        let placed: Vec<(usize, u32)> = anchored
+            .zip(view.derived)
+            .map(|((key, _), d)| {
+                let ids = &c.ids;
+                peer_placed(d, key)
+                    .filter_map(|p| {
+                        let at = ids.iter().position(|&id| id == p.pod)?;
+                        Some((at, p.blocks.min(n as u32)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        c.unplaced = anchored.filter(|_| placed.is_empty());
+        // Otherwise where they probably put it: its home, believed by their share.
+        let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
+            let credit = prior::credit(n, known, share)?;
+            Some((c.home(key)?, credit))
+        });
         let conversation = req.history_bytes().and_then(|bytes| {
             let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
             Some((key_home?, credit))
         });
-        for (home, credit) in context.into_iter().chain(conversation) {
+        for (home, credit) in placed.into_iter().chain(context).chain(conversation) {
             if let Some(cand) = c.cands.get_mut(home) {
                 if !c.credited.iter().any(|&(j, _)| j == home) {
                     c.credited.push((home, cand.prefix_blocks));
@@ -1277,11 +1337,24 @@ fn account<S: SharedStore>(
             pool.prefix.page_blocks,
             pool.prefix.entries_per_page,
         );
-        index.record(
-            &c.hashes.blocks,
-            c.ids.get(i).copied().unwrap_or(0),
-            &c.found,
-        );
+        let id = c.ids.get(i).copied().unwrap_or(0);
+        index.record(&c.hashes.blocks, id, &c.found);
+        // A long context new to this replica, placed while other replicas are at work in the
+        // pool: tell them where it went (through the tally), so they need not guess.
+        if let Some((key, depth)) = c.unplaced {
+            if view.derived.is_some_and(|d| d.peers) && (known as usize) < depth {
+                let blocks = c.hashes.blocks.len() as u32;
+                prior::note_placed(
+                    store,
+                    &pool.name,
+                    PeerContext {
+                        key,
+                        pod: id,
+                        blocks,
+                    },
+                );
+            }
+        }
         inflight::routed_after_read(
             store,
             &pool.name,

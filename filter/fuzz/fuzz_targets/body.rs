@@ -81,12 +81,14 @@ fn fleet(config: &Config) -> Fleet {
                     pod("10.0.0.2:8000", 0, 0.1, None),
                     pod("10.0.0.3:8000", 7, 0.95, None),
                 ],
+                peer_contexts: Vec::new(),
             },
             Pool {
                 name: "embed".into(),
                 cluster: "pool_embed".into(),
                 models: vec!["text-embedding-3-small".into()],
                 pods: vec![pod("10.0.1.1:8000", 0, 0.0, None)],
+                peer_contexts: Vec::new(),
             },
         ],
     };

@@ -48,6 +48,7 @@ fn snapshot(config: &Config) -> Snapshot {
                         ..Pod::default()
                     })
                     .collect(),
+                    peer_contexts: Vec::new(),
             })
             .collect(),
     }

@@ -16,6 +16,8 @@
 //!          | waiting u32 | running u32 | kv_bp u16 | block_size u32 | num_blocks u32
 //!          | max_loras u16 | running_adapters list8 | waiting_adapters list8
 //!          [ | peer_in_flight u32 | peer_pending_tokens u32 ]   (only with FLAG_PEER_WORK)
+//! pool end [ context_count u16 | (key u64 | pod u32 | blocks u32) * context_count ]
+//!                                                            (only with FLAG_PEER_CONTEXTS)
 //! str8     len u8 | UTF-8 bytes;  str16: len u16 | UTF-8 bytes;  list8: count u16 | str8 * count
 //! ```
 //! `kv_bp` is the KV-cache use in basis points (0..=10000), `0xFFFF` when the engine has no KV
@@ -24,8 +26,10 @@
 //!
 //! Flags: [`FLAG_PEER_WORK`] (bit 0) says every pod carries the work *other* gateway replicas
 //! have in flight on it ([`PeerWork`], merged by a metrics hub from the replicas' [`tally`]s).
-//! A snapshot with no peer work sets no flag and is byte for byte what filters before the flag
-//! read, so a sidecar without a hub keeps working with them.
+//! [`FLAG_PEER_CONTEXTS`] (bit 1) says every pool ends with the long contexts other replicas
+//! recently placed on its pods ([`PeerContext`], from the same tallies).
+//! A snapshot with no peer work and no peer contexts sets no flag and is byte for byte what
+//! filters before the flags read, so a sidecar without a hub keeps working with them.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -33,7 +37,7 @@ use std::net::SocketAddr;
 pub mod auth;
 pub mod tally;
 pub use auth::{check_secret, sign, verify, SignatureError, SIGNATURE_HEADER};
-pub use tally::{Tally, TallyPod, TallyPool};
+pub use tally::{Tally, TallyContext, TallyPod, TallyPool};
 
 /// First bytes of every snapshot.
 pub const MAGIC: [u8; 4] = *b"LRSN";
@@ -41,8 +45,10 @@ pub const MAGIC: [u8; 4] = *b"LRSN";
 pub const VERSION: u16 = 1;
 /// Header flag: every pod carries [`PeerWork`].
 pub const FLAG_PEER_WORK: u16 = 0x0001;
+/// Header flag: every pool ends with its [`PeerContext`]s.
+pub const FLAG_PEER_CONTEXTS: u16 = 0x0002;
 /// Every flag this build reads.
-const KNOWN_FLAGS: u16 = FLAG_PEER_WORK;
+const KNOWN_FLAGS: u16 = FLAG_PEER_WORK | FLAG_PEER_CONTEXTS;
 /// Upper bounds that keep a hostile or corrupt snapshot from costing the proxy memory.
 pub const MAX_POOLS: usize = 256;
 /// Per pool.
@@ -51,6 +57,8 @@ pub const MAX_PODS_PER_POOL: usize = 4096;
 pub const MAX_MODELS_PER_POOL: usize = 1024;
 /// Per pod and list (running or waiting).
 pub const MAX_ADAPTERS: usize = 1024;
+/// Per pool: other replicas' placed contexts ([`PeerContext`]).
+pub const MAX_PEER_CONTEXTS: usize = 4096;
 /// KV use in basis points that means "unknown".
 /// How far a snapshot's `generation` may run ahead of the receiver's wall clock, in ms. The
 /// sidecar's generations are its clock in ms at start, then +1 per push (never faster than the
@@ -202,6 +210,18 @@ impl PeerWork {
     }
 }
 
+/// A long context another gateway replica placed on a pod: the chained block hash of its
+/// prompt at the anchor depth (the same key every replica computes for a prompt that shares
+/// that much), the pod (its prefix-index id, a hash of its address every replica computes
+/// alike) and how many blocks the placing prompt had. A replica that has not seen the context
+/// credits that pod with it instead of guessing where the others put it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
+pub struct PeerContext {
+    pub key: u64,
+    pub pod: u32,
+    pub blocks: u32,
+}
+
 /// The live state of one model-server pod.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pod {
@@ -238,6 +258,9 @@ pub struct Pool {
     /// Model names (base models) the pool serves.
     pub models: Vec<String>,
     pub pods: Vec<Pod>,
+    /// Long contexts other gateway replicas recently placed on these pods, by key (empty
+    /// without a hub that merges tallies).
+    pub peer_contexts: Vec<PeerContext>,
 }
 
 /// Everything the filter needs to know about the fleet at one instant.
@@ -339,9 +362,17 @@ impl Snapshot {
             .iter()
             .flat_map(|p| &p.pods)
             .any(|pod| !pod.peers.is_none());
+        let peer_contexts = self.pools.iter().any(|p| !p.peer_contexts.is_empty());
+        let mut flags = 0;
+        if peer_work {
+            flags |= FLAG_PEER_WORK;
+        }
+        if peer_contexts {
+            flags |= FLAG_PEER_CONTEXTS;
+        }
         w.out.extend_from_slice(&MAGIC);
         w.u16(VERSION);
-        w.u16(if peer_work { FLAG_PEER_WORK } else { 0 });
+        w.u16(flags);
         w.u64(self.generation);
         w.u64(self.created_ms);
         w.len16(self.pools.len(), "pools")?;
@@ -385,6 +416,14 @@ impl Snapshot {
                     w.u32(pod.peers.pending_tokens);
                 }
             }
+            if peer_contexts {
+                w.len16(pool.peer_contexts.len(), "peer contexts")?;
+                for c in &pool.peer_contexts {
+                    w.u64(c.key);
+                    w.u32(c.pod);
+                    w.u32(c.blocks);
+                }
+            }
         }
         Ok(w.out)
     }
@@ -404,6 +443,7 @@ impl Snapshot {
             return Err(DecodeError::UnsupportedFlags(flags));
         }
         let peer_work = flags & FLAG_PEER_WORK != 0;
+        let peer_contexts = flags & FLAG_PEER_CONTEXTS != 0;
         let generation = r.u64("generation")?;
         let created_ms = r.u64("created_ms")?;
         let pool_count = r.count("pools", MAX_POOLS)?;
@@ -486,11 +526,24 @@ impl Snapshot {
                     peers,
                 });
             }
+            let mut contexts = Vec::new();
+            if peer_contexts {
+                let n = r.count("peer contexts", MAX_PEER_CONTEXTS)?;
+                contexts.reserve_exact(n);
+                for _ in 0..n {
+                    contexts.push(PeerContext {
+                        key: r.u64("peer context key")?,
+                        pod: r.u32("peer context pod")?,
+                        blocks: r.u32("peer context blocks")?,
+                    });
+                }
+            }
             pools.push(Pool {
                 name,
                 cluster,
                 models,
                 pods,
+                peer_contexts: contexts,
             });
         }
         if r.pos != bytes.len() {
@@ -534,6 +587,13 @@ impl Snapshot {
                     what: "pods",
                     count: pool.pods.len(),
                     max: MAX_PODS_PER_POOL,
+                });
+            }
+            if pool.peer_contexts.len() > MAX_PEER_CONTEXTS {
+                return Err(DecodeError::TooMany {
+                    what: "peer contexts",
+                    count: pool.peer_contexts.len(),
+                    max: MAX_PEER_CONTEXTS,
                 });
             }
             let mut seen: Vec<&str> = Vec::with_capacity(pool.pods.len());
@@ -580,6 +640,7 @@ impl Snapshot {
                 a.name == b.name
                     && a.cluster == b.cluster
                     && a.models == b.models
+                    && a.peer_contexts == b.peer_contexts
                     && a.pods.len() == b.pods.len()
                     && a.pods.iter().zip(&b.pods).all(|(p, q)| {
                         Pod {

@@ -13,14 +13,21 @@
 //! tally    magic "LRTL" (4) | version u16 = 1 | replica u64 | taken_ms u64 | pool_count u16
 //! pool     name str16 | pod_count u16 | pod * pod_count
 //! pod      address str8 | in_flight u32 | pending_tokens u32
+//! (pool)   context_count u16 | (key u64 | pod u32 | blocks u32) * context_count
 //! tallies  count u16 | (len u32 | tally) * count          (a hub frame's list)
 //! ```
-//! Only pods with work in flight are listed. `replica` is the sender's random id (0 in what the
+//! Only pods with work in flight are listed. The contexts are the long contexts the replica
+//! placed most recently on pods where it knew of no copy ([`TallyContext`], a bounded ring in
+//! the filter); the hub passes them on and each receiving sidecar merges the others' into
+//! [`crate::Pool::peer_contexts`], so a context one replica placed is found by all. `replica` is the sender's random id (0 in what the
 //! filter serves: the sidecar stamps its own); `taken_ms` when the filter's counts were read.
 
 use std::collections::HashMap;
 
-use crate::{DecodeError, EncodeError, Reader, Snapshot, Writer, MAX_PODS_PER_POOL, MAX_POOLS};
+use crate::{
+    DecodeError, EncodeError, PeerContext, Reader, Snapshot, Writer, MAX_PEER_CONTEXTS,
+    MAX_PODS_PER_POOL, MAX_POOLS,
+};
 
 /// First bytes of every tally.
 pub const TALLY_MAGIC: [u8; 4] = *b"LRTL";
@@ -40,11 +47,15 @@ pub struct TallyPod {
     pub pending_tokens: u32,
 }
 
-/// The pods of one pool with work from this replica.
+/// A long context the replica placed: as [`PeerContext`] (anchor key, pod id, blocks).
+pub type TallyContext = PeerContext;
+
+/// The pods of one pool with work from this replica, and the contexts it placed there.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TallyPool {
     pub name: String,
     pub pods: Vec<TallyPod>,
+    pub contexts: Vec<TallyContext>,
 }
 
 /// What one gateway replica has in flight.
@@ -94,6 +105,19 @@ impl Tally {
                 w.u32(pod.in_flight);
                 w.u32(pod.pending_tokens);
             }
+            if pool.contexts.len() > MAX_PEER_CONTEXTS {
+                return Err(EncodeError(format!(
+                    "too many contexts in tally pool {:?}: {}",
+                    pool.name,
+                    pool.contexts.len()
+                )));
+            }
+            w.len16(pool.contexts.len(), "tally contexts")?;
+            for c in &pool.contexts {
+                w.u64(c.key);
+                w.u32(c.pod);
+                w.u32(c.blocks);
+            }
         }
         Ok(())
     }
@@ -131,7 +155,20 @@ impl Tally {
                     pending_tokens: r.u32("tally pending tokens")?,
                 });
             }
-            pools.push(TallyPool { name, pods });
+            let context_count = r.count("tally contexts", MAX_PEER_CONTEXTS)?;
+            let mut contexts = Vec::with_capacity(context_count);
+            for _ in 0..context_count {
+                contexts.push(TallyContext {
+                    key: r.u64("tally context key")?,
+                    pod: r.u32("tally context pod")?,
+                    blocks: r.u32("tally context blocks")?,
+                });
+            }
+            pools.push(TallyPool {
+                name,
+                pods,
+                contexts,
+            });
         }
         Ok(Tally {
             replica,
@@ -177,11 +214,17 @@ impl Tally {
 
 /// Adds every tally but `own`'s to the pods of `snap` they name ([`crate::Pod::peers`], which
 /// start from zero): the other replicas' work, never this one's, which its filter counts itself.
-/// Pods or pools a tally names that the snapshot does not hold are ignored. Returns the oldest
-/// `taken_ms` among the tallies merged (`None` when none was).
+/// Pods or pools a tally names that the snapshot does not hold are ignored. The others'
+/// contexts become each pool's [`crate::Pool::peer_contexts`] (pods named by id: the filter
+/// ignores ids of pods it does not have), once per key and pod (the most blocks), by key, at most [`MAX_PEER_CONTEXTS`] (the newest
+/// tallies' first). Returns the oldest `taken_ms` among the tallies merged (`None` when none
+/// was).
 pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u64> {
-    for pod in snap.pools.iter_mut().flat_map(|p| p.pods.iter_mut()) {
-        pod.peers = crate::PeerWork::default();
+    for pool in &mut snap.pools {
+        pool.peer_contexts.clear();
+        for pod in &mut pool.pods {
+            pod.peers = crate::PeerWork::default();
+        }
     }
     let others: Vec<&Tally> = tallies.iter().filter(|t| t.replica != own).collect();
     if others.is_empty() {
@@ -210,6 +253,27 @@ pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u
                 p.peers.pending_tokens = p.peers.pending_tokens.saturating_add(tokens);
             }
         }
+        let mut newest_first: Vec<&Tally> = others.clone();
+        newest_first.sort_by_key(|t| std::cmp::Reverse(t.taken_ms));
+        let mut contexts: HashMap<(u64, u32), u32> = HashMap::new();
+        for t in newest_first {
+            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
+                for c in tp.contexts.iter() {
+                    if contexts.len() >= MAX_PEER_CONTEXTS
+                        && !contexts.contains_key(&(c.key, c.pod))
+                    {
+                        continue;
+                    }
+                    let blocks = contexts.entry((c.key, c.pod)).or_insert(0);
+                    *blocks = (*blocks).max(c.blocks);
+                }
+            }
+        }
+        pool.peer_contexts = contexts
+            .into_iter()
+            .map(|((key, pod), blocks)| PeerContext { key, pod, blocks })
+            .collect();
+        pool.peer_contexts.sort_unstable();
     }
     others.iter().map(|t| t.taken_ms).min()
 }
@@ -234,6 +298,7 @@ mod tests {
                         pending_tokens: t,
                     })
                     .collect(),
+                contexts: Vec::new(),
             }],
         }
     }
@@ -255,6 +320,7 @@ mod tests {
                 cluster: "c".into(),
                 models: vec!["m".into()],
                 pods: vec![pod("10.0.0.1:8000"), pod("10.0.0.2:8000")],
+                peer_contexts: Vec::new(),
             }],
         }
     }
@@ -310,6 +376,55 @@ mod tests {
         assert!(s.pools[0].pods.iter().all(|p| p.peers.is_none()));
     }
 
+    fn placed(replica: u64, taken_ms: u64, contexts: &[(u64, u32, u32)]) -> Tally {
+        let mut t = tally(replica, taken_ms, &[]);
+        t.pools[0].contexts = contexts
+            .iter()
+            .map(|&(key, pod, blocks)| TallyContext { key, pod, blocks })
+            .collect();
+        t
+    }
+
+    #[test]
+    fn the_others_placed_contexts_are_merged_once_by_key_and_travel_in_the_snapshot() {
+        let mut s = snap();
+        merge_peers(&mut s, &[], 1);
+        let plain = s.encode().unwrap();
+        let a = placed(2, 480, &[(30, 1, 64), (10, 2, 100), (20, 1, 50)]);
+        let b = placed(3, 490, &[(10, 2, 120), (10, 3, 80)]);
+        let ours = placed(1, 500, &[(40, 1, 10)]);
+        assert_eq!(Tally::decode(&a.encode().unwrap()).unwrap(), a);
+        merge_peers(&mut s, &[ours.clone(), a, b], 1);
+        let got: Vec<(u64, u32, u32)> = s.pools[0]
+            .peer_contexts
+            .iter()
+            .map(|c| (c.key, c.pod, c.blocks))
+            .collect();
+        // Ours left out; the same key and pod once, with the most blocks; by key.
+        assert_eq!(
+            got,
+            vec![(10, 2, 120), (10, 3, 80), (20, 1, 50), (30, 1, 64)]
+        );
+        let with = s.encode().unwrap();
+        assert_eq!(
+            u16::from_le_bytes([with[6], with[7]]),
+            crate::FLAG_PEER_CONTEXTS
+        );
+        assert_eq!(with.len(), plain.len() + 2 + 4 * 16);
+        assert_eq!(Snapshot::decode(&with).unwrap(), s);
+        assert!(!s.same_state(&Snapshot::decode(&plain).unwrap()));
+        // Merged again without them: gone, and the bytes are the plain ones.
+        merge_peers(&mut s, &[ours], 1);
+        assert_eq!(s.encode().unwrap(), plain);
+        // More than a pool may carry is refused by both ends.
+        let many: Vec<(u64, u32, u32)> = (0..=crate::MAX_PEER_CONTEXTS as u64)
+            .map(|k| (k, 1, 1))
+            .collect();
+        merge_peers(&mut s, &[placed(2, 1, &many)], 1);
+        assert_eq!(s.pools[0].peer_contexts.len(), crate::MAX_PEER_CONTEXTS);
+        assert!(placed(2, 1, &many).encode().is_err());
+    }
+
     #[test]
     fn peer_work_travels_in_the_snapshot_only_when_there_is_some() {
         let mut s = snap();
@@ -329,7 +444,7 @@ mod tests {
         assert!(!back.same_state(&Snapshot::decode(&plain).unwrap()));
         // A flag this build does not know is still refused.
         let mut odd = with.clone();
-        odd[6] |= 0x02;
+        odd[6] |= 0x04;
         assert!(matches!(
             Snapshot::decode(&odd),
             Err(DecodeError::UnsupportedFlags(_))

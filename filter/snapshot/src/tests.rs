@@ -35,6 +35,7 @@ fn one_pod() -> Snapshot {
                 }),
                 peers: Default::default(),
             }],
+            peer_contexts: Vec::new(),
         }],
     }
 }
@@ -123,13 +124,20 @@ fn header_errors_say_what_is_wrong() {
     let e = Snapshot::decode(&b).unwrap_err();
     assert_eq!(e, DecodeError::UnsupportedVersion(2));
     assert!(e.to_string().contains("version 2"));
-    // Bit 0 is FLAG_PEER_WORK (then every pod carries 8 more bytes); the others are unknown.
+    // Bit 0 is FLAG_PEER_WORK (then every pod carries 8 more bytes), bit 1
+    // FLAG_PEER_CONTEXTS (then every pool ends with its list); the others are unknown.
     let mut b = ONE_POD_BYTES.to_vec();
-    b[6] = 2;
+    b[6] = 4;
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::UnsupportedFlags(2)
+        DecodeError::UnsupportedFlags(4)
     );
+    let mut b = ONE_POD_BYTES.to_vec();
+    b[6] = 2;
+    assert!(matches!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::Truncated { .. }
+    ));
     let mut b = ONE_POD_BYTES.to_vec();
     b[6] = 1;
     assert!(matches!(

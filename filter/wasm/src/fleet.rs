@@ -212,6 +212,9 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
                 "name": p.name,
                 "cluster": p.cluster,
                 "models": p.models,
+                // Long contexts: the others' placements (in this snapshot) and this proxy's.
+                "peer_contexts": p.peer_contexts.len(),
+                "placed_contexts": llm_router_core::prior::placed(store, &p.name).len(),
                 "pods": p.pods.iter().map(|pod| serde_json::json!({
                     "address": pod.address,
                     "engine": pod.engine.name(),
@@ -262,6 +265,7 @@ mod tests {
                     address: address.into(),
                     ..Pod::default()
                 }],
+                peer_contexts: Vec::new(),
             }],
         }
         .encode()

@@ -134,6 +134,7 @@ fn check_normalise(text: &str) {
                 lora: fast.lora.clone(),
                 ..Pod::default()
             }],
+            peer_contexts: Vec::new(),
         }],
     };
     let bytes = snapshot.encode().expect("the pod's figures encode");

@@ -303,6 +303,7 @@ impl FakeProxy {
                 None => pools.push(llm_router_snapshot::TallyPool {
                     name: pool.into(),
                     pods: vec![entry],
+                    contexts: Vec::new(),
                 }),
             }
         }

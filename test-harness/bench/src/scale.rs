@@ -283,6 +283,7 @@ pub fn synthetic(size: FleetSize, addresses: &[String], now_ms: u64, seed: u64) 
                     .iter()
                     .map(|a| pod(&mut rng, a.clone(), &p.adapters, now_ms))
                     .collect(),
+                peer_contexts: Vec::new(),
             })
             .collect(),
     };

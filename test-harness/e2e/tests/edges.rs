@@ -581,6 +581,7 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
                     }
                 })
                 .collect(),
+            peer_contexts: Vec::new(),
         }],
     };
     let bytes = snap.encode().unwrap();

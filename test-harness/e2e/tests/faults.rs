@@ -86,6 +86,7 @@ fn snapshot(pods: &[(SocketAddr, u32)]) -> Snapshot {
                     ..Pod::default()
                 })
                 .collect(),
+            peer_contexts: Vec::new(),
         }],
     }
 }

@@ -60,6 +60,7 @@ fn fleet(n: usize, now_ms: u64) -> Snapshot {
             cluster: "pool_llama".into(),
             models: vec![LLAMA.into()],
             pods,
+            peer_contexts: Vec::new(),
         }],
     }
 }

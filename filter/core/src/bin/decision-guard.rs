@@ -66,6 +66,7 @@ fn snapshot(pods: usize) -> Snapshot {
             cluster: "pool_llama".into(),
             models: vec![LLAMA.into()],
             pods,
+            peer_contexts: Vec::new(),
         }],
     }
 }

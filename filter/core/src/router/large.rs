@@ -114,6 +114,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
             cluster: "pool_llama".into(),
             models: vec![MODEL.into()],
             pods,
+            peer_contexts: Vec::new(),
         }],
     };
     let fleet = Fleet::load(&store, snapshot, NOW_MS, &router.config);

@@ -106,6 +106,7 @@ impl Sim {
                 cluster: "pool_llama".into(),
                 models: vec![MODEL.into()],
                 pods,
+                peer_contexts: Vec::new(),
             }],
         };
         inflight::snapshot_baseline(&self.store, POOL);
@@ -307,6 +308,7 @@ fn a_healthy_pool_with_one_idle_pod_does_not_shed() {
             cluster: "pool_llama".into(),
             models: vec![MODEL.into()],
             pods: (0..PODS).map(|i| pod(i, waits[i])).collect(),
+            peer_contexts: Vec::new(),
         }],
     };
     let body = serde_json::json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
@@ -362,6 +364,7 @@ fn a_learned_cost_stays_above_a_sixteenth_of_the_pools_median() {
             cluster: "pool_llama".into(),
             models: vec![MODEL.into()],
             pods,
+            peer_contexts: Vec::new(),
         }],
     };
     let fleet = Fleet::new(snap, 0, vec![], &r.config);

@@ -54,12 +54,14 @@ fn snapshot() -> Snapshot {
                     pod("10.0.0.2:8000", 0, 0.2),
                     pod("10.0.0.3:8000", 1, 0.5),
                 ],
+                peer_contexts: Vec::new(),
             },
             Pool {
                 name: "qwen".into(),
                 cluster: "pool_qwen".into(),
                 models: vec!["Qwen/Qwen3-32B".into()],
                 pods: vec![pod("10.0.1.1:8000", 0, 0.1)],
+                peer_contexts: Vec::new(),
             },
             Pool {
                 name: "discovered".into(),
@@ -73,6 +75,7 @@ fn snapshot() -> Snapshot {
                     }),
                     ..pod("10.0.2.1:8000", 0, 0.1)
                 }],
+                peer_contexts: Vec::new(),
             },
         ],
     }
@@ -1062,6 +1065,95 @@ fn replicas_agree_on_a_long_context_neither_has_seen() {
     assert_eq!(
         agreed, 8,
         "both replicas expect each document on its anchor's home"
+    );
+}
+
+/// `fleet` again with `change` made to its snapshot (same baselines).
+fn refleet(
+    r: &Router,
+    fleet: &Fleet,
+    s: &MemoryStore,
+    change: impl FnOnce(&mut Snapshot),
+) -> Fleet {
+    let mut snap = fleet.snapshot.clone();
+    change(&mut snap);
+    let baseline = inflight::read_baseline(s, "llama");
+    let baseline = if baseline.entries.is_empty() {
+        inflight::read(s, "llama")
+    } else {
+        baseline
+    };
+    Fleet::new(snap, 1000, vec![baseline], &r.config)
+}
+
+#[test]
+fn a_context_one_replica_placed_is_found_by_the_others() {
+    let r = router(CONFIG);
+    // Replica one sees other replicas at work (a peer's request on pod 4): it places new
+    // documents by load and by their homes, and notes where.
+    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
+    let one_fleet = refleet(&r, &fleet, &one, |snap| {
+        snap.pools[0].pods[3].peers = PeerWork {
+            in_flight: 1,
+            pending_tokens: 0,
+        };
+    });
+    // Since that snapshot replica one has sent long prompts to pods 1 and 3 that replica two
+    // does not know of: it avoids them for a while.
+    inflight::update(&one, "llama", |t| {
+        for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                load.pending_tokens = 40_000;
+            }
+        }
+    });
+    route_and_finish(&r, &one, &one_fleet, &doc_question(99, 0), 7);
+    let placed: Vec<String> = (0..8)
+        .map(|doc| route_and_finish(&r, &one, &one_fleet, &doc_question(doc, 1), doc as u64))
+        .map(|out| out.endpoints[0].clone())
+        .collect();
+    let tally = inflight::tally(&one, ["llama"], 1100);
+    let contexts = tally.pools[0].contexts.clone();
+    // One note per new document (the first request's included).
+    assert_eq!(contexts.len(), 9, "{contexts:?}");
+
+    // Replica two, later: every pod alike, the system prompt known, the documents not. With
+    // replica one's notes in its snapshot (the hub's merge) it finds each document where it
+    // went; with none it can only expect each on its home, and misses those placed by load.
+    let agreed = |contexts: Vec<llm_router_snapshot::PeerContext>| {
+        let (fleet, two) = replica(&r, 4, Some(2), &[0.2; 4]);
+        let two_fleet = refleet(&r, &fleet, &two, |snap| {
+            snap.pools[0].peer_contexts = contexts
+        });
+        route_and_finish(&r, &two, &two_fleet, &doc_question(99, 1), 7);
+        (0..8)
+            .filter(|&doc| {
+                let out = route_and_finish(
+                    &r,
+                    &two,
+                    &two_fleet,
+                    &doc_question(doc, 2),
+                    100 + doc as u64,
+                );
+                out.endpoints[0] == placed[doc]
+            })
+            .count()
+    };
+    assert_eq!(
+        agreed(contexts),
+        8,
+        "where replica one put them: {placed:?}"
+    );
+    assert!(agreed(Vec::new()) < 8, "by the homes alone: {placed:?}");
+
+    // A replica that sees no others shares nothing (no write per request).
+    let (fleet, lone) = replica(&r, 4, None, &[0.6, 0.1, 0.6, 0.6]);
+    route_and_finish(&r, &lone, &fleet, &doc_question(99, 0), 7);
+    route_and_finish(&r, &lone, &fleet, &doc_question(3, 1), 3);
+    let tally = inflight::tally(&lone, ["llama"], 1100);
+    assert!(
+        tally.pools.iter().all(|p| p.contexts.is_empty()),
+        "{tally:?}"
     );
 }
 

@@ -133,6 +133,7 @@ pub fn snapshot(pools: Vec<(&TestPool, Vec<Pod>)>) -> Snapshot {
                 cluster: p.cluster.into(),
                 models: vec![p.model.into()],
                 pods,
+                peer_contexts: Vec::new(),
             })
             .collect(),
     }

@@ -115,6 +115,7 @@ pub fn pool(name: &str, cluster: &str, models: &[&str], pods: Vec<Pod>) -> Pool 
         cluster: cluster.into(),
         models: models.iter().map(|s| s.to_string()).collect(),
         pods,
+        peer_contexts: Vec::new(),
     }
 }
 
