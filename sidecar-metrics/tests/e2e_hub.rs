@@ -1,8 +1,8 @@
-//! Three gateways (real Envoy + the real filter `.wasm`, each with its `sidecar-metrics`) follow
+//! Four gateways (real Envoy + the real filter `.wasm`, each with its `sidecar-metrics`) follow
 //! two hubs (`sidecar-metrics run --mode hub`) that scrape two model-sim pods, under a steady
-//! load of chat requests through all three Envoys:
+//! load of chat requests through all four Envoys:
 //! - each pod is scraped by the hubs only: its `/metrics` count grows by the hubs' scrape
-//!   rounds, with one, two and three gateway sidecars subscribed, and no sidecar scrapes;
+//!   rounds, with one, two, three and four gateway sidecars subscribed, and no sidecar scrapes;
 //! - killing one hub (SIGKILL) keeps every sidecar on the other, without a fallback;
 //! - killing the second makes every sidecar scrape on its own (fallback reason `closed`);
 //! - a hub started again on its address brings them back, and they stop scraping;
@@ -201,19 +201,19 @@ async fn gateways_follow_two_hubs_and_survive_losing_them() {
     let mut hub_a = start_hub(&pods, hub_addrs[0], hub_faces[0]);
     let hub_b = start_hub(&pods, hub_addrs[1], hub_faces[1]);
 
-    // One, two, three gateways: the pods see the same scrapes (the hubs').
+    // One to four gateways: the pods see the same scrapes (the hubs').
     let mut gws = Vec::new();
     let mut rates = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         gws.push(start_gateway(&pods, &hub_addrs).await);
         for g in &gws {
             until("the gateway on a hub", async || frames(g.face).await >= 3).await;
         }
         rates.push(scrapes_follow_the_hubs(&pods, &hub_faces, &gws).await);
     }
-    eprintln!("scrapes per pod per second with 1, 2, 3 gateways: {rates:.1?}");
+    eprintln!("scrapes per pod per second with 1, 2, 3, 4 gateways: {rates:.1?}");
 
-    // Steady load through all three Envoys from here on.
+    // Steady load through all four Envoys from here on.
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut load = Vec::new();
@@ -263,7 +263,7 @@ async fn gateways_follow_two_hubs_and_survive_losing_them() {
         until("own scraping", async || rounds(g.face).await >= 1).await;
     }
     eprintln!(
-        "all three sidecars scraping on their own {:?} after the last hub died",
+        "all four sidecars scraping on their own {:?} after the last hub died",
         killed.elapsed()
     );
     for g in &gws {
@@ -326,7 +326,7 @@ async fn gateways_follow_two_hubs_and_survive_losing_them() {
         l.await.unwrap();
     }
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    eprintln!("requests through the three Envoys: {ok} ok, {failed} failed");
+    eprintln!("requests through the four Envoys: {ok} ok, {failed} failed");
     assert!(ok > 0);
     assert_eq!(failed, 0, "requests failed while hubs came and went");
     for g in &gws {
@@ -364,7 +364,8 @@ async fn peer_work(envoy: &EnvoyProcess) -> Vec<(String, u64, u64)> {
 
 /// Three gateways on one hub: requests held open through gateway 0 show up, within tens of ms,
 /// as other replicas' work on every other gateway's filter, and never on gateway 0's own; when
-/// they end, the others stop counting them. The age of what the others see is measured.
+/// they end, the others stop counting them. The age of what the others see is measured. A long
+/// document gateway 0 places reaches the others' snapshots as a placed context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_gateway_counts_the_others_work_through_the_hub() {
     if !testkit::prerequisites_ready(
@@ -442,5 +443,55 @@ async fn every_gateway_counts_the_others_work_through_the_hub() {
         .unwrap_or(0.0);
     eprintln!("frames with the others' work: {count}, of them ≤ 100 ms old: {le_100ms}");
     assert!(count > 0.0, "no frame carried the others' work:\n{text}");
+
+    // Where a long context went: a document routed through gateway 0 while gateway 1 has a
+    // request in flight (so gateway 0 sees other replicas at work) is noted in gateway 0's
+    // ring, travels in its tally, and reaches the others' snapshots — never gateway 0's own.
+    let busy = gws[1].envoy.listen_addr;
+    let holder = tokio::spawn(async move {
+        let body = json!({"model": MODEL, "max_tokens": 150, "messages": [{"role": "user", "content": "hold this one"}]});
+        testkit::post_json(busy, "/v1/chat/completions", &[], &body).await
+    });
+    until("gateway 0 sees gateway 1's request", async || {
+        total(&peer_work(&gws[0].envoy).await) >= 1
+    })
+    .await;
+    let document = "A long document about the logistics of warehouses. ".repeat(120);
+    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": format!("{document}\n\nWhat does it say?")}]});
+    let r = testkit::post_json(listen, "/v1/chat/completions", &[], &body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    until("gateway 0 notes where the document went", async || {
+        contexts(&gws[0].envoy).await.1 >= 1
+    })
+    .await;
+    for g in &gws[1..] {
+        until(
+            "the other gateways find it in their snapshots",
+            async || contexts(&g.envoy).await.0 >= 1,
+        )
+        .await;
+    }
+    assert_eq!(
+        contexts(&gws[0].envoy).await.0,
+        0,
+        "gateway 0 takes its own placement for another replica's"
+    );
+    assert_eq!(holder.await.unwrap().unwrap().status, 200);
     drop(hub);
+}
+
+/// `(peer_contexts, placed_contexts)` of the first pool in a filter's state: the contexts
+/// other replicas placed (in its snapshot) and the ones it placed (its ring).
+async fn contexts(envoy: &EnvoyProcess) -> (u64, u64) {
+    let r = testkit::get(envoy.push_addr(), "/__llm_router/state", &[])
+        .await
+        .unwrap();
+    let v: Value = r.json().unwrap();
+    let pool = &v["pools"][0];
+    (
+        pool["peer_contexts"].as_u64().unwrap_or(0),
+        pool["placed_contexts"].as_u64().unwrap_or(0),
+    )
 }
