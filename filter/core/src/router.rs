@@ -386,13 +386,25 @@ impl Router {
             Viewed::Fallback(r) => return Ok(Decision::Routed(*r)),
         };
         // A large pool's shortlist ranks exactly what scoring every pod would for the best
-        // `top_k`: not for flow control's admission or the debug scores, which look at them all.
+        // `top_k`: not for the debug scores, which list them all, nor for work queued behind
+        // held work (the whole pool decides whether it waits).
         let shortlist =
-            (hold == Hold::Never && !self.config.debug_scores).then_some(self.config.top_k);
+            (hold != Hold::Behind && !self.config.debug_scores).then_some(self.config.top_k);
         let mut cands = candidates(store, &view, req, ctx, shortlist)?;
         let retry = (self.config.retry_after_s, self.config.retry_after_max_s);
         let kv_threshold = self.config.flow.kv_threshold;
-        let Some(fits) = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry)? else {
+        let mut admitted = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry);
+        // Flow control's admission over a shortlist is the whole pool's when every pod on it
+        // fits: the pool's best pods are on it, so they fit, and ranking the fitting pods of
+        // the pool gives the same best `top_k`. Otherwise a pod left off may be the best that
+        // fits, or the only one with room: the whole pool is judged.
+        if !cands.positions.is_empty() && !matches!(admitted, Ok(Some(None))) {
+            #[cfg(test)]
+            REJUDGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            cands = candidates(store, &view, req, ctx, None)?;
+            admitted = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry);
+        }
+        let Some(fits) = admitted? else {
             return Ok(Decision::Wait {
                 pool: view.pool.name,
             });
@@ -975,6 +987,9 @@ fn candidates<'f, S: SharedStore>(
 /// Decisions made over a shortlist (tests check that they were).
 #[cfg(test)]
 static SHORTLISTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Shortlists flow control's admission set aside for the whole pool.
+#[cfg(test)]
+static REJUDGED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Stage 3 over a large pool's shortlist ([`crate::shortlist`]).
 struct Shortlisted<'f> {

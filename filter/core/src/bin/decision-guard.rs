@@ -10,7 +10,8 @@
 //! grows with the pool (`tests/instructions.rs`, `a_decision_does_not_grow_with_the_pool`).
 
 use llm_router_core::request::{self, ApiKind};
-use llm_router_core::{Config, Context, Fleet, MemoryStore, Router};
+use llm_router_core::router::Decision;
+use llm_router_core::{Config, Context, Fleet, Hold, MemoryStore, Router};
 use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
 use std::hint::black_box;
 use std::process::ExitCode;
@@ -125,7 +126,10 @@ fn main() -> ExitCode {
             tie: i as u64,
             deadline_ms: None,
         };
-        let Ok(routed) = router.route(&store, Some(&fleet), &parsed, ctx) else {
+        // As Envoy decides by default: flow control on, nothing held before it.
+        let Ok(Decision::Routed(routed)) =
+            router.decide(&store, Some(&fleet), &parsed, ctx, Hold::IfFull)
+        else {
             eprintln!("the fixed request was not routed");
             return ExitCode::FAILURE;
         };

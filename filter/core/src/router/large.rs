@@ -185,6 +185,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
 fn a_large_pools_shortlist_decides_as_scoring_every_pod() {
     let (mut routed, mut rejected) = (0, 0);
     let mut shortlisted = 0;
+    let (mut rejudged, mut shortlisted_admitted) = (0, 0);
     for seed in 0..300 {
         let (router, fleet, store, requests) = case(seed);
         let (_, mut whole, whole_store, _) = case(seed);
@@ -211,8 +212,29 @@ fn a_large_pools_shortlist_decides_as_scoring_every_pod() {
                 Ok(_) => routed += 1,
                 Err(_) => rejected += 1,
             }
+            // With flow control (on by default): held or admitted exactly as the whole pool,
+            // the shortlist kept whenever every pod on it fits.
+            let before = (SHORTLISTED.load(Relaxed), REJUDGED.load(Relaxed));
+            let got = router.decide(&store, Some(&fleet), &req, *c, Hold::IfFull);
+            let kept = SHORTLISTED.load(Relaxed) > before.0 && REJUDGED.load(Relaxed) == before.1;
+            let want = router.decide(&whole_store, Some(&whole), &req, *c, Hold::IfFull);
+            assert_eq!(
+                format!("{got:?}"),
+                format!("{want:?}"),
+                "seed {seed}, request {i}, flow control"
+            );
+            rejudged += REJUDGED.load(Relaxed) - before.1;
+            shortlisted_admitted += usize::from(kept);
         }
     }
+    println!(
+        "with flow control: {shortlisted_admitted} shortlisted and admitted, {rejudged} judged whole"
+    );
+    assert!(rejudged > 0, "no shortlist was set aside");
+    assert!(
+        shortlisted_admitted > 200,
+        "only {shortlisted_admitted} decisions under flow control were shortlisted"
+    );
     // The cases cover both outcomes, and most decisions were shortlisted.
     println!("{routed} routed, {rejected} rejected, {shortlisted} shortlisted");
     assert!(
