@@ -546,6 +546,22 @@ impl Snapshot {
                 peer_contexts: contexts,
             });
         }
+        // One encoding per snapshot: a flag is set exactly when what it announces is there.
+        if peer_work
+            && pools
+                .iter()
+                .flat_map(|p| &p.pods)
+                .all(|p| p.peers.is_none())
+        {
+            return Err(DecodeError::Invalid(
+                "flag FLAG_PEER_WORK set but no pod carries other replicas' work".into(),
+            ));
+        }
+        if peer_contexts && pools.iter().all(|p| p.peer_contexts.is_empty()) {
+            return Err(DecodeError::Invalid(
+                "flag FLAG_PEER_CONTEXTS set but no pool lists a context".into(),
+            ));
+        }
         if r.pos != bytes.len() {
             return Err(DecodeError::TrailingBytes {
                 at: r.pos,

@@ -144,6 +144,15 @@ fn header_errors_say_what_is_wrong() {
         Snapshot::decode(&b).unwrap_err(),
         DecodeError::Truncated { .. }
     ));
+    // A flag with nothing behind it (zero peer work, empty context lists) is refused: the
+    // encoder never sets it so, and one snapshot has one encoding (found by the fuzzer).
+    for (flag, zeros) in [(1, 8), (2, 2)] {
+        let mut b = ONE_POD_BYTES.to_vec();
+        b[6] = flag;
+        b.extend(std::iter::repeat_n(0, zeros));
+        let e = Snapshot::decode(&b).unwrap_err();
+        assert!(matches!(e, DecodeError::Invalid(_)), "flag {flag}: {e:?}");
+    }
 }
 
 #[test]
