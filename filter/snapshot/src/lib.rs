@@ -222,6 +222,35 @@ pub struct PeerContext {
     pub blocks: u32,
 }
 
+/// Writes `count u16 | (key u64 | pod u32 | blocks u32) * count`: a pool's contexts, in the
+/// snapshot and in a tally alike. At most [`MAX_PEER_CONTEXTS`].
+fn write_contexts(w: &mut Writer, list: &[PeerContext], what: &str) -> Result<(), EncodeError> {
+    if list.len() > MAX_PEER_CONTEXTS {
+        return Err(EncodeError(format!("too many {what}: {}", list.len())));
+    }
+    w.len16(list.len(), what)?;
+    for c in list {
+        w.u64(c.key);
+        w.u32(c.pod);
+        w.u32(c.blocks);
+    }
+    Ok(())
+}
+
+/// Reads what [`write_contexts`] wrote.
+fn read_contexts(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<PeerContext>, DecodeError> {
+    let n = r.count(what, MAX_PEER_CONTEXTS)?;
+    let mut list = Vec::with_capacity(n);
+    for _ in 0..n {
+        list.push(PeerContext {
+            key: r.u64("context key")?,
+            pod: r.u32("context pod")?,
+            blocks: r.u32("context blocks")?,
+        });
+    }
+    Ok(list)
+}
+
 /// The live state of one model-server pod.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pod {
@@ -417,12 +446,7 @@ impl Snapshot {
                 }
             }
             if peer_contexts {
-                w.len16(pool.peer_contexts.len(), "peer contexts")?;
-                for c in &pool.peer_contexts {
-                    w.u64(c.key);
-                    w.u32(c.pod);
-                    w.u32(c.blocks);
-                }
+                write_contexts(&mut w, &pool.peer_contexts, "peer contexts")?;
             }
         }
         Ok(w.out)
@@ -526,18 +550,11 @@ impl Snapshot {
                     peers,
                 });
             }
-            let mut contexts = Vec::new();
-            if peer_contexts {
-                let n = r.count("peer contexts", MAX_PEER_CONTEXTS)?;
-                contexts.reserve_exact(n);
-                for _ in 0..n {
-                    contexts.push(PeerContext {
-                        key: r.u64("peer context key")?,
-                        pod: r.u32("peer context pod")?,
-                        blocks: r.u32("peer context blocks")?,
-                    });
-                }
-            }
+            let contexts = if peer_contexts {
+                read_contexts(&mut r, "peer contexts")?
+            } else {
+                Vec::new()
+            };
             pools.push(Pool {
                 name,
                 cluster,

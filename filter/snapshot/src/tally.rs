@@ -105,19 +105,7 @@ impl Tally {
                 w.u32(pod.in_flight);
                 w.u32(pod.pending_tokens);
             }
-            if pool.contexts.len() > MAX_PEER_CONTEXTS {
-                return Err(EncodeError(format!(
-                    "too many contexts in tally pool {:?}: {}",
-                    pool.name,
-                    pool.contexts.len()
-                )));
-            }
-            w.len16(pool.contexts.len(), "tally contexts")?;
-            for c in &pool.contexts {
-                w.u64(c.key);
-                w.u32(c.pod);
-                w.u32(c.blocks);
-            }
+            crate::write_contexts(w, &pool.contexts, "tally contexts")?;
         }
         Ok(())
     }
@@ -155,15 +143,7 @@ impl Tally {
                     pending_tokens: r.u32("tally pending tokens")?,
                 });
             }
-            let context_count = r.count("tally contexts", MAX_PEER_CONTEXTS)?;
-            let mut contexts = Vec::with_capacity(context_count);
-            for _ in 0..context_count {
-                contexts.push(TallyContext {
-                    key: r.u64("tally context key")?,
-                    pod: r.u32("tally context pod")?,
-                    blocks: r.u32("tally context blocks")?,
-                });
-            }
+            let contexts = crate::read_contexts(r, "tally contexts")?;
             pools.push(TallyPool {
                 name,
                 pods,
