@@ -105,6 +105,11 @@ pub struct HubConfig {
     /// gone, or has no work left and said so).
     #[serde(default = "d_hub_tally_ttl")]
     pub tally_ttl_ms: u64,
+    /// Mode `hub`: a tally that changes a replica's work streams a frame at once (the last
+    /// round's pods with the new tallies) instead of waiting for the next scrape round, at most
+    /// one such frame per this many ms; 0 = frames only with scrape rounds.
+    #[serde(default = "d_hub_tally_frame")]
+    pub tally_frame_ms: u64,
 }
 
 fn d_hub_listen() -> String {
@@ -119,6 +124,9 @@ fn d_hub_share() -> u64 {
 fn d_hub_tally_ttl() -> u64 {
     500
 }
+fn d_hub_tally_frame() -> u64 {
+    5
+}
 
 impl Default for HubConfig {
     fn default() -> Self {
@@ -129,6 +137,7 @@ impl Default for HubConfig {
             timeout_ms: d_hub_timeout(),
             share_ms: d_hub_share(),
             tally_ttl_ms: d_hub_tally_ttl(),
+            tally_frame_ms: d_hub_tally_frame(),
         }
     }
 }

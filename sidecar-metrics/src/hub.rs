@@ -224,7 +224,7 @@ async fn take_tally(State(s): State<HubState>, headers: HeaderMap, body: Bytes) 
         }
     };
     match s.board.offer(t, std::time::Instant::now()) {
-        Ok(()) => {
+        Ok(_) => {
             s.stats.hub_tally("accepted");
             StatusCode::NO_CONTENT.into_response()
         }

@@ -43,6 +43,8 @@ const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 pub struct TallyBoard {
     ttl: Duration,
     inner: Mutex<HashMap<u64, (Tally, Instant)>>,
+    /// Woken when a tally changes what the board says (see [`TallyBoard::changed`]).
+    changed: tokio::sync::Notify,
 }
 
 /// Why a hub refused a tally.
@@ -61,7 +63,15 @@ impl TallyBoard {
         TallyBoard {
             ttl,
             inner: Mutex::new(HashMap::new()),
+            changed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Resolves after a tally changed what the board says: a new replica, or a replica's work
+    /// per pod or placed contexts differing from its last tally (a renewal with the same work
+    /// does not count). One waiter (the hub's loop); a change before it waits is kept for it.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Tally, Instant)>> {
@@ -70,21 +80,27 @@ impl TallyBoard {
 
     /// Keeps `t` as its replica's latest, unless the board holds a newer one from it (requests
     /// can arrive out of order over separate connections). A new replica finds room only below
-    /// [`MAX_TALLIES`] live ones.
-    pub fn offer(&self, t: Tally, now: Instant) -> Result<(), Refused> {
+    /// [`MAX_TALLIES`] live ones. `Ok(true)` when the tally changed what the board says (then
+    /// [`TallyBoard::changed`] wakes).
+    pub fn offer(&self, t: Tally, now: Instant) -> Result<bool, Refused> {
         if t.replica == 0 {
             return Err(Refused::NoReplica);
         }
         let mut m = self.lock();
         let ttl = self.ttl;
         m.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
-        match m.get(&t.replica) {
+        let changed = match m.get(&t.replica) {
             Some((held, _)) if held.taken_ms > t.taken_ms => return Err(Refused::Old),
             None if m.len() >= MAX_TALLIES => return Err(Refused::Full),
-            _ => {}
-        }
+            Some((held, _)) => held.pools != t.pools,
+            None => true,
+        };
         m.insert(t.replica, (t, now));
-        Ok(())
+        drop(m);
+        if changed {
+            self.changed.notify_one();
+        }
+        Ok(changed)
     }
 
     /// Every live tally (renewed within the TTL), by replica id; expired ones are dropped.
@@ -305,9 +321,11 @@ mod tests {
         let b = TallyBoard::new(Duration::from_millis(500));
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        b.offer(tally(1, 1_000, 3), t0).unwrap();
-        b.offer(tally(2, 1_005, 1), t0).unwrap();
-        b.offer(tally(1, 1_025, 4), t0 + ms(25)).unwrap();
+        assert_eq!(b.offer(tally(1, 1_000, 3), t0), Ok(true));
+        assert_eq!(b.offer(tally(2, 1_005, 1), t0), Ok(true));
+        assert_eq!(b.offer(tally(1, 1_025, 4), t0 + ms(25)), Ok(true));
+        // A renewal with the same work keeps the replica alive without being news.
+        assert_eq!(b.offer(tally(2, 1_010, 1), t0 + ms(10)), Ok(false));
         // Out of order: an older tally never replaces a newer one.
         assert_eq!(b.offer(tally(1, 1_010, 9), t0 + ms(30)), Err(Refused::Old));
         let now = b.current(t0 + ms(40));
@@ -318,11 +336,36 @@ mod tests {
             vec![(1, 4), (2, 1)]
         );
         // Replica 2 stops sending (gone): its tally is dropped after the TTL, replica 1's kept.
-        let later = b.current(t0 + ms(510));
+        let later = b.current(t0 + ms(515));
         assert_eq!(later.iter().map(|t| t.replica).collect::<Vec<_>>(), vec![1]);
         assert_eq!(b.current(t0 + ms(600)), vec![]);
+        // A replica coming back is news again.
+        assert_eq!(b.offer(tally(2, 1_700, 1), t0 + ms(700)), Ok(true));
         // A restarted replica (new id) starts afresh; id 0 is nobody.
         assert_eq!(b.offer(tally(0, 1, 1), t0), Err(Refused::NoReplica));
+    }
+
+    #[tokio::test]
+    async fn a_tally_that_changes_the_board_wakes_its_waiter_and_a_renewal_does_not() {
+        let b = Arc::new(TallyBoard::new(Duration::from_millis(500)));
+        let t0 = Instant::now();
+        let woken = |b: &Arc<TallyBoard>| {
+            let b = b.clone();
+            async move {
+                tokio::time::timeout(Duration::from_millis(50), b.changed())
+                    .await
+                    .is_ok()
+            }
+        };
+        // A change made before anyone waits is kept for the waiter.
+        b.offer(tally(1, 1_000, 3), t0).unwrap();
+        assert!(woken(&b).await);
+        // Nothing new since: no wake-up.
+        assert!(!woken(&b).await);
+        b.offer(tally(1, 1_025, 3), t0).unwrap();
+        assert!(!woken(&b).await, "a renewal with the same work is not news");
+        b.offer(tally(1, 1_050, 4), t0).unwrap();
+        assert!(woken(&b).await);
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub struct HubNumbers {
     pub subscribes_refused: u64,
     /// Hub side: snapshots published to the stream.
     pub published: u64,
+    /// Hub side: of those, frames for changed tallies between scrape rounds.
+    pub tally_frames: u64,
     /// Hub side: tallies received from gateway replicas, by result (`accepted`, `forbidden`,
     /// `invalid`, `refused`).
     pub tallies: BTreeMap<&'static str, u64>,
@@ -386,6 +388,13 @@ impl Collector for Exposition {
             MetricType::Counter,
         )?;
         ConstCounter::new(h.published).encode(m)?;
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_tally_frames",
+            "Hub: of the published snapshots, frames sent between scrape rounds because a replica's tally changed (hub.tally_frame_ms).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(h.tally_frames).encode(m)?;
         let mut m = enc.encode_descriptor(
             "llm_router_sidecar_hub_tallies",
             "Hub: gateway replicas' tallies received, by result (accepted; forbidden: not signed with our secret; invalid: not a tally; refused: older than the one held, or the board is full).",
@@ -536,6 +545,11 @@ impl Stats {
 
     pub fn hub_frame_refused(&self, reason: &'static str) {
         self.with(|i| *i.hub.frames_refused.entry(reason).or_default() += 1);
+    }
+
+    /// Hub side: the next frame is for changed tallies, not a scrape round.
+    pub fn hub_tally_frame(&self) {
+        self.with(|i| i.hub.tally_frames += 1);
     }
 
     /// Hub side: a replica's tally arrived (`result`).

@@ -218,6 +218,56 @@ async fn each_replica_sees_the_others_work_through_the_hub_and_never_its_own() {
     h.stop().await;
 }
 
+/// A hub that scrapes once a minute still streams a replica's new work at once: a tally that
+/// changes the board is a frame of its own (`hub.tally_frame_ms`), not news for the next round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_new_work_reaches_the_others_without_waiting_for_a_scrape_round() {
+    let fleet = FakeFleet::start(2, Answer::Text(vllm_text(0, 0, 0.1))).await;
+    let pod1 = fleet.addrs[1];
+    let mut hc = hub_config(&fleet, "127.0.0.1:0");
+    hc.scrape.interval_ms = 60_000;
+    hc.validate().unwrap();
+    let h = sidecar::start(hc, SECRET.into()).await.unwrap();
+    let hub_addr = h.hub_addr.unwrap();
+    let follower = |proxy: SocketAddr| {
+        let mut c = follower_config(&fleet, proxy, &[hub_addr]);
+        // The hub is silent between its rounds: follow it anyway.
+        c.hub.fallback_after_ms = Some(60_000);
+        c.hub.timeout_ms = 60_000;
+        c.validate().unwrap();
+        c
+    };
+    let (pa, pb) = (FakeProxy::start().await, FakeProxy::start().await);
+    let fa = sidecar::start(follower(pa.addr), SECRET.into())
+        .await
+        .unwrap();
+    let fb = sidecar::start(follower(pb.addr), SECRET.into())
+        .await
+        .unwrap();
+    wait("the hub's first round", &h, |s| s.hub.published >= 1).await;
+    let rounds = h.stats.summary().rounds;
+
+    for (n, tokens) in [(1, 500), (4, 2_000), (0, 0)] {
+        let work: Vec<(&str, String, u32, u32)> = if n == 0 {
+            Vec::new()
+        } else {
+            vec![("llama", pod1.to_string(), n, tokens)]
+        };
+        let work: Vec<(&str, &str, u32, u32)> = work
+            .iter()
+            .map(|(p, a, n, t)| (*p, a.as_str(), *n, *t))
+            .collect();
+        pb.set_tally(&work);
+        wait_peers("A sees B's work between rounds", &pa, pod1, (n, tokens)).await;
+    }
+    let hs = h.stats.summary();
+    assert_eq!(hs.rounds, rounds, "no scrape round ran meanwhile: {hs:#?}");
+    assert!(hs.hub.tally_frames >= 3, "{hs:#?}");
+    fa.stop().await;
+    fb.stop().await;
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_are_neither_served_nor_followed() {
     let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;

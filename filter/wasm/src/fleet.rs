@@ -100,11 +100,8 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
         let cas = current.as_ref().map(|(_, c)| *c);
         // The stored bytes were validated when they were accepted; one that no longer decodes
         // (none should) is replaced.
-        let stored = current
-            .as_ref()
-            .and_then(|(v, _)| Snapshot::decode(v).ok())
-            .map(|s| s.generation);
-        if let Some(current) = stored {
+        let stored = current.as_ref().and_then(|(v, _)| Snapshot::decode(v).ok());
+        if let Some(current) = stored.as_ref().map(|s| s.generation) {
             if snap.generation <= current {
                 return PushOutcome::StaleGeneration {
                     generation: snap.generation,
@@ -118,7 +115,9 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
             Err(StoreError::Failed) => return PushOutcome::StoreFailed,
         }
         for pool in &snap.pools {
-            inflight::snapshot_baseline(store, &pool.name);
+            if observed_again(pool, stored.as_ref()) {
+                inflight::snapshot_baseline(store, &pool.name);
+            }
         }
         raise_meta(
             store,
@@ -134,6 +133,23 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
         };
     }
     PushOutcome::StoreFailed
+}
+
+/// Whether `pool`'s pods were observed since the stored snapshot: a pool that is new, or whose
+/// pods or scrape times differ. Only then is this proxy's in-flight table copied to the pool's
+/// baseline. A push that repeats the last scrape (a metrics hub streaming the other gateway
+/// replicas' new work between its scrape rounds) keeps the baseline: the engines' counts are
+/// as old as before, so the requests this proxy sent since that scrape are still not in them.
+fn observed_again(pool: &llm_router_snapshot::Pool, stored: Option<&Snapshot>) -> bool {
+    let Some(old) = stored.and_then(|s| s.pool(&pool.name)) else {
+        return true;
+    };
+    old.pods.len() != pool.pods.len()
+        || old
+            .pods
+            .iter()
+            .zip(&pool.pods)
+            .any(|(a, b)| a.address != b.address || a.scraped_at_ms != b.scraped_at_ms)
 }
 
 /// Sets the meta key to `meta` unless it already names that generation or a newer one. Written
@@ -432,6 +448,37 @@ mod tests {
             },
         );
         assert_eq!(Meta::read(&s).unwrap().generation, 9);
+    }
+
+    /// One pod scraped at `scraped_at_ms`, with other replicas' `peer_in_flight` on it.
+    fn scraped(generation: u64, scraped_at_ms: u64, peer_in_flight: u32) -> Vec<u8> {
+        let mut snap = Snapshot::decode(&snap(generation)).unwrap();
+        let pod = &mut snap.pools[0].pods[0];
+        pod.scraped_at_ms = scraped_at_ms;
+        pod.peers.in_flight = peer_in_flight;
+        snap.encode().unwrap()
+    }
+
+    #[test]
+    fn a_push_that_repeats_the_last_scrape_keeps_the_baseline() {
+        let s = MemoryStore::new();
+        let pod = "127.0.0.1:1";
+        let accepted =
+            |b: Vec<u8>| assert!(matches!(accept(&s, &b, 100), PushOutcome::Accepted { .. }));
+        accepted(scraped(1, 1_000, 0));
+        // Two requests sent after that scrape: the engine's counts do not have them yet.
+        assert!(inflight::routed(&s, "p", pod, 10));
+        assert!(inflight::routed(&s, "p", pod, 10));
+        // The hub streams another replica's new work over the same scrape: still not in them.
+        accepted(scraped(2, 1_000, 3));
+        assert_eq!(inflight::read_baseline(&s, "p").in_flight(pod), 0);
+        // A new scrape: the engine has seen them now.
+        accepted(scraped(3, 1_050, 3));
+        assert_eq!(inflight::read_baseline(&s, "p").in_flight(pod), 2);
+        // A new pod list is a new observation too.
+        assert!(inflight::routed(&s, "p", pod, 10));
+        accepted(snap_at(4, "127.0.0.1:2"));
+        assert_eq!(inflight::read_baseline(&s, "p").in_flight(pod), 3);
     }
 
     #[test]
