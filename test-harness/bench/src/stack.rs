@@ -512,6 +512,17 @@ pub fn scrape_interval_ms() -> u64 {
         .unwrap_or(50)
 }
 
+/// A hub setting from the environment for an experiment (`LLMR_BENCH_SHARE_MS`: how often each
+/// gateway sidecar sends its tally, default 25; `LLMR_BENCH_TALLY_FRAME_MS`: the hub's gap
+/// between frames for changed tallies, default 5, 0 = only with scrape rounds), as a YAML line
+/// under `hub:`; empty when unset.
+fn hub_setting(var: &str, key: &str) -> String {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or_else(String::new, |v| format!("  {key}: {v}\n"))
+}
+
 /// The sidecar's configuration for these pods, pushing to `envoy`.
 pub fn sidecar_config(envoy: SocketAddr, pods: &[SocketAddr], listen: SocketAddr) -> String {
     let list: Vec<String> = pods.iter().map(|a| format!("\"{a}\"")).collect();
@@ -799,7 +810,10 @@ pub async fn start_sidecar_following(
     };
     let mut text = sidecar_config(envoy, pods, listen);
     if let Some(h) = hub {
-        text.push_str(&format!("hub:\n  upstreams: [\"http://{h}\"]\n"));
+        text.push_str(&format!(
+            "hub:\n  upstreams: [\"http://{h}\"]\n{}",
+            hub_setting("LLMR_BENCH_SHARE_MS", "share_ms")
+        ));
     }
     let g = spawn_sidecar("bench-sidecar", &text).await?;
     Ok((g, listen))
@@ -810,7 +824,8 @@ pub async fn start_sidecar_following(
 pub async fn start_hub(pods: &[SocketAddr]) -> Result<(ChildGuard, SocketAddr), StackError> {
     let (listen, stream) = (free_loopback().await?, free_loopback().await?);
     let text = format!(
-        "mode: hub\nhub:\n  listen: {stream}\n{}",
+        "mode: hub\nhub:\n  listen: {stream}\n{}{}",
+        hub_setting("LLMR_BENCH_TALLY_FRAME_MS", "tally_frame_ms"),
         // The same pools and scraping as a gateway's sidecar; `push` names only the secret.
         sidecar_config(SocketAddr::from(([127, 0, 0, 1], 1)), pods, listen)
             .replace("  address: 127.0.0.1:1\n", "")
