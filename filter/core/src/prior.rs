@@ -29,7 +29,8 @@
 //!
 //! A guess is all a replica has when it is alone with its index. With sidecars that follow a
 //! metrics hub it need not guess: each replica keeps a ring of the long contexts it placed on
-//! pods where it knew of no copy ([`note_placed`], at most [`PLACED_RING`] per pool, in shared
+//! pods that held no copy it or the others knew of — the first copy, and any later one (a
+//! busy holder avoided) — ([`note_placed`], at most [`PLACED_RING`] per pool, in shared
 //! data), serves the ring in its tally, and gets the others' in its snapshot
 //! ([`llm_router_snapshot::PeerContext`]). A context another replica placed on pod X is then
 //! credited to X in full — a fact, not a prior — wherever the rendezvous home would be; the
@@ -42,7 +43,7 @@ use crate::wire::Reader;
 use llm_router_snapshot::{PeerContext, Pool};
 
 /// Most contexts a pool's ring of placements holds: the newest this replica placed where it
-/// knew of no copy. 16 bytes each in shared data and in every tally this proxy serves.
+/// made a new copy. 16 bytes each in shared data and in every tally this proxy serves.
 pub const PLACED_RING: usize = 128;
 
 /// The shared-data key of a pool's ring of placements.
@@ -75,7 +76,7 @@ fn encode_placed(ring: &[PeerContext]) -> Vec<u8> {
 }
 
 /// Notes that this proxy placed a long context (`placed.key`, the prompt's chained hash at its
-/// anchor depth) on pod `placed.pod` where it knew of no copy: it becomes the ring's newest,
+/// anchor depth) on pod `placed.pod`, a new copy there: it becomes the ring's newest,
 /// replacing an older note of the same key and pod; the oldest beyond [`PLACED_RING`] drop.
 /// False when the write did not land (contention; the context stays this replica's alone).
 pub fn note_placed(store: &impl SharedStore, pool: &str, placed: PeerContext) -> bool {

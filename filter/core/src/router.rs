@@ -684,10 +684,13 @@ struct Candidates<'f> {
     found: prefix::PrefixMatch,
     /// `(candidate, its own prefix record)` for candidates credited by [`features`].
     credited: Vec<(usize, u32)>,
-    /// The prompt's anchor `(key, depth)` when this replica knows less of it than the anchor
-    /// depth and no other replica is known to have placed it: [`account`] shares where it
-    /// goes ([`prior::note_placed`]).
-    unplaced: Option<(u64, usize)>,
+    /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
+    /// holds less of it than the anchor depth (a new copy: no record of this replica's and
+    /// no other replica's note puts it there), [`account`] shares where it went
+    /// ([`prior::note_placed`]).
+    anchor: Option<(u64, usize)>,
+    /// Candidates other replicas' notes put the anchor on (not a new copy there).
+    peer_placed: Vec<usize>,
     /// Each candidate's position among the pool's candidates when they are a large pool's
     /// shortlist (ascending); empty when they are the whole pool.
     positions: Vec<u32>,
@@ -802,7 +805,8 @@ fn candidates<'f, S: SharedStore>(
                 hashes,
                 found,
                 credited: Vec::new(),
-                unplaced: None,
+                anchor: None,
+                peer_placed: Vec::new(),
                 positions: s.positions,
                 pool_pods: sl.len(),
                 homes: Some(s.homes),
@@ -975,7 +979,8 @@ fn candidates<'f, S: SharedStore>(
         hashes,
         found,
         credited: Vec::new(),
-        unplaced: None,
+        anchor: None,
+        peer_placed: Vec::new(),
         positions: Vec::new(),
         pool_pods,
         homes: None,
@@ -1269,7 +1274,8 @@ fn features<'r>(
                     .collect()
             })
             .unwrap_or_default();
-        c.unplaced = anchored.filter(|_| placed.is_empty());
+        c.anchor = anchor(pool, &c.hashes, prompt_chars, 0);
+        c.peer_placed = placed.iter().map(|&(at, _)| at).collect();
         // Otherwise where they probably put it: its home, believed by their share.
         let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
             let credit = prior::credit(n, known, share)?;
@@ -1354,10 +1360,16 @@ fn account<S: SharedStore>(
         );
         let id = c.ids.get(i).copied().unwrap_or(0);
         index.record(&c.hashes.blocks, id, &c.found);
-        // A long context new to this replica, placed while other replicas are at work in the
-        // pool: tell them where it went (through the tally), so they need not guess.
-        if let Some((key, depth)) = c.unplaced {
-            if view.derived.is_some_and(|d| d.peers) && (known as usize) < depth {
+        // A new copy of a long context (the pod held less of it than the anchor, by this
+        // replica's records and the others' notes), made while other replicas are at work in
+        // the pool: tell them where it went (through the tally), so they need not guess — the
+        // first copy, and every later one (a busy holder avoided), which the others would
+        // otherwise not know of and copy again.
+        if let Some((key, depth)) = c.anchor {
+            if view.derived.is_some_and(|d| d.peers)
+                && (known as usize) < depth
+                && !c.peer_placed.contains(&i)
+            {
                 let blocks = c.hashes.blocks.len() as u32;
                 prior::note_placed(
                     store,

@@ -17,7 +17,7 @@
 //! tallies  count u16 | (len u32 | tally) * count          (a hub frame's list)
 //! ```
 //! Only pods with work in flight are listed. The contexts are the long contexts the replica
-//! placed most recently on pods where it knew of no copy ([`TallyContext`], a bounded ring in
+//! placed most recently as new copies (on pods that held none it or the others knew of) ([`TallyContext`], a bounded ring in
 //! the filter); the hub passes them on and each receiving sidecar merges the others' into
 //! [`crate::Pool::peer_contexts`], so a context one replica placed is found by all. `replica` is the sender's random id (0 in what the
 //! filter serves: the sidecar stamps its own); `taken_ms` when the filter's counts were read.

@@ -1158,6 +1158,46 @@ fn a_context_one_replica_placed_is_found_by_the_others() {
 }
 
 #[test]
+fn a_second_copy_of_a_context_is_noted_for_the_other_replicas_too() {
+    let r = router(CONFIG);
+    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
+    let one_fleet = refleet(&r, &fleet, &one, |snap| {
+        snap.pools[0].pods[3].peers = PeerWork {
+            in_flight: 1,
+            pending_tokens: 0,
+        };
+    });
+    route_and_finish(&r, &one, &one_fleet, &doc_question(99, 0), 7);
+    let first = route_and_finish(&r, &one, &one_fleet, &doc_question(5, 1), 5).endpoints[0].clone();
+    let notes = |s: &MemoryStore| {
+        inflight::tally(s, ["llama"], 1100).pools[0]
+            .contexts
+            .iter()
+            .map(|c| c.pod)
+            .collect::<Vec<u32>>()
+    };
+    let before = notes(&one);
+    // The pod holding the document is swamped: the next read of it is copied elsewhere, and
+    // the others must learn of that copy as they learned of the first.
+    inflight::update(&one, "llama", |t| {
+        for (address, load) in t.entries.iter_mut() {
+            if *address == first {
+                load.pending_tokens = 400_000;
+            }
+        }
+    });
+    let second =
+        route_and_finish(&r, &one, &one_fleet, &doc_question(5, 2), 55).endpoints[0].clone();
+    assert_ne!(second, first, "the swamped holder is avoided");
+    let after = notes(&one);
+    assert_eq!(after.len(), before.len() + 1, "{before:?} → {after:?}");
+    assert_eq!(after.last().copied(), Some(prefix::pod_id(&second)));
+    // A read where this replica already made a copy is no new copy: nothing more is noted.
+    route_and_finish(&r, &one, &one_fleet, &doc_question(5, 3), 56);
+    assert_eq!(notes(&one).len(), after.len());
+}
+
+#[test]
 fn a_lone_gateway_places_new_contexts_by_load_alone() {
     let r = router(CONFIG);
     // Pod 1 has the most free KV cache. A lone gateway (every request the engines count is its
