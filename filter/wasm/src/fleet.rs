@@ -213,6 +213,17 @@ pub fn tally_bytes(store: &impl SharedStore, now_ms: u64) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// JSON for `GET /__llm_router/state?summary`: the stored generation and its age only, from
+/// the 16-byte meta key (no snapshot decode: cheap enough to poll at any fleet size).
+pub fn state_summary_json(store: &impl SharedStore, now_ms: u64) -> String {
+    let meta = Meta::read(store);
+    serde_json::json!({
+        "generation": meta.map(|m| m.generation),
+        "age_ms": meta.map(|m| now_ms.saturating_sub(m.accepted_ms)),
+    })
+    .to_string()
+}
+
 /// JSON for `GET /__llm_router/state`: the snapshot summary and live in-flight counts.
 pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
     let meta = Meta::read(store);

@@ -687,8 +687,8 @@ impl HttpContext for Http {
                 host::remove_request_header(name);
             }
         }
-        let path = headers.get(":path").unwrap_or_default();
-        let path = path.split('?').next().unwrap_or_default();
+        let full_path = headers.get(":path").unwrap_or_default();
+        let (path, query) = full_path.split_once('?').unwrap_or((full_path, ""));
         let (is_push, is_state) = (path == c.snapshot.push_path, path == c.snapshot.state_path);
         let is_tally = path == c.snapshot.tally_path;
         let (endpoints, max_body) = (c.snapshot.endpoints, c.max_body_bytes);
@@ -700,7 +700,11 @@ impl HttpContext for Http {
                 return self.answer(404, NOT_FOUND);
             }
             if is_state {
-                let json = fleet::state_json(&HostStore, host::now_ms());
+                let json = if query.split('&').any(|q| q == "summary") {
+                    fleet::state_summary_json(&HostStore, host::now_ms())
+                } else {
+                    fleet::state_json(&HostStore, host::now_ms())
+                };
                 return self.answer(200, &json);
             }
             if is_tally {

@@ -1383,6 +1383,19 @@ fn the_tally_serves_this_proxys_work_and_the_state_shows_the_other_replicas() {
         .unwrap();
     assert_eq!(busy["peer_in_flight"], 3);
     assert_eq!(busy["peer_pending_tokens"], 2_500);
+    // `?summary`: the generation and its age, without the pools (no snapshot decode).
+    let mut s = internal.request();
+    s.headers(&[
+        (":method", "GET"),
+        (":path", &format!("{STATE_PATH}?summary")),
+    ])
+    .property("source.address", "127.0.0.1:5000");
+    s.send().unwrap();
+    let summary = json_of(&s);
+    assert_eq!(summary["generation"], state["generation"]);
+    assert_eq!(summary["generation"], 5);
+    assert!(summary["age_ms"].is_u64(), "{summary}");
+    assert!(summary.get("pools").is_none(), "{summary}");
     // The public instance keeps the path closed.
     let mut closed = tally_request(&public);
     closed.send().unwrap();
