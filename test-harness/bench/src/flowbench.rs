@@ -836,6 +836,7 @@ mod tests {
                 at_ms: i as f64,
                 lag_ms: 0.0,
                 tag: (!tag.is_empty()).then(|| tag.to_string()),
+                group: None,
                 outcome: Outcome {
                     status: *status,
                     error: (!ok).then(|| "failed".to_string()),

@@ -45,6 +45,9 @@ pub struct Sample {
     /// The value of the request's tagging header (its objective, its tenant), if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// The shared prefix (document or system prompt) the request read, if any.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub group: Option<u32>,
     /// What came back.
     #[serde(flatten)]
     pub outcome: Outcome,
@@ -102,7 +105,7 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
         }
         let tag = r.header.as_ref().map(|(_, v)| v.clone());
         let body = r.body.clone();
-        let (id, model, at) = (r.id, r.model.clone(), r.at);
+        let (id, model, at, group) = (r.id, r.model.clone(), r.at, r.prefix_group);
         let deadline = (Instant::now() + opts.request_timeout).min(cut);
         set.spawn(async move {
             let sent = Instant::now();
@@ -123,6 +126,7 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
                 at_ms: ms(at),
                 lag_ms: ms(lag),
                 tag,
+                group,
                 outcome,
             }
         });
@@ -137,6 +141,7 @@ pub async fn run(reqs: &[RequestSpec], opts: &RunOptions) -> Result<RunResult, L
                 at_ms: 0.0,
                 lag_ms: 0.0,
                 tag: None,
+                group: None,
                 outcome: Outcome {
                     error: Some(format!("task failed: {e}")),
                     ..Outcome::default()

@@ -340,6 +340,7 @@ mod tests {
             at_ms: at,
             lag_ms: 0.0,
             tag: None,
+            group: None,
             outcome: Outcome {
                 status: 200,
                 pod: Some(pod.into()),

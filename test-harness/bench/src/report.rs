@@ -1262,6 +1262,7 @@ mod tests {
                 at_ms: 0.0,
                 lag_ms: 0.0,
                 tag: None,
+                group: None,
                 outcome: Outcome {
                     status: if (i as usize) < ok { 200 } else { 500 },
                     error: if (i as usize) < ok {

@@ -560,12 +560,12 @@ fn write(path: &Path, data: &[u8]) -> Result<(), RunError> {
 
 fn samples_csv(r: &RunResult) -> String {
     let mut s =
-        String::from("id,model,at_ms,lag_ms,status,ttft_ms,e2e_ms,output_tokens,pod,error\n");
+        String::from("id,model,at_ms,lag_ms,status,ttft_ms,e2e_ms,output_tokens,pod,error,prompt_tokens,cached_tokens,group\n");
     for x in &r.samples {
         let o = &x.outcome;
         let _ = writeln!(
             s,
-            "{},{},{:.1},{:.1},{},{},{:.1},{},{},{}",
+            "{},{},{:.1},{:.1},{},{},{:.1},{},{},{},{},{},{}",
             x.id,
             x.model,
             x.at_ms,
@@ -575,7 +575,10 @@ fn samples_csv(r: &RunResult) -> String {
             o.e2e_ms,
             o.output_tokens.map_or(String::new(), |t| t.to_string()),
             o.pod.as_deref().unwrap_or(""),
-            o.error.as_deref().unwrap_or("").replace([',', '\n'], " ")
+            o.error.as_deref().unwrap_or("").replace([',', '\n'], " "),
+            o.prompt_tokens.map_or(String::new(), |t| t.to_string()),
+            o.cached_tokens.map_or(String::new(), |t| t.to_string()),
+            x.group.map_or(String::new(), |g| g.to_string()),
         );
     }
     s
@@ -1290,6 +1293,7 @@ mod tests {
                 at_ms: 1.0,
                 lag_ms: 0.0,
                 tag: None,
+                group: None,
                 outcome: Outcome {
                     status: 503,
                     error: Some("status 503: a, b\nc".into()),
@@ -1363,6 +1367,7 @@ mod tests {
                 at_ms: 1000.0 + i as f64,
                 lag_ms: 0.0,
                 tag: None,
+                group: None,
                 outcome: Outcome {
                     status: 200,
                     ttft_ms: Some(*t),

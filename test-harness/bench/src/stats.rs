@@ -180,6 +180,7 @@ mod tests {
             at_ms: 0.0,
             lag_ms: id as f64 / 10.0,
             tag: None,
+            group: None,
             outcome: Outcome {
                 status,
                 error: if status == 200 {
