@@ -452,6 +452,18 @@ impl Snapshot {
         Ok(w.out)
     }
 
+    /// The generation in the header of bytes written by [`Snapshot::encode`], without decoding
+    /// the rest (a proxy checking a push against the stored snapshot needs no more of it).
+    /// `None` when the header is not a snapshot's of this version.
+    pub fn peek_generation(bytes: &[u8]) -> Option<u64> {
+        let mut r = Reader { buf: bytes, pos: 0 };
+        if r.take(4, "magic").ok()? != MAGIC || r.u16("version").ok()? != VERSION {
+            return None;
+        }
+        r.u16("flags").ok()?;
+        r.u64("generation").ok()
+    }
+
     /// Parses and validates bytes written by [`Snapshot::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Snapshot, DecodeError> {
         let mut r = Reader { buf: bytes, pos: 0 };

@@ -363,3 +363,19 @@ mod signatures {
         );
     }
 }
+
+#[test]
+fn the_generation_is_read_from_the_header_alone() {
+    let mut snap = one_pod();
+    snap.generation = 4_242;
+    let bytes = snap.encode().unwrap();
+    assert_eq!(Snapshot::peek_generation(&bytes), Some(4_242));
+    assert_eq!(
+        Snapshot::peek_generation(&bytes[..12]),
+        None,
+        "cut inside the generation"
+    );
+    let mut other = bytes.clone();
+    other[0] = b'X';
+    assert_eq!(Snapshot::peek_generation(&other), None);
+}

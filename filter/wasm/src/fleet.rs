@@ -22,6 +22,8 @@ use std::rc::Rc;
 
 pub const SNAPSHOT_KEY: &str = "llmr/snapshot";
 pub const META_KEY: &str = "llmr/snapshot/meta";
+/// Per pool of the stored snapshot, its scrape mark ([`scrape_mark`]).
+pub const SCRAPES_KEY: &str = "llmr/snapshot/scrapes";
 
 /// Generation and acceptance time of the stored snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,10 +100,13 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
     for _ in 0..CAS_ATTEMPTS {
         let current = store.get(SNAPSHOT_KEY);
         let cas = current.as_ref().map(|(_, c)| *c);
-        // The stored bytes were validated when they were accepted; one that no longer decodes
-        // (none should) is replaced.
-        let stored = current.as_ref().and_then(|(v, _)| Snapshot::decode(v).ok());
-        if let Some(current) = stored.as_ref().map(|s| s.generation) {
+        // The stored bytes were validated when they were accepted: their header is enough
+        // (decoding them again cost as much as the push's own decode: at 4,096 pods most of a
+        // push's time). One whose header does not read (none should) is replaced.
+        let stored = current
+            .as_ref()
+            .and_then(|(v, _)| Snapshot::peek_generation(v));
+        if let Some(current) = stored {
             if snap.generation <= current {
                 return PushOutcome::StaleGeneration {
                     generation: snap.generation,
@@ -114,11 +119,19 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Failed) => return PushOutcome::StoreFailed,
         }
-        for pool in &snap.pools {
-            if observed_again(pool, stored.as_ref()) {
+        let before = store
+            .get(SCRAPES_KEY)
+            .map(|(v, _)| decode_marks(&v))
+            .unwrap_or_default();
+        let marks: Vec<(u64, u64)> = snap.pools.iter().map(scrape_mark).collect();
+        for (pool, mark) in snap.pools.iter().zip(&marks) {
+            if !before.contains(mark) {
                 inflight::snapshot_baseline(store, &pool.name);
             }
         }
+        // Not guarded by CAS: of two pushes accepted at once the older's marks may stay, and
+        // the next push then takes a baseline it did not need (an estimate that heals).
+        let _ = store.set(SCRAPES_KEY, &encode_marks(&marks), None);
         raise_meta(
             store,
             Meta {
@@ -135,21 +148,42 @@ pub fn accept(store: &impl SharedStore, bytes: &[u8], now_ms: u64) -> PushOutcom
     PushOutcome::StoreFailed
 }
 
-/// Whether `pool`'s pods were observed since the stored snapshot: a pool that is new, or whose
-/// pods or scrape times differ. Only then is this proxy's in-flight table copied to the pool's
-/// baseline. A push that repeats the last scrape (a metrics hub streaming the other gateway
-/// replicas' new work between its scrape rounds) keeps the baseline: the engines' counts are
-/// as old as before, so the requests this proxy sent since that scrape are still not in them.
-fn observed_again(pool: &llm_router_snapshot::Pool, stored: Option<&Snapshot>) -> bool {
-    let Some(old) = stored.and_then(|s| s.pool(&pool.name)) else {
-        return true;
-    };
-    old.pods.len() != pool.pods.len()
-        || old
-            .pods
-            .iter()
-            .zip(&pool.pods)
-            .any(|(a, b)| a.address != b.address || a.scraped_at_ms != b.scraped_at_ms)
+/// A pool's scrape mark: its name and its pods' addresses and scrape times, hashed. A pushed
+/// pool whose mark the stored snapshot did not have was observed again (a new pool, new pods or
+/// a new scrape): only then is this proxy's in-flight table copied to the pool's baseline. A
+/// push that repeats the last scrape (a metrics hub streaming the other gateway replicas' new
+/// work between its scrape rounds) keeps the baseline: the engines' counts are as old as
+/// before, so the requests this proxy sent since that scrape are still not in them.
+fn scrape_mark(pool: &llm_router_snapshot::Pool) -> (u64, u64) {
+    use std::hash::{Hash, Hasher};
+    let mut name = std::collections::hash_map::DefaultHasher::new();
+    pool.name.hash(&mut name);
+    let mut pods = std::collections::hash_map::DefaultHasher::new();
+    for p in &pool.pods {
+        p.address.hash(&mut pods);
+        p.scraped_at_ms.hash(&mut pods);
+    }
+    (name.finish(), pods.finish())
+}
+
+fn encode_marks(marks: &[(u64, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(marks.len() * 16);
+    for (a, b) in marks {
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+    out
+}
+
+fn decode_marks(bytes: &[u8]) -> Vec<(u64, u64)> {
+    bytes
+        .chunks_exact(16)
+        .filter_map(|c| {
+            let a = u64::from_le_bytes(c.get(..8)?.try_into().ok()?);
+            let b = u64::from_le_bytes(c.get(8..)?.try_into().ok()?);
+            Some((a, b))
+        })
+        .collect()
 }
 
 /// Sets the meta key to `meta` unless it already names that generation or a newer one. Written
