@@ -1086,18 +1086,25 @@ fn refleet(
     Fleet::new(snap, 1000, vec![baseline], &r.config)
 }
 
-#[test]
-fn a_context_one_replica_placed_is_found_by_the_others() {
-    let r = router(CONFIG);
-    // Replica one sees other replicas at work (a peer's request on pod 4): it places new
-    // documents by load and by their homes, and notes where.
-    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
-    let one_fleet = refleet(&r, &fleet, &one, |snap| {
+/// A replica whose snapshot shows another replica at work (a peer's request on pod 4), on
+/// four alike pods: it places long contexts and notes where.
+fn replica_among_others(r: &Router) -> (Fleet, MemoryStore) {
+    let (fleet, store) = replica(r, 4, Some(2), &[0.2; 4]);
+    let with_peer = refleet(r, &fleet, &store, |snap| {
         snap.pools[0].pods[3].peers = PeerWork {
             in_flight: 1,
             pending_tokens: 0,
         };
     });
+    (with_peer, store)
+}
+
+#[test]
+fn a_context_one_replica_placed_is_found_by_the_others() {
+    let r = router(CONFIG);
+    // Replica one sees other replicas at work (a peer's request on pod 4): it places new
+    // documents by load and by their homes, and notes where.
+    let (one_fleet, one) = replica_among_others(&r);
     // Since that snapshot replica one has sent long prompts to pods 1 and 3 that replica two
     // does not know of: it avoids them for a while.
     inflight::update(&one, "llama", |t| {
@@ -1160,13 +1167,7 @@ fn a_context_one_replica_placed_is_found_by_the_others() {
 #[test]
 fn a_second_copy_of_a_context_is_noted_for_the_other_replicas_too() {
     let r = router(CONFIG);
-    let (fleet, one) = replica(&r, 4, Some(2), &[0.2; 4]);
-    let one_fleet = refleet(&r, &fleet, &one, |snap| {
-        snap.pools[0].pods[3].peers = PeerWork {
-            in_flight: 1,
-            pending_tokens: 0,
-        };
-    });
+    let (one_fleet, one) = replica_among_others(&r);
     route_and_finish(&r, &one, &one_fleet, &doc_question(99, 0), 7);
     let first = route_and_finish(&r, &one, &one_fleet, &doc_question(5, 1), 5).endpoints[0].clone();
     let notes = |s: &MemoryStore| {
