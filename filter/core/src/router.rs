@@ -726,19 +726,13 @@ impl Candidates<'_> {
     }
 }
 
-/// The anchor of a long context that other replicas may have put somewhere
-/// ([`prior::anchor_depth`]): its chained block hash and depth, when this replica knows less of
-/// the prompt (`known` blocks on its best pod) than the anchor's depth.
-fn anchor(
-    pool: &PoolConfig,
-    hashes: &prefix::Hashes,
-    prompt_chars: usize,
-    known: u32,
-) -> Option<(u64, usize)> {
+/// The anchor of a long context ([`prior::anchor_depth`]): its chained block hash and depth.
+/// Other replicas may have put the context somewhere when this replica knows less of the prompt
+/// than the depth (`.filter(|&(_, depth)| known < depth)` at the callers).
+fn anchor(pool: &PoolConfig, hashes: &prefix::Hashes, prompt_chars: usize) -> Option<(u64, usize)> {
     let n = hashes.blocks.len();
     let prompt_blocks = prompt_chars / pool.prefix.block_chars.max(1);
-    let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)
-        .filter(|&depth| (known as usize) < depth)?;
+    let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)?;
     let key = hashes.blocks.get(depth.checked_sub(1)?).copied()?;
     Some((key, depth))
 }
@@ -1051,7 +1045,8 @@ fn shortlisted<'f>(
     let share = view.derived.map_or(1.0, |d| d.own_share);
     let mut keys = vec![hashes.key];
     let n = hashes.blocks.len();
-    let anchored = anchor(pool, hashes, req.prompt_chars(), known);
+    let anchored =
+        anchor(pool, hashes, req.prompt_chars()).filter(|&(_, depth)| (known as usize) < depth);
     keys.extend(
         anchored
             .filter(|_| prior::credit(n, known, share).is_some())
@@ -1260,7 +1255,8 @@ fn features<'r>(
         let block_chars = pool.prefix.block_chars.max(1);
         let share = view.derived.map_or(1.0, |d| d.own_share);
         let n = c.hashes.blocks.len();
-        let anchored = anchor(pool, &c.hashes, prompt_chars, known);
+        c.anchor = anchor(pool, &c.hashes, prompt_chars);
+        let anchored = c.anchor.filter(|&(_, depth)| (known as usize) < depth);
         // Where other replicas placed the context, when their rings say: a fact, in full.
         let placed: Vec<(usize, u32)> = anchored
             .zip(view.derived)
@@ -1274,7 +1270,6 @@ fn features<'r>(
                     .collect()
             })
             .unwrap_or_default();
-        c.anchor = anchor(pool, &c.hashes, prompt_chars, 0);
         c.peer_placed = placed.iter().map(|&(at, _)| at).collect();
         // Otherwise where they probably put it: its home, believed by their share.
         let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
