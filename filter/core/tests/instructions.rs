@@ -47,23 +47,29 @@ fn instructions(n: u64) -> u64 {
 
 /// Instructions callgrind counted for `decision-guard n pods`.
 fn instructions_at(n: u64, pods: u64) -> u64 {
+    counted(&[n.to_string(), pods.to_string()])
+}
+
+/// Instructions callgrind counted for `decision-guard ARGS`.
+fn counted(args: &[String]) -> u64 {
     let out_file = std::env::temp_dir().join(format!(
-        "llmr-callgrind-{}-{n}-{pods}.out",
-        std::process::id()
+        "llmr-callgrind-{}-{}.out",
+        std::process::id(),
+        args.join("-")
     ));
     let out = Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out_file.display()))
         .arg(env!("CARGO_BIN_EXE_decision-guard"))
-        .arg(n.to_string())
-        .arg(pods.to_string())
+        .args(args)
         .output()
         .expect("valgrind runs");
     let _ = std::fs::remove_file(&out_file);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "decision-guard {n} {pods} failed:\n{stderr}"
+        "decision-guard {} failed:\n{stderr}",
+        args.join(" ")
     );
     stderr
         .lines()
@@ -148,6 +154,60 @@ fn a_decision_does_not_grow_with_the_pool() {
          against {small} instructions), over the bound of {bound}x: something per request is \
          linear in the pool again. Find it with `valgrind --tool=callgrind {} {RUNS} \
          {LARGE_POOL}` against the same with N = 0 (callgrind_annotate, per function)",
+        PathBuf::from(env!("CARGO_BIN_EXE_decision-guard")).display()
+    );
+}
+
+/// Pushes in the measured run of the push guard.
+const PUSHES: u64 = 3;
+
+/// The fleets of the push guard: 16 times as many pods in the large one.
+const PUSH_SMALL: u64 = 256;
+
+/// Instructions per push allowed at [`LARGE_POOL`] pods, as a multiple of the count at
+/// [`PUSH_SMALL`]: a push is linear in the fleet (16×) with sorting on top (the shortlist's
+/// orders, `n log n`: about 1.5× more), so 24×. A check of each pod against every other —
+/// the snapshot's address uniqueness did that until it took a set: 8 million string
+/// comparisons, 85 ms of a 4,096-pod push into Envoy — made it 49.98× (152,607,794 against
+/// 3,053,537 instructions); 11.16× since (28,199,731 against 2,526,248).
+const PUSH_GROWTH_BOUND: f64 = 24.0;
+
+/// Instructions per push (decode, validate, index) over `pods` pods.
+fn per_push(pods: u64) -> u64 {
+    let args = |n: u64| ["push".to_string(), n.to_string(), pods.to_string()];
+    let base = counted(&args(0));
+    let total = counted(&args(PUSHES));
+    total.saturating_sub(base) / PUSHES
+}
+
+#[test]
+fn a_push_grows_with_the_fleet_not_faster() {
+    if !valgrind_available() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "valgrind is missing (./build.sh setup installs it)"
+        );
+        eprintln!("note: valgrind not installed; push growth guard skipped");
+        return;
+    }
+    let bound = std::env::var("LLMR_PUSH_GROWTH_BOUND")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(PUSH_GROWTH_BOUND);
+    let small = per_push(PUSH_SMALL);
+    let large = per_push(LARGE_POOL);
+    let ratio = large as f64 / small.max(1) as f64;
+    println!(
+        "push (decode, validate, index): {small} instructions at {PUSH_SMALL} pods, {large} at \
+         {LARGE_POOL} pods: {ratio:.2}x (bound {bound}x, 16x the pods)"
+    );
+    assert!(small > 0 && large > 0, "the measured runs did no more work");
+    assert!(
+        ratio <= bound,
+        "a push of {LARGE_POOL} pods costs {ratio:.2}x a push of {PUSH_SMALL} ({large} against \
+         {small} instructions), over the bound of {bound}x: something per push grows faster \
+         than the fleet. Find it with `valgrind --tool=callgrind {} push {PUSHES} {LARGE_POOL}` \
+         (callgrind_annotate, per function)",
         PathBuf::from(env!("CARGO_BIN_EXE_decision-guard")).display()
     );
 }

@@ -8,6 +8,11 @@
 //! difference by N: instructions per decision, start-up, input preparation and the snapshot's
 //! load excluded. Run at 64 and at 4,096 pods, the two counts show whether a decision's cost
 //! grows with the pool (`tests/instructions.rs`, `a_decision_does_not_grow_with_the_pool`).
+//!
+//! `decision-guard push N [PODS]` takes N pushes instead (after one warm-up): the encoded
+//! snapshot of PODS pods decoded and validated, then indexed as a worker does on a new
+//! generation ([`Fleet::load`]). Run at 256 and at 4,096 pods, the counts show whether a push
+//! grows faster than the fleet (`a_push_grows_with_the_fleet_not_faster`).
 
 use llm_router_core::request::{self, ApiKind};
 use llm_router_core::router::Decision;
@@ -86,16 +91,21 @@ fn body(i: usize) -> Vec<u8> {
 }
 
 fn main() -> ExitCode {
-    let runs: usize = match std::env::args().nth(1).map(|a| a.parse()) {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let push = args.first().is_some_and(|a| a == "push");
+    if push {
+        args.remove(0);
+    }
+    let runs: usize = match args.first().map(|a| a.parse()) {
         Some(Ok(n)) if n <= MAX_RUNS => n,
         _ => {
             eprintln!(
-                "usage: decision-guard N [PODS]  (0 <= N <= {MAX_RUNS}, 1 <= PODS <= {MAX_PODS})"
+                "usage: decision-guard [push] N [PODS]  (0 <= N <= {MAX_RUNS}, 1 <= PODS <= {MAX_PODS})"
             );
             return ExitCode::from(2);
         }
     };
-    let pods: usize = match std::env::args().nth(2).map(|a| a.parse()) {
+    let pods: usize = match args.get(1).map(|a| a.parse()) {
         None => DEFAULT_PODS,
         Some(Ok(p)) if (1..=MAX_PODS).contains(&p) => p,
         _ => {
@@ -111,6 +121,9 @@ fn main() -> ExitCode {
         }
     };
     let store = MemoryStore::new();
+    if push {
+        return pushes(&store, &config, pods, runs);
+    }
     let router = Router::new(config);
     let fleet = Fleet::load(&store, snapshot(pods), NOW_MS, &router.config);
     // The same bodies whatever N is: runs differ only in the decisions they make.
@@ -137,6 +150,23 @@ fn main() -> ExitCode {
             router.finished(&store, &routed.pool, pod, routed.pending_tokens);
         }
         black_box(routed);
+    }
+    ExitCode::SUCCESS
+}
+
+/// `runs` pushes (and a warm-up) of the encoded snapshot of `pods` pods: decoded, validated and
+/// indexed as a worker does on a new generation.
+fn pushes(store: &MemoryStore, config: &Config, pods: usize, runs: usize) -> ExitCode {
+    let Ok(bytes) = snapshot(pods).encode() else {
+        eprintln!("the fixed snapshot does not encode");
+        return ExitCode::FAILURE;
+    };
+    for _ in 0..=runs {
+        let Ok(snap) = Snapshot::decode(black_box(&bytes)) else {
+            eprintln!("the fixed snapshot does not decode");
+            return ExitCode::FAILURE;
+        };
+        black_box(Fleet::load(store, snap, NOW_MS, config));
     }
     ExitCode::SUCCESS
 }
