@@ -11,6 +11,7 @@
 //! jumped past unless that generation is from the future ([`after_conflict`]). Before a push the
 //! snapshot is trimmed to its byte budgets (`crate::budget`).
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -143,11 +144,15 @@ impl PoolRt {
             }
             _ => set,
         };
-        let mut old: Vec<PodSlot> = std::mem::take(&mut self.pods);
+        // Keyed by address: a list searched per pod made each resync quadratic in the pool.
+        let mut old: HashMap<SocketAddr, PodSlot> = std::mem::take(&mut self.pods)
+            .into_iter()
+            .map(|p| (p.addr, p))
+            .collect();
         let before = old.len();
         for addr in set {
-            match old.iter().position(|p| p.addr == *addr) {
-                Some(i) => self.pods.push(old.swap_remove(i)),
+            match old.remove(addr) {
+                Some(slot) => self.pods.push(slot),
                 None => match new_slot(*addr, &self.path, self.filtered_path.as_deref()) {
                     Some(s) => self.pods.push(s),
                     None => {
@@ -158,7 +163,7 @@ impl PoolRt {
         }
         self.pods.sort_by_key(|p| p.addr);
         if !old.is_empty() || self.pods.len() != before {
-            let names: Vec<&str> = old.iter().map(|p| p.addr_str.as_str()).collect();
+            let names: HashSet<&str> = old.values().map(|p| p.addr_str.as_str()).collect();
             tracing::info!(pool = %self.name, pods = self.pods.len(), removed = ?names, "pool membership changed");
             let pool = self.name.clone();
             stats.retain_pods(|p, pod| p != pool || !names.contains(&pod));
