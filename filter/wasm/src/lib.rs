@@ -43,6 +43,11 @@ proxy_wasm::main! {{
 
 /// How often the root context sets the gauges (snapshot age and generation, in flight per pod).
 const TICK: Duration = Duration::from_secs(1);
+/// The tick a worker with waiting requests asks for when one of its streams frees room (its
+/// first byte or its end): the dispatch runs in the root context about now instead of up to
+/// `flow.tick_ms` later (proxy-wasm wakes a paused stream only from a callback; the root
+/// context's tick is the one that belongs to no stream).
+const WAKE: Duration = Duration::from_millis(1);
 /// Longest `x-llm-router-scores` value (bytes).
 const SCORES_HEADER_MAX: usize = 512;
 
@@ -68,6 +73,9 @@ struct Worker {
     others: HashMap<String, Vec<summary::Slot>>,
     /// Whether the fast tick (`flow.tick_ms`) is on.
     fast: bool,
+    /// Whether the next tick was brought forward ([`WAKE`]): a stream of this worker freed room
+    /// while requests wait here.
+    soon: bool,
     /// When the gauges were last set (ms).
     gauges_ms: u64,
 }
@@ -125,6 +133,7 @@ impl RootContext for Root {
                     id: summary::worker_id(&HostStore, host::now_nanos()),
                     others: HashMap::new(),
                     fast: false,
+                    soon: false,
                     gauges_ms: 0,
                 })));
                 host::set_tick_period(TICK);
@@ -145,7 +154,7 @@ impl RootContext for Root {
         };
         let mut w = worker.borrow_mut();
         let now_ms = host::now_ms();
-        if w.fast || !w.waiting.is_empty() {
+        if w.fast || w.soon || !w.waiting.is_empty() {
             dispatch(&mut w, self.id);
         }
         if w.fast && now_ms.saturating_sub(w.gauges_ms) < 1000 {
@@ -611,6 +620,9 @@ impl Http {
         {
             w.ledger.owe(&r.pool, &r.pod, 0, r.pending);
         }
+        if r.pending > 0 {
+            wake_soon(&mut w);
+        }
         drop(w);
         r.pending = 0;
         r.observe = false;
@@ -654,6 +666,7 @@ impl Http {
             if let Some((pod, adapter)) = &r.lora {
                 w.router.adapter_ended(&HostStore, &r.pool, pod, adapter);
             }
+            wake_soon(&mut w);
         }
         if let Some(u) = self.usage.take() {
             let usage = u.scanner.usage();
@@ -1270,7 +1283,7 @@ fn dispatch(w: &mut Worker, root: u32) {
         w.metrics.flow_waiting(pool, counts);
     }
     let want_fast = !w.waiting.is_empty();
-    if want_fast != w.fast {
+    if want_fast != w.fast || w.soon {
         let period = if want_fast {
             Duration::from_millis(cfg.tick_ms)
         } else {
@@ -1278,6 +1291,16 @@ fn dispatch(w: &mut Worker, root: u32) {
         };
         if host::set_tick_period(period) {
             w.fast = want_fast;
+            w.soon = false;
         }
+    }
+}
+
+/// Brings this worker's next dispatch forward ([`WAKE`]) when requests wait here: one of its
+/// streams just freed room on its pod (its prefill ended or it ended). Once per dispatch: a
+/// burst of endings asks once.
+fn wake_soon(w: &mut Worker) {
+    if !w.soon && !w.waiting.is_empty() && host::set_tick_period(WAKE) {
+        w.soon = true;
     }
 }

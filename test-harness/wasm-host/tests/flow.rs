@@ -117,6 +117,36 @@ fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
 }
 
 #[test]
+fn a_stream_that_frees_its_pod_brings_its_workers_dispatch_forward() {
+    let host = host();
+    let vm = flow_vm(&host);
+    nearly_full_pod(&host, &vm);
+    let mut first = stream(&vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    // Prompts of one size: each fills the pod's one free place exactly.
+    let mut second = stream(&vm, "two");
+    let third = stream(&vm, "six");
+    waits(&second);
+    waits(&third);
+    assert_eq!(vm.tick_period(), Some(Duration::from_millis(20)));
+    // The first ends: the next tick comes in a millisecond, not at the 20 ms period.
+    served(&mut first);
+    assert_eq!(vm.tick_period(), Some(Duration::from_millis(1)));
+    vm.advance(Duration::from_millis(2)).unwrap();
+    assert!(second.forwarded(), "{}", second.explain());
+    waits(&third);
+    // Back to the period while the third waits: nothing spins.
+    assert_eq!(vm.tick_period(), Some(Duration::from_millis(20)));
+    vm.advance(Duration::from_millis(10)).unwrap();
+    waits(&third);
+    served(&mut second);
+    vm.advance(Duration::from_millis(2)).unwrap();
+    assert!(third.forwarded(), "{}", third.explain());
+    assert_eq!(vm.tick_period(), Some(Duration::from_secs(1)));
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
+#[test]
 fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critical_go_first() {
     let host = host();
     // No `flow` section: the defaults hold.
