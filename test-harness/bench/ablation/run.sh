@@ -4,7 +4,7 @@
 # never to the working tree) and runs `bench overhead` on each, the variants interleaved round
 # by round so drift in the machine's load hits them alike. Prints, per run, the Envoy CPU µs per
 # request the module adds over plain Envoy in the same run (closed loop and sequential), the
-# req/s ratio and the added p50, for 2 KB and 200 KB bodies; then the medians per variant.
+# req/s ratio and the added p50, per body size; then the medians per variant and size.
 #
 #   test-harness/bench/ablation/run.sh [ROUNDS] [VARIANT ...]
 #
@@ -70,14 +70,22 @@ PY
 done
 python3 - "$summary" <<'PY'
 import re, statistics, sys
+# Per variant, per body size: the added CPU and the req/s ratio of each round (bench overhead
+# reports every body size it ran: 200 B, 2 KB, 16 KB, 200 KB).
 rows = {}
+case = re.compile(r"(\d+)B added_cpu_us=(-?[\d.]+) seq_added_cpu_us=(-?[\d.]+) rps_ratio=([\d.]+)")
 for line in open(sys.argv[1]):
     v = line.split()[0]
-    vals = [float(x) for x in re.findall(r"\badded_cpu_us=(-?[\d.]+)", line)]
-    ratios = [float(x) for x in re.findall(r"rps_ratio=([\d.]+)", line)]
-    rows.setdefault(v, []).append(vals + ratios)
-print("\nmedians over rounds: variant | added Envoy CPU µs/request 2 KB, 200 KB | req/s ratio 2 KB, 200 KB")
-for v, rs in rows.items():
-    med = [statistics.median(col) for col in zip(*rs)]
-    print(f"{v:>11} | {med[0]:6.0f} {med[1]:6.0f} | {med[2]:.2f} {med[3]:.2f}  ({len(rs)} runs)")
+    for size, cpu, _seq, ratio in case.findall(line):
+        rows.setdefault(v, {}).setdefault(int(size), []).append((float(cpu), float(ratio)))
+print("\nmedians over rounds, per body size: added Envoy CPU µs/request, req/s ratio")
+for v, sizes in rows.items():
+    cols = []
+    for size in sorted(sizes):
+        runs = sizes[size]
+        cpu = statistics.median(r[0] for r in runs)
+        ratio = statistics.median(r[1] for r in runs)
+        cols.append(f"{size} B: {cpu:5.0f} µs {ratio:.2f}")
+    n = max(len(r) for r in sizes.values())
+    print(f"{v:>11} | " + " | ".join(cols) + f"  ({n} runs)")
 PY
