@@ -12,7 +12,8 @@
 # nobody (holds the body, never reads it), noroute (reads and parses it, no decision, no
 # headers), nodecision (+ snapshot read, cluster and endpoint headers, clear_route_cache),
 # nocrc (full without clear_route_cache), noresp (full without the response callbacks' work),
-# noprop (no upstream.address read), nousage (no usage scan), nometrics (no per-request metric
+# noprop (no upstream.address read), nousage (no usage scan), noprefix (no prefix index page
+# read or write: every prompt looks uncached), nometrics (no per-request metric
 # calls), parse2 (parses the body twice), get10 / set10 / now10 / hdr10 (ten extra shared-data
 # reads / writes / clock reads / header writes per request: the unit cost of a host call).
 # Default: 3 rounds of floor nobody noroute nodecision full.
