@@ -714,7 +714,12 @@ pub async fn run(opts: OverheadOptions) -> Result<OverheadResult, OverheadError>
 /// measured holding, not the cost of a decision (and CPU per request over a tenth of the
 /// requests). Everything else, the decision included, runs as shipped.
 fn instant_pool_settings() -> serde_json::Value {
-    serde_json::json!({"pool": {"saturation": {"queue_threshold": 1_000_000.0}}})
+    serde_json::json!({"pool": {"saturation": instant_saturation()}})
+}
+
+/// The `saturation` of a pool of instant backends ([`instant_pool_settings`]).
+pub fn instant_saturation() -> serde_json::Value {
+    serde_json::json!({"queue_threshold": 1_000_000.0})
 }
 
 /// Measures `arms` (already started; one named [`DIRECT`] is the baseline, [`ENVOY`] and
