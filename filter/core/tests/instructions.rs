@@ -80,21 +80,26 @@ fn counted(args: &[String]) -> u64 {
         .unwrap_or_else(|| panic!("no 'Collected :' line from callgrind:\n{stderr}"))
 }
 
-fn valgrind_available() -> bool {
-    Command::new("valgrind")
+/// Whether valgrind runs here; without it a guard is skipped with a note naming `guard`, except
+/// under CI (`CI` set), where that fails (`./build.sh setup` installs valgrind).
+fn valgrind_runs(guard: &str) -> bool {
+    let runs = Command::new("valgrind")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-#[test]
-fn a_decision_stays_within_its_instruction_budget() {
-    if !valgrind_available() {
+        .is_ok_and(|o| o.status.success());
+    if !runs {
         assert!(
             std::env::var_os("CI").is_none(),
             "valgrind is missing (./build.sh setup installs it)"
         );
-        eprintln!("note: valgrind not installed; instruction guard skipped");
+        eprintln!("note: valgrind not installed; {guard} skipped");
+    }
+    runs
+}
+
+#[test]
+fn a_decision_stays_within_its_instruction_budget() {
+    if !valgrind_runs("instruction guard") {
         return;
     }
     let budget = std::env::var("LLMR_INSTRUCTION_BUDGET")
@@ -128,12 +133,7 @@ fn per_decision(pods: u64) -> u64 {
 
 #[test]
 fn a_decision_does_not_grow_with_the_pool() {
-    if !valgrind_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "valgrind is missing (./build.sh setup installs it)"
-        );
-        eprintln!("note: valgrind not installed; instruction growth guard skipped");
+    if !valgrind_runs("instruction growth guard") {
         return;
     }
     let bound = std::env::var("LLMR_GROWTH_BOUND")
@@ -182,12 +182,7 @@ fn per_push(pods: u64) -> u64 {
 
 #[test]
 fn a_push_grows_with_the_fleet_not_faster() {
-    if !valgrind_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "valgrind is missing (./build.sh setup installs it)"
-        );
-        eprintln!("note: valgrind not installed; push growth guard skipped");
+    if !valgrind_runs("push growth guard") {
         return;
     }
     let bound = std::env::var("LLMR_PUSH_GROWTH_BOUND")
