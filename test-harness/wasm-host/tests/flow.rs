@@ -63,6 +63,14 @@ fn one_pod(host: &Host, vm: &Vm, waiting: u32) {
     );
 }
 
+/// [`nearly_full_pod`] and one request sent there (forwarded), after which the pod is full.
+fn one_in_flight_on_a_full_pod(host: &Host, vm: &Vm) -> Request {
+    nearly_full_pod(host, vm);
+    let first = stream(vm, "one");
+    assert!(first.forwarded(), "{}", first.explain());
+    first
+}
+
 fn served(r: &mut Request) {
     r.property("upstream.address", A);
     r.respond_with(
@@ -86,9 +94,7 @@ fn waits(r: &Request) {
 fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
     let host = host();
     let vm = flow_vm(&host);
-    nearly_full_pod(&host, &vm);
-    let mut first = stream(&vm, "one");
-    assert!(first.forwarded(), "{}", first.explain());
+    let mut first = one_in_flight_on_a_full_pod(&host, &vm);
     let mut second = stream(&vm, "two");
     waits(&second);
     assert_eq!(vm.tick_period(), Some(Duration::from_millis(20)));
@@ -120,9 +126,7 @@ fn a_request_waits_while_the_pool_is_full_and_goes_when_load_frees() {
 fn a_stream_that_frees_its_pod_brings_its_workers_dispatch_forward() {
     let host = host();
     let vm = flow_vm(&host);
-    nearly_full_pod(&host, &vm);
-    let mut first = stream(&vm, "one");
-    assert!(first.forwarded(), "{}", first.explain());
+    let mut first = one_in_flight_on_a_full_pod(&host, &vm);
     // Prompts of one size: each fills the pod's one free place exactly.
     let mut second = stream(&vm, "two");
     let third = stream(&vm, "six");
@@ -153,9 +157,7 @@ fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critica
     let vm = host
         .vm(&config_with(r#", "priority": {"trust_headers": true}"#))
         .unwrap_or_else(|e| panic!("{e}"));
-    nearly_full_pod(&host, &vm);
-    let mut first = stream(&vm, "one");
-    assert!(first.forwarded(), "{}", first.explain());
+    let mut first = one_in_flight_on_a_full_pod(&host, &vm);
     let mut standard = stream(&vm, "two");
     waits(&standard);
     // Tags of one length: every request is as large as the pool's mean (the bound is exact).
@@ -197,9 +199,7 @@ fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critica
 fn a_held_request_is_refused_once_its_own_ttft_objective_has_passed() {
     let host = host();
     let vm = flow_vm(&host);
-    nearly_full_pod(&host, &vm);
-    let mut first = stream(&vm, "one");
-    assert!(first.forwarded(), "{}", first.explain());
+    let mut first = one_in_flight_on_a_full_pod(&host, &vm);
     let mut patient = stream(&vm, "two");
     let hurried = stream_with(&vm, "thr", Some(("x-slo-ttft-ms", "300")));
     let nonsense = stream_with(&vm, "fou", Some(("x-slo-ttft-ms", "soon")));
