@@ -80,6 +80,15 @@ fn counted(args: &[String]) -> u64 {
         .unwrap_or_else(|| panic!("no 'Collected :' line from callgrind:\n{stderr}"))
 }
 
+/// The value of environment variable `var` (a budget or bound set by hand, to see a guard
+/// fail), else `default`.
+fn from_env<T: std::str::FromStr>(var: &str, default: T) -> T {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Whether valgrind runs here; without it a guard is skipped with a note naming `guard`, except
 /// under CI (`CI` set), where that fails (`./build.sh setup` installs valgrind).
 fn valgrind_runs(guard: &str) -> bool {
@@ -102,10 +111,7 @@ fn a_decision_stays_within_its_instruction_budget() {
     if !valgrind_runs("instruction guard") {
         return;
     }
-    let budget = std::env::var("LLMR_INSTRUCTION_BUDGET")
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(BUDGET);
+    let budget = from_env("LLMR_INSTRUCTION_BUDGET", BUDGET);
     let base = instructions(0);
     let total = instructions(RUNS);
     let per_decision = total.saturating_sub(base) / RUNS;
@@ -136,10 +142,7 @@ fn a_decision_does_not_grow_with_the_pool() {
     if !valgrind_runs("instruction growth guard") {
         return;
     }
-    let bound = std::env::var("LLMR_GROWTH_BOUND")
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(GROWTH_BOUND);
+    let bound = from_env("LLMR_GROWTH_BOUND", GROWTH_BOUND);
     let small = per_decision(64);
     let large = per_decision(LARGE_POOL);
     let ratio = large as f64 / small.max(1) as f64;
@@ -185,10 +188,7 @@ fn a_push_grows_with_the_fleet_not_faster() {
     if !valgrind_runs("push growth guard") {
         return;
     }
-    let bound = std::env::var("LLMR_PUSH_GROWTH_BOUND")
-        .ok()
-        .and_then(|b| b.parse().ok())
-        .unwrap_or(PUSH_GROWTH_BOUND);
+    let bound = from_env("LLMR_PUSH_GROWTH_BOUND", PUSH_GROWTH_BOUND);
     let small = per_push(PUSH_SMALL);
     let large = per_push(LARGE_POOL);
     let ratio = large as f64 / small.max(1) as f64;
