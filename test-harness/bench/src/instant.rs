@@ -1,10 +1,11 @@
 //! An instant backend for the overhead bench: answers every request at once with a tiny JSON
 //! body (after reading the whole request body), so only the proxy's own cost is left to measure.
 //! `GET /metrics` answers a vLLM pod's metrics with the requests it is serving as they are
-//! (`num_requests_running`; nothing waits), so the sidecar can put it in a snapshot and the
-//! filter takes its full scoring path on an honest engine. (An idle pod's constant metrics made
-//! the filter's flow control take every request sent since the last scrape as queued, and hold
-//! the closed loop's 16 clients: 150 req/s against plain Envoy's 14,000.)
+//! (`num_requests_running`, as a real engine's gauge; nothing waits), so the sidecar can put it
+//! in a snapshot and the filter takes its full scoring path. A request lives a fraction of a
+//! millisecond, so scrapes rarely see one running: the filter's flow control still takes the
+//! requests sent since the last scrape as queued, which is why the benches that use this backend
+//! set a queue bound nothing reaches (`overhead::instant_saturation`).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
