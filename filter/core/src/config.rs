@@ -439,6 +439,7 @@ struct RawFlow {
     tick_ms: Option<u64>,
     summary_stale_ms: Option<u64>,
     kv_threshold: Option<f64>,
+    newest_first_after_ms: Option<u64>,
     bands: Option<RawBands>,
 }
 
@@ -489,6 +490,9 @@ fn flow_config(raw: Option<RawFlow>) -> Result<FlowConfig, ConfigError> {
             ));
         }
         out.summary_stale_ms = t;
+    }
+    if let Some(t) = raw.newest_first_after_ms {
+        out.newest_first_after_ms = t;
     }
     if let Some(k) = raw.kv_threshold {
         if !(k > 0.0 && k <= 1.0) {

@@ -515,9 +515,13 @@ impl Http {
             .then(|| w.router.pool_of(&parsed, ctx, fleet.as_deref()))
             .flatten()
             .filter(|pool| {
-                w.waiting.get(pool).is_some_and(|q| !q.is_empty())
+                w.waiting
+                    .get(pool)
+                    .is_some_and(|q| q.goes_before(priority, ctx.now_ms))
                     || w.others.get(pool).is_some_and(|o| {
-                        summary::ahead(o, w.id, Class::of(priority).index(), ctx.now_ms)
+                        let standing = w.router.config.flow.standing_before(ctx.now_ms);
+                        let class = Class::of(priority).index();
+                        summary::ahead(o, w.id, class, ctx.now_ms, standing)
                     })
             });
         let hold = match (flow, behind) {
@@ -1149,17 +1153,17 @@ fn dispatch(w: &mut Worker, root: u32) {
         }
         let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
         let others = summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
-        while let Some(head) = w.waiting.get(pool).and_then(Queue::peek) {
+        while let Some(head) = w.waiting.get(pool).and_then(|q| q.peek(now_ms)) {
             if w.waiting
                 .get(pool)
-                .is_some_and(|q| summary::ahead_of(&others, w.id, q))
+                .is_some_and(|q| summary::ahead_of(&others, w.id, q, now_ms))
             {
                 break;
             }
             let (key, item) = (head.key, &head.item);
             let Ok(parsed) = request::parse(item.kind, &item.body) else {
                 // Parsed once already: cannot happen; never leave it waiting.
-                if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                if let Some(e) = w.waiting.get_mut(pool).and_then(|q| q.pop(now_ms)) {
                     let e = (e.key, Class::of(e.priority));
                     refuse_waiting(w, e, pool, flowctl::Refusal::Expired, root);
                 }
@@ -1180,7 +1184,7 @@ fn dispatch(w: &mut Worker, root: u32) {
                 Ok(Decision::Wait { .. }) => break,
                 Ok(Decision::Routed(routed)) => {
                     let Some(e) = w.waiting.get_mut(pool).and_then(|q| {
-                        let e = q.pop();
+                        let e = q.pop(now_ms);
                         q.dispatched(now_ms);
                         e
                     }) else {
@@ -1232,7 +1236,7 @@ fn dispatch(w: &mut Worker, root: u32) {
                     let _ = proxy_wasm::hostcalls::set_effective_context(root);
                 }
                 Err(rej) => {
-                    if let Some(e) = w.waiting.get_mut(pool).and_then(Queue::pop) {
+                    if let Some(e) = w.waiting.get_mut(pool).and_then(|q| q.pop(now_ms)) {
                         let late = flowctl::Refusal::Late;
                         let outcome = if rej.reason == late.reason() {
                             late.outcome()

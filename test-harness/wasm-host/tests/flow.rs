@@ -151,6 +151,33 @@ fn a_stream_that_frees_its_pod_brings_its_workers_dispatch_forward() {
 }
 
 #[test]
+fn a_queue_that_has_stood_past_the_bound_serves_its_newest_request_first() {
+    let host = host();
+    let vm = host
+        .vm(&config_with(
+            r#", "flow": {"enabled": true, "newest_first_after_ms": 1000}"#,
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut first = one_in_flight_on_a_full_pod(&host, &vm);
+    let mut second = stream(&vm, "two");
+    waits(&second);
+    // The second has waited past the bound: the queue stands. A third arrives and waits too.
+    vm.advance(Duration::from_millis(1_100)).unwrap();
+    let mut third = stream(&vm, "six");
+    waits(&third);
+    // Room for one: the newest goes, the stale one waits on.
+    served(&mut first);
+    vm.advance(Duration::from_millis(2)).unwrap();
+    assert!(third.forwarded(), "{}", third.explain());
+    waits(&second);
+    served(&mut third);
+    vm.advance(Duration::from_millis(2)).unwrap();
+    assert!(second.forwarded(), "{}", second.explain());
+    served(&mut second);
+    assert!(vm.violations().is_empty(), "{:?}", vm.violations());
+}
+
+#[test]
 fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critical_go_first() {
     let host = host();
     // No `flow` section: the defaults hold.

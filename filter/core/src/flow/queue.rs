@@ -1,6 +1,14 @@
 //! One pool's wait queue: strict priority between bands, round robin between fairness ids
 //! within a band, first come first served within an id; bounded per class and in total.
 //!
+//! First come first served within an id holds while the queue absorbs a burst. Once an id's
+//! oldest request has waited longer than `flow.newest_first_after_ms`, the queue is standing,
+//! not absorbing: served in arrival order, every request behind would wait as long and be
+//! late too. That id's newest request then goes first (adaptive LIFO, as Facebook's RPC
+//! servers do under overload: "Fail at Scale", ACM Queue 13(8), 2015), so the requests served
+//! are the fresh ones, and the stale ones wait for a lull or their time to live. When the id's
+//! queue empties, or its oldest has gone, it is first come first served again.
+//!
 //! A request may carry its own deadline: its time-to-first-token objective (llm-d's
 //! `x-slo-ttft-ms` header), counted from its arrival. Held past it, it cannot meet it: it is
 //! refused then ([`Refusal::Late`]) rather than at its class's time to live. And one that arrives
@@ -109,6 +117,8 @@ pub struct Queue<T> {
     last_dispatch_ms: Option<u64>,
     /// Decayed mean time between two dispatches while requests waited (ms; 0 = unknown).
     pace_ms: f64,
+    /// `flow.newest_first_after_ms` of the configuration last pushed with (0: never).
+    newest_first_after_ms: u64,
 }
 
 impl<T> Default for Queue<T> {
@@ -119,6 +129,7 @@ impl<T> Default for Queue<T> {
             bytes: [0; 3],
             last_dispatch_ms: None,
             pace_ms: 0.0,
+            newest_first_after_ms: 0,
         }
     }
 }
@@ -193,6 +204,7 @@ impl<T> Queue<T> {
         deadline_ms: Option<u64>,
         item: T,
     ) -> Pushed<T> {
+        self.newest_first_after_ms = cfg.newest_first_after_ms;
         if let Some(deadline) = deadline_ms {
             let wait = self.predicted_wait_ms(priority);
             if deadline <= now_ms || wait.is_some_and(|w| now_ms as f64 + w > deadline as f64) {
@@ -297,17 +309,58 @@ impl<T> Queue<T> {
         }
     }
 
-    /// The next entry to dispatch: the highest band's current flow's oldest entry.
-    pub fn peek(&self) -> Option<&Entry<T>> {
+    /// Entries enqueued before this are standing at `now_ms` (0: none can be).
+    pub fn standing_before(&self, now_ms: u64) -> u64 {
+        super::standing_before(self.newest_first_after_ms, now_ms)
+    }
+
+    /// Whether a request of `priority` arriving at `now_ms` goes behind work waiting here: any
+    /// of a higher band, or of its own band in a flow still served first come first served
+    /// (a standing flow serves its newest first, and an arrival is the newest).
+    pub fn goes_before(&self, priority: i32, now_ms: u64) -> bool {
+        self.bands.range(priority..).any(|(&p, b)| {
+            p > priority
+                || b.flows
+                    .iter()
+                    .any(|f| !f.entries.is_empty() && !self.standing(f.entries.front(), now_ms))
+        })
+    }
+
+    /// Whether a flow whose oldest entry is `oldest` serves its newest entry first at `now_ms`
+    /// (see the module documentation).
+    fn standing(&self, oldest: Option<&Entry<T>>, now_ms: u64) -> bool {
+        self.newest_first_after_ms > 0
+            && oldest
+                .is_some_and(|e| now_ms.saturating_sub(e.enqueued_ms) > self.newest_first_after_ms)
+    }
+
+    /// The next entry to dispatch at `now_ms`: the highest band's current flow's oldest entry,
+    /// or its newest while that flow is standing.
+    pub fn peek(&self, now_ms: u64) -> Option<&Entry<T>> {
         let (_, band) = self.bands.iter().next_back()?;
-        band.flows.front()?.entries.front()
+        let entries = &band.flows.front()?.entries;
+        if self.standing(entries.front(), now_ms) {
+            entries.back()
+        } else {
+            entries.front()
+        }
     }
 
     /// Takes out [`Queue::peek`]'s entry; that flow goes to the back of its band (round robin).
-    pub fn pop(&mut self) -> Option<Entry<T>> {
+    pub fn pop(&mut self, now_ms: u64) -> Option<Entry<T>> {
+        let newest = self
+            .bands
+            .iter()
+            .next_back()
+            .and_then(|(_, b)| b.flows.front())
+            .is_some_and(|f| self.standing(f.entries.front(), now_ms));
         let (&priority, band) = self.bands.iter_mut().next_back()?;
         let mut flow = band.flows.pop_front()?;
-        let e = flow.entries.pop_front();
+        let e = if newest {
+            flow.entries.pop_back()
+        } else {
+            flow.entries.pop_front()
+        };
         if !flow.entries.is_empty() {
             band.flows.push_back(flow);
         }

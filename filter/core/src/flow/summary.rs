@@ -159,14 +159,14 @@ pub fn read(
 }
 
 /// Whether another worker holds work that goes before worker `me`'s next dispatch from its
-/// `queue`: [`ahead`] for the class of its head, on its *oldest* entry of that class — the
-/// time it publishes — not on the head itself. The head is the worker's fairness choice (round
-/// robin between ids) and may be newer than its oldest; judging it against the others' oldest
-/// would let two workers, each holding an old request of one tenant behind a newer one of
-/// another, defer to each other until the requests time out. Judged this way exactly one
-/// worker — the one holding the oldest work of the highest class — goes.
-pub fn ahead_of<T>(others: &[Slot], me: u64, queue: &Queue<T>) -> bool {
-    let Some(head) = queue.peek() else {
+/// `queue` at `now_ms`: [`ahead`] for the class of its head, on its *oldest* entry of that
+/// class — the time it publishes — not on the head itself. The head is the worker's fairness
+/// choice (round robin between ids) and may be newer than its oldest; judging it against the
+/// others' oldest would let two workers, each holding an old request of one tenant behind a
+/// newer one of another, defer to each other until the requests time out. Judged this way
+/// exactly one worker — the one holding the oldest work of the highest class — goes.
+pub fn ahead_of<T>(others: &[Slot], me: u64, queue: &Queue<T>, now_ms: u64) -> bool {
+    let Some(head) = queue.peek(now_ms) else {
         return false;
     };
     let class = Class::of(head.priority).index();
@@ -176,13 +176,21 @@ pub fn ahead_of<T>(others: &[Slot], me: u64, queue: &Queue<T>) -> bool {
         .copied()
         .flatten()
         .unwrap_or(head.enqueued_ms);
-    ahead(others, me, class, oldest)
+    ahead(others, me, class, oldest, queue.standing_before(now_ms))
 }
 
 /// Whether another worker holds work that goes before worker `me`'s head (of class index
 /// `class`, enqueued at `enqueued_ms`): any work of a higher class, or older work of the same
-/// class (equal times: the lower worker id first, so exactly one worker goes).
-pub fn ahead(others: &[Slot], me: u64, class: usize, enqueued_ms: u64) -> bool {
+/// class (equal times: the lower worker id first, so exactly one worker goes). Same-class work
+/// enqueued before `standing_before` does not count: it is standing, and its worker serves
+/// newest first ([`Queue`]'s adaptive order; 0 = nothing is standing).
+pub fn ahead(
+    others: &[Slot],
+    me: u64,
+    class: usize,
+    enqueued_ms: u64,
+    standing_before: u64,
+) -> bool {
     let t = enqueued_ms.max(1);
     others.iter().any(|s| {
         let higher = s
@@ -191,6 +199,7 @@ pub fn ahead(others: &[Slot], me: u64, class: usize, enqueued_ms: u64) -> bool {
             .enumerate()
             .any(|(c, &o)| c > class && o > 0);
         let same = s.oldest.get(class).copied().unwrap_or(0);
+        let same = if same < standing_before { 0 } else { same };
         higher || (same > 0 && (same < t || (same == t && s.worker < me)))
     })
 }
@@ -209,17 +218,17 @@ mod tests {
         assert!(others.is_empty());
         let others = publish(&store, "p", 2, [None, Some(150), None], 1010, 500);
         assert_eq!(others.len(), 1);
-        assert!(ahead(&others, 2, 1, 150), "worker 1's is older");
-        assert!(!ahead(&others, 2, 2, 150), "a critical head goes first");
+        assert!(ahead(&others, 2, 1, 150, 0), "worker 1's is older");
+        assert!(!ahead(&others, 2, 2, 150, 0), "a critical head goes first");
         let others = read(&store, "p", 1, 1020, 500);
-        assert!(!ahead(&others, 1, 1, 100), "worker 1 holds the oldest");
+        assert!(!ahead(&others, 1, 1, 100, 0), "worker 1 holds the oldest");
         assert!(
-            ahead(&others, 1, 0, 10),
+            ahead(&others, 1, 0, 10, 0),
             "a sheddable head waits for standard work"
         );
         // Worker 1 stops publishing: after the staleness bound it holds nobody.
         let others = read(&store, "p", 2, 1600, 500);
-        assert!(!ahead(&others, 2, 1, 150));
+        assert!(!ahead(&others, 2, 1, 150, 0));
         // An emptied worker removes its entry.
         publish(&store, "p", 2, [None; 3], 1600, 500);
         assert!(decode(&store.get(&key("p")).unwrap().0).is_empty());
@@ -243,8 +252,8 @@ mod tests {
                     Pushed::Queued { .. }
                 ));
             }
-            q.pop();
-            assert_eq!(q.peek().map(|e| e.enqueued_ms), Some(new));
+            q.pop(0);
+            assert_eq!(q.peek(0).map(|e| e.enqueued_ms), Some(new));
             assert_eq!(q.oldest()[1], Some(old + 1));
             q
         };
@@ -254,15 +263,28 @@ mod tests {
         let ob = publish(&store, "p", 2, b.oldest(), 1000, 5000);
         let oa = [oa, read(&store, "p", 1, 1000, 5000)].concat();
         // Judged on their heads, each sees older work at the other: both wait, nobody goes.
-        let head = |q: &Queue<()>| q.peek().map_or(0, |e| e.enqueued_ms);
-        assert!(ahead(&oa, 1, 1, head(&a)) && ahead(&ob, 2, 1, head(&b)));
+        let head = |q: &Queue<()>| q.peek(0).map_or(0, |e| e.enqueued_ms);
+        assert!(ahead(&oa, 1, 1, head(&a), 0) && ahead(&ob, 2, 1, head(&b), 0));
         // Judged on their oldest, exactly one goes: worker 1, which holds the oldest.
-        assert!(!ahead_of(&oa, 1, &a));
-        assert!(ahead_of(&ob, 2, &b));
+        assert!(!ahead_of(&oa, 1, &a, 1000));
+        assert!(ahead_of(&ob, 2, &b, 1000));
         assert!(
-            !ahead_of(&ob, 2, &Queue::<()>::default()),
+            !ahead_of(&ob, 2, &Queue::<()>::default(), 1000),
             "nothing to send"
         );
+    }
+
+    #[test]
+    fn a_worker_whose_work_stands_holds_nobody_of_its_class() {
+        let store = MemoryStore::new();
+        // Worker 1's oldest standard request is from t=100; worker 2's from t=5,000.
+        publish(&store, "p", 1, [None, Some(100), None], 6_000, 5_000);
+        let others = publish(&store, "p", 2, [None, Some(5_000), None], 6_000, 5_000);
+        assert!(ahead(&others, 2, 1, 5_000, 0), "first come first served");
+        // Standing before t=1,000: worker 1 serves its newest first and holds nobody back.
+        assert!(!ahead(&others, 2, 1, 5_000, 1_000));
+        // Its work is still ahead of a lower class.
+        assert!(ahead(&others, 2, 0, 5_000, 1_000));
     }
 
     #[test]

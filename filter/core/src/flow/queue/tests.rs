@@ -1,5 +1,5 @@
 //! The queue's rules, one test each: band order, round robin between fairness ids, first come
-//! first served within one, time to live, bounds, displacement.
+//! first served within one, newest first once it stands, time to live, bounds, displacement.
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
 use super::*;
@@ -20,10 +20,15 @@ fn queue(cfg: &FlowConfig, items: &[(u64, i32, &str)]) -> Queue<u64> {
     q
 }
 
+/// Pops everything at time 0 (nothing has waited: first come first served within an id).
 fn drain(q: &mut Queue<u64>) -> Vec<u64> {
+    drain_at(q, 0)
+}
+
+fn drain_at(q: &mut Queue<u64>, now_ms: u64) -> Vec<u64> {
     let mut out = Vec::new();
-    while let Some(head) = q.peek().map(|e| e.key) {
-        let e = q.pop().unwrap();
+    while let Some(head) = q.peek(now_ms).map(|e| e.key) {
+        let e = q.pop(now_ms).unwrap();
         assert_eq!(e.key, head, "pop takes what peek showed");
         out.push(e.item);
     }
@@ -225,7 +230,7 @@ fn a_request_that_would_wait_past_its_deadline_is_refused_at_once() {
         "no pace yet: nothing refused on a guess"
     );
     for t in [100, 200, 300] {
-        q.pop().unwrap();
+        q.pop(t).unwrap();
         q.dispatched(t);
     }
     // Seven wait ahead: about 700 ms.
@@ -255,8 +260,64 @@ fn a_request_that_would_wait_past_its_deadline_is_refused_at_once() {
     q.dispatched(400);
     q.push(&c, 30, 0, "a", 10, 10_000, 30);
     q.push(&c, 31, 0, "a", 10, 10_000, 31);
-    q.pop();
+    q.pop(10_000);
     q.dispatched(10_000);
     let after = q.predicted_wait_ms(0).unwrap();
     assert!(after <= 200.0, "one ahead at the old pace: {after}");
+}
+
+#[test]
+fn an_id_whose_oldest_waited_past_the_bound_serves_its_newest_first() {
+    let c = FlowConfig {
+        newest_first_after_ms: 1_000,
+        ..cfg()
+    };
+    // Tenant "a" queued at t = 1..=4; "b" at t = 1,500.
+    let q = queue(&c, &[(1, 0, "a"), (2, 0, "a"), (3, 0, "a"), (4, 0, "a")]);
+    // Within the bound: first come first served.
+    assert_eq!(drain_at(&mut q.clone(), 1_000), vec![1, 2, 3, 4]);
+    // Past it (the oldest waited 1,001 ms): the newest first, until the oldest has gone.
+    assert_eq!(drain_at(&mut q.clone(), 1_002), vec![4, 3, 2, 1]);
+    // Per id: "b"'s fresh request keeps its turn in the round robin, and "a" serves newest
+    // first while its own oldest is standing.
+    let mut q = q;
+    assert!(matches!(
+        q.push(&c, 1_500, 0, "b", 10, 1_500, 1_500),
+        Pushed::Queued { .. }
+    ));
+    assert_eq!(drain_at(&mut q, 1_600), vec![4, 1_500, 3, 2, 1]);
+    // A band above still goes first, whatever stands below it.
+    let mut q = queue(&c, &[(1, 0, "a"), (2, 0, "a"), (3, 1, "a")]);
+    assert_eq!(drain_at(&mut q, 5_000), vec![3, 2, 1]);
+    // Off (0): always first come first served.
+    let off = FlowConfig {
+        newest_first_after_ms: 0,
+        ..cfg()
+    };
+    let mut q = queue(&off, &[(1, 0, "a"), (2, 0, "a"), (3, 0, "a")]);
+    assert_eq!(drain_at(&mut q, 1_000_000), vec![1, 2, 3]);
+}
+
+#[test]
+fn an_arrival_goes_behind_only_work_that_is_served_before_it() {
+    let c = FlowConfig {
+        newest_first_after_ms: 1_000,
+        ..cfg()
+    };
+    let q = queue(&c, &[(10, 0, "a"), (20, 0, "a")]);
+    // A fresh queue: a new standard request queues behind it; a critical one does not.
+    assert!(q.goes_before(0, 500));
+    assert!(!q.goes_before(1, 500));
+    // Standing (the oldest waited past the bound): a new request is its newest, served first.
+    assert!(!q.goes_before(0, 1_500));
+    // A sheddable arrival is behind standard work, standing or not.
+    assert!(q.goes_before(-1, 1_500));
+    // Nothing stands with the order off.
+    let off = FlowConfig {
+        newest_first_after_ms: 0,
+        ..cfg()
+    };
+    assert!(queue(&off, &[(10, 0, "a")]).goes_before(0, 1_000_000));
+    assert_eq!(q.standing_before(1_500), 500);
+    assert_eq!(queue(&off, &[(10, 0, "a")]).standing_before(1_500), 0);
 }
