@@ -243,11 +243,13 @@ pub fn envoy_spec(
         | RouterKind::FilterReplicas
         | RouterKind::FilterReplicas4
         | RouterKind::FilterReplicasNoHub => {
-            spec = spec.plugin_config(plugin_config(
+            let mut config = plugin_config(
                 adapters,
                 router == RouterKind::FilterGaieWeights,
                 scenario_config,
-            ));
+            );
+            in_emulated_time(&mut config, fleet.speedup);
+            spec = spec.plugin_config(config);
         }
         _ => {}
     }
@@ -469,6 +471,42 @@ pub fn plugin_config(adapters: &[String], gaie_weights: bool, scenario_config: &
     }
     merge_experiment(&mut config, std::env::var(EXPERIMENT_ENV).ok().as_deref());
     config
+}
+
+/// Converts the filter's bounds on how long a request may wait — durations of the engines'
+/// time, which model-sim runs `speedup` times faster than the wall clock the filter reads —
+/// into wall time: each band's time to live and `flow.newest_first_after_ms` (the configured
+/// value, else the filter's default), divided by the speed-up. Without it a 60 s time to live
+/// would be 180 emulated seconds at speed-up 3, and a bound of seconds would never be reached
+/// in a run. The filter's mechanisms (its tick, the snapshot's staleness, the sidecar's scrape)
+/// stay in wall time: they pace the proxy, not the engines.
+pub fn in_emulated_time(config: &mut Value, speedup: f64) {
+    if speedup.is_nan() || speedup <= 1.0 {
+        return;
+    }
+    let defaults = llm_router_core::flow::FlowConfig::default();
+    let wall = |ms: u64| (ms as f64 / speedup).round() as u64;
+    if !config["flow"].is_object() {
+        config["flow"] = json!({});
+    }
+    let flow = &mut config["flow"];
+    let newest = flow["newest_first_after_ms"]
+        .as_u64()
+        .unwrap_or(defaults.newest_first_after_ms);
+    flow["newest_first_after_ms"] = json!(wall(newest));
+    if !flow["bands"].is_object() {
+        flow["bands"] = json!({});
+    }
+    for class in llm_router_core::flow::Class::ALL {
+        let band = &mut flow["bands"][class.name()];
+        if !band.is_object() {
+            *band = json!({});
+        }
+        let ttl = band["ttl_ms"]
+            .as_u64()
+            .unwrap_or(defaults.limits(class).ttl_ms);
+        band["ttl_ms"] = json!(wall(ttl).max(1));
+    }
 }
 
 /// An on-demand experiment's settings, merged over the filter's configuration: a JSON object
@@ -953,6 +991,34 @@ mod tests {
         let mut same = before.clone();
         merge_experiment(&mut same, Some(" "));
         assert_eq!(same, before);
+    }
+
+    #[test]
+    fn waiting_bounds_are_converted_to_the_emulators_time() {
+        let mut c = plugin_config(&[], false, &Value::Null);
+        in_emulated_time(&mut c, 1.0);
+        assert!(c.get("flow").is_none(), "real pods: nothing converted");
+        in_emulated_time(&mut c, 3.0);
+        let d = llm_router_core::flow::FlowConfig::default();
+        assert_eq!(
+            c["flow"]["newest_first_after_ms"],
+            (d.newest_first_after_ms as f64 / 3.0).round() as u64
+        );
+        assert_eq!(c["flow"]["bands"]["standard"]["ttl_ms"], 20_000);
+        // A configured value is converted the same way; other settings are left alone.
+        let mut e = plugin_config(&[], false, &Value::Null);
+        merge_experiment(
+            &mut e,
+            Some(
+                r#"{"flow": {"newest_first_after_ms": 0, "tick_ms": 20, "bands": {"critical": {"ttl_ms": 9000, "max_requests": 5}}}}"#,
+            ),
+        );
+        in_emulated_time(&mut e, 3.0);
+        assert_eq!(e["flow"]["newest_first_after_ms"], 0);
+        assert_eq!(e["flow"]["tick_ms"], 20);
+        assert_eq!(e["flow"]["bands"]["critical"]["ttl_ms"], 3000);
+        assert_eq!(e["flow"]["bands"]["critical"]["max_requests"], 5);
+        assert_eq!(e["flow"]["bands"]["sheddable"]["ttl_ms"], 20_000);
     }
 
     #[test]
