@@ -148,10 +148,10 @@ fn standing_before(after_ms: u64, now_ms: u64) -> u64 {
 /// objectives interactive serving states (a few hundred ms to a few seconds) — a request that
 /// has waited that long in the proxy alone has missed any of them, and served in arrival order
 /// so would everything behind it — and far below the 60 s time to live. On real vLLM offered
-/// 1.5× its capacity for 60 s (`vllm_uneven`, one seed each) goodput within a 1 s TTFT went
-/// 0.50 → 9.03 requests/s and requests lost 161 → 0 (206 refused at their time to live); on
-/// model-sim's overload and bursty runs the proxy's queue never stood that long, nothing
-/// changed (`test-harness/bench/results/flow-v4-newest-first.md`).
+/// 1.5× its capacity for 60 s (`vllm_uneven`) goodput within a 1 s TTFT was 0.50 requests/s
+/// in arrival order, 9.03 and 2.00 in two runs with this order (round robin 0.78, the peers
+/// 0.48–0.55 in the second); on model-sim's overload the proxy's queue never stood that long
+/// and nothing changed (`test-harness/bench/results/flow-v4-newest-first.md`).
 pub const NEWEST_FIRST_AFTER_MS: u64 = 5_000;
 
 impl FlowConfig {
