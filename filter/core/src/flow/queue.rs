@@ -329,9 +329,7 @@ impl<T> Queue<T> {
     /// Whether a flow whose oldest entry is `oldest` serves its newest entry first at `now_ms`
     /// (see the module documentation).
     fn standing(&self, oldest: Option<&Entry<T>>, now_ms: u64) -> bool {
-        self.newest_first_after_ms > 0
-            && oldest
-                .is_some_and(|e| now_ms.saturating_sub(e.enqueued_ms) > self.newest_first_after_ms)
+        oldest.is_some_and(|e| e.enqueued_ms < self.standing_before(now_ms))
     }
 
     /// The next entry to dispatch at `now_ms`: the highest band's current flow's oldest entry,
