@@ -82,6 +82,23 @@ fn served(r: &mut Request) {
     r.finish().unwrap();
 }
 
+/// Serves `first` (on the full pod), then checks the waiting requests go one at a time in
+/// `order`: after `step_ms`, the next is forwarded while the later ones still wait, and is
+/// served in turn.
+fn go_one_at_a_time(vm: &Vm, first: &mut Request, order: &mut [&mut Request], step_ms: u64) {
+    served(first);
+    for i in 0..order.len() {
+        vm.advance(Duration::from_millis(step_ms)).unwrap();
+        let (done, later) = order.split_at_mut(i + 1);
+        let Some(now) = done.last_mut() else {
+            return;
+        };
+        assert!(now.forwarded(), "{}", now.explain());
+        later.iter().for_each(|r| waits(r));
+        served(now);
+    }
+}
+
 fn waits(r: &Request) {
     assert!(
         !r.forwarded() && r.local_response().is_none(),
@@ -165,15 +182,8 @@ fn a_queue_that_has_stood_past_the_bound_serves_its_newest_request_first() {
     vm.advance(Duration::from_millis(1_100)).unwrap();
     let mut third = stream(&vm, "six");
     waits(&third);
-    // Room for one: the newest goes, the stale one waits on.
-    served(&mut first);
-    vm.advance(Duration::from_millis(2)).unwrap();
-    assert!(third.forwarded(), "{}", third.explain());
-    waits(&second);
-    served(&mut third);
-    vm.advance(Duration::from_millis(2)).unwrap();
-    assert!(second.forwarded(), "{}", second.explain());
-    served(&mut second);
+    // Room for one at a time: the newest goes, the stale one waits on.
+    go_one_at_a_time(&vm, &mut first, &mut [&mut third, &mut second], 2);
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
 }
 
@@ -205,14 +215,7 @@ fn by_default_a_full_pool_holds_standard_work_refuses_sheddable_and_lets_critica
     let waiting = |band| flow("llm_router_flow_waiting", band, None);
     assert_eq!((waiting("standard"), waiting("critical")), (1, 1));
     // One slot frees: the critical request, though it came last, takes it.
-    served(&mut first);
-    vm.advance(Duration::from_millis(25)).unwrap();
-    assert!(critical.forwarded(), "{}", critical.explain());
-    waits(&standard);
-    served(&mut critical);
-    vm.advance(Duration::from_millis(25)).unwrap();
-    assert!(standard.forwarded(), "{}", standard.explain());
-    served(&mut standard);
+    go_one_at_a_time(&vm, &mut first, &mut [&mut critical, &mut standard], 25);
     assert_eq!(inflight_of(&host, "llama", A), 0);
     let dispatched = |band| flow("llm_router_flow_requests_total", band, Some("dispatched"));
     assert_eq!((dispatched("standard"), dispatched("critical")), (1, 1));

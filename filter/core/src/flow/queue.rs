@@ -335,23 +335,27 @@ impl<T> Queue<T> {
     /// The next entry to dispatch at `now_ms`: the highest band's current flow's oldest entry,
     /// or its newest while that flow is standing.
     pub fn peek(&self, now_ms: u64) -> Option<&Entry<T>> {
-        let (_, band) = self.bands.iter().next_back()?;
-        let entries = &band.flows.front()?.entries;
-        if self.standing(entries.front(), now_ms) {
+        let entries = &self.bands.values().next_back()?.flows.front()?.entries;
+        if self.newest_next(now_ms) {
             entries.back()
         } else {
             entries.front()
         }
     }
 
+    /// Whether the next dispatch takes its flow's newest entry (that flow stands).
+    fn newest_next(&self, now_ms: u64) -> bool {
+        let flow = self
+            .bands
+            .values()
+            .next_back()
+            .and_then(|b| b.flows.front());
+        flow.is_some_and(|f| self.standing(f.entries.front(), now_ms))
+    }
+
     /// Takes out [`Queue::peek`]'s entry; that flow goes to the back of its band (round robin).
     pub fn pop(&mut self, now_ms: u64) -> Option<Entry<T>> {
-        let newest = self
-            .bands
-            .iter()
-            .next_back()
-            .and_then(|(_, b)| b.flows.front())
-            .is_some_and(|f| self.standing(f.entries.front(), now_ms));
+        let newest = self.newest_next(now_ms);
         let (&priority, band) = self.bands.iter_mut().next_back()?;
         let mut flow = band.flows.pop_front()?;
         let e = if newest {
