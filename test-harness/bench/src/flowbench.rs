@@ -25,6 +25,7 @@ use crate::scenarios::{
     floor_percentile_ms, flow_scenario, Mode, Scenario, CANARY_TARGET, CANARY_WEIGHTS,
 };
 use crate::stack::RouterKind;
+use crate::stats::error_kind;
 use crate::workload::generate;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -156,6 +157,13 @@ pub struct ArmResult {
     pub preemptions: Option<f64>,
     /// 429s by `x-llm-router-dropped-reason`.
     pub refusals: BTreeMap<String, usize>,
+    /// Lost requests by cause (HTTP status, `timeout` — still open when the run's drain ended —,
+    /// `transport`, `stream`).
+    pub lost_by_cause: BTreeMap<String, usize>,
+    /// What the gateway counted over whole runs (warm-up and tail included), summed over seeds:
+    /// the filter's decisions and flow outcomes, the sidecar's scrapes
+    /// ([`crate::stack::Gateway::counts`]); empty for a peer.
+    pub gateway: BTreeMap<String, f64>,
     /// Served requests by the model name the rewrite chose (`x-llm-router-served-model`).
     pub served_models: BTreeMap<String, usize>,
     /// The same, per run (seed).
@@ -282,6 +290,17 @@ fn arm_result(arm: Arm, outcomes: &[RunOutcome], slo_ms: f64) -> ArmResult {
     a.seeds = outcomes.iter().map(|o| o.seed).collect();
     a.invalid = outcomes.iter().filter_map(|o| o.invalid.clone()).collect();
     a.preemptions = (!pre.is_empty()).then(|| pre.iter().sum::<f64>() / pre.len() as f64);
+    for o in outcomes {
+        for (k, v) in &o.summary.extra {
+            if let Some(name) = k.strip_prefix("gateway_") {
+                *a.gateway.entry(name.to_string()).or_default() += v;
+            }
+        }
+    }
+    // A mean is not a sum: the sidecar's mean scrape time over the seeds.
+    if let Some(m) = a.gateway.get_mut("sidecar_scrape_mean_ms") {
+        *m /= outcomes.len().max(1) as f64;
+    }
     a
 }
 
@@ -321,6 +340,7 @@ fn arm_from(
         })
         .collect();
     let mut refusals = BTreeMap::new();
+    let mut lost_by_cause = BTreeMap::new();
     let mut served_models = BTreeMap::new();
     let mut served_models_by_run = Vec::new();
     for run in &samples {
@@ -329,6 +349,9 @@ fn arm_from(
             if s.outcome.status == 429 {
                 let r = s.outcome.dropped_reason.clone().unwrap_or_default();
                 *refusals.entry(r).or_insert(0) += 1;
+            } else if !s.outcome.ok() {
+                let cause = error_kind(s.outcome.status, s.outcome.error.as_deref().unwrap_or(""));
+                *lost_by_cause.entry(cause).or_insert(0) += 1;
             }
             if s.outcome.ok() {
                 if let Some(m) = &s.outcome.served_model {
@@ -348,6 +371,8 @@ fn arm_from(
         by_tag,
         preemptions: None,
         refusals,
+        lost_by_cause,
+        gateway: BTreeMap::new(),
         served_models,
         served_models_by_run,
         runs,
@@ -771,6 +796,30 @@ pub fn markdown(rep: &FlowReport) -> String {
                     r.join(", ")
                 );
             }
+            if !a.lost_by_cause.is_empty() {
+                let r: Vec<String> = a
+                    .lost_by_cause
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect();
+                let _ = writeln!(
+                    md,
+                    "| | | lost by cause: {} | | | | | | | | | | | |",
+                    r.join(", ")
+                );
+            }
+            if !a.gateway.is_empty() {
+                let r: Vec<String> = a
+                    .gateway
+                    .iter()
+                    .map(|(k, v)| format!("{k} {}", num(*v)))
+                    .collect();
+                let _ = writeln!(
+                    md,
+                    "| | | gateway (whole runs): {} | | | | | | | | | | | |",
+                    r.join(", ")
+                );
+            }
             if !a.invalid.is_empty() {
                 let _ = writeln!(
                     md,
@@ -996,6 +1045,9 @@ mod tests {
             vec![run(1, &reqs(40, 1))],
             3000.0,
         );
+        // A request that got no answer is lost by transport (the loader's own cause names).
+        assert_eq!(worse.lost_by_cause.get("transport"), Some(&1));
+        assert_eq!(worse.lost_by_cause.values().sum::<usize>(), worse.all.lost);
         let cs = checks("overload", &[rr, worse], 3000.0, None, 200);
         assert_eq!(met(&cs, "goodput"), Some(false));
         assert_eq!(met(&cs, "filter: requests lost"), Some(false));

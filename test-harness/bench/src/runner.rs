@@ -300,6 +300,7 @@ pub async fn run_windowed(
         .iter()
         .map(|a| labels.get(&a.to_string()).cloned().unwrap_or_default())
         .collect();
+    let gateway = stack.gateway.counts().await;
     stack.stop();
 
     let (from_ms, to_ms) = (
@@ -381,6 +382,8 @@ pub async fn run_windowed(
     if let Some(p) = fleet_delta("vllm:num_preemptions_total") {
         summary.extra.insert("preemptions".into(), p);
     }
+    // The whole run's (warm-up and tail included): what the gateway did, not window figures.
+    summary.extra.extend(gateway);
     // Real pods name no pod in their responses: each pod's share of the window's requests from
     // its own count of finished requests.
     if summary.pod_share.is_empty() {

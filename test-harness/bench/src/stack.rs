@@ -7,6 +7,7 @@
 //! run leaves nothing behind.
 
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -577,10 +578,12 @@ pub fn sidecar_config(envoy: SocketAddr, pods: &[SocketAddr], listen: SocketAddr
 pub enum Gateway {
     /// Envoy with the router under test; the sidecar feeding the filter, if any.
     Envoy {
-        /// Envoy.
-        envoy: EnvoyProcess,
+        /// Envoy (boxed: a peer's variant is much smaller).
+        envoy: Box<EnvoyProcess>,
         /// The sidecar (filter routers only).
         sidecar: Option<ChildGuard>,
+        /// Where the sidecar serves its own `/metrics`.
+        sidecar_metrics: Option<SocketAddr>,
     },
     /// sglang-router or vllm-router in front of the pods (no Envoy, no sidecar).
     Peer(PeerProcess),
@@ -606,7 +609,7 @@ impl Gateway {
     /// Envoy, if this gateway is one.
     pub fn envoy(&self) -> Option<&EnvoyProcess> {
         match self {
-            Gateway::Envoy { envoy, .. } => Some(envoy),
+            Gateway::Envoy { envoy, .. } => Some(envoy.as_ref()),
             Gateway::Peer(_) => None,
         }
     }
@@ -623,11 +626,46 @@ impl Gateway {
     /// `cpu_cores_*` figures).
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         match self {
-            Gateway::Envoy { envoy, sidecar } => std::iter::once(("envoy", envoy.pid()))
+            Gateway::Envoy { envoy, sidecar, .. } => std::iter::once(("envoy", envoy.pid()))
                 .chain(sidecar.iter().map(|s| ("sidecar", s.pid())))
                 .collect(),
             Gateway::Peer(p) => vec![("router", p.pid())],
         }
+    }
+
+    /// What the gateway counted by the end of a run, for the reports' diagnostics (keys of
+    /// [`gateway_counts`], plus the sidecar's `gateway_sidecar_scrape_failures`,
+    /// `gateway_sidecar_scrapes` and `gateway_sidecar_scrape_mean_ms`). Empty for a peer, whose
+    /// counts are its own.
+    pub async fn counts(&self) -> BTreeMap<String, f64> {
+        let Gateway::Envoy {
+            envoy,
+            sidecar_metrics,
+            ..
+        } = self
+        else {
+            return BTreeMap::new();
+        };
+        let mut out = envoy
+            .stats()
+            .map(|s| gateway_counts(&s))
+            .unwrap_or_default();
+        if let Some(addr) = sidecar_metrics {
+            let m = crate::podmetrics::scrape(&[*addr]).await;
+            let get = |k: &str| m.get(k).copied();
+            if let Some(f) = get("llm_router_sidecar_scrape_failures_total") {
+                out.insert("gateway_sidecar_scrape_failures".into(), f);
+            }
+            let count = get("llm_router_sidecar_scrape_duration_seconds_count");
+            let sum = get("llm_router_sidecar_scrape_duration_seconds_sum");
+            if let (Some(n), Some(t)) = (count, sum) {
+                out.insert("gateway_sidecar_scrapes".into(), n);
+                if n > 0.0 {
+                    out.insert("gateway_sidecar_scrape_mean_ms".into(), 1000.0 * t / n);
+                }
+            }
+        }
+        out
     }
 
     /// The gateway's own log (Envoy's or the peer router's).
@@ -641,7 +679,7 @@ impl Gateway {
     /// Stop it: the sidecar first, then Envoy; or the peer router.
     pub fn stop(&mut self) {
         match self {
-            Gateway::Envoy { envoy, sidecar } => {
+            Gateway::Envoy { envoy, sidecar, .. } => {
                 if let Some(s) = sidecar.as_mut() {
                     s.stop();
                 }
@@ -652,6 +690,40 @@ impl Gateway {
             }
         }
     }
+}
+
+/// The filter's counters in Envoy's `/stats` (full names: labels are encoded in them, see
+/// `llm_router_core::metrics`), summed over pools and models: `gateway_requests_<outcome>`
+/// (`least_inflight`: decided on a stale snapshot, `fallback`: with none), `gateway_flow_<outcome>`
+/// (how held requests ended) and `gateway_pushes_<result>`.
+pub fn gateway_counts(stats: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
+    const FAMILIES: [(&str, &str, &str); 3] = [
+        ("llm_router_requests_total", "outcome", "gateway_requests_"),
+        ("llm_router_flow_requests_total", "outcome", "gateway_flow_"),
+        (
+            "llm_router_snapshot_pushes_total",
+            "result",
+            "gateway_pushes_",
+        ),
+    ];
+    let mut out = BTreeMap::new();
+    for (name, v) in stats {
+        for (family, label, key) in FAMILIES {
+            if !name.ends_with(family) {
+                continue;
+            }
+            let tag = format!("{label}=.=");
+            let Some(value) = name
+                .split_once(tag.as_str())
+                .and_then(|(_, rest)| rest.split_once(";.;"))
+                .map(|(value, _)| value)
+            else {
+                continue;
+            };
+            *out.entry(format!("{key}{value}")).or_insert(0.0) += *v as f64;
+        }
+    }
+    out
 }
 
 /// A running stack for one router.
@@ -739,10 +811,11 @@ pub async fn start_stack(
         let mut spec = envoy_spec(router, fleet, &pods.addrs, adapters, scenario_config);
         spec.name = format!("{}-replica{i}", spec.name);
         let e = spec.start().await.map_err(tk("start Envoy replica"))?;
-        let (s, _) = start_sidecar_following(e.push_addr(), &pods.addrs, None, hub_addr).await?;
+        let (s, m) = start_sidecar_following(e.push_addr(), &pods.addrs, None, hub_addr).await?;
         replicas.push(Gateway::Envoy {
-            envoy: e,
+            envoy: Box::new(e),
             sidecar: Some(s),
+            sidecar_metrics: Some(m),
         });
     }
     let stack = Stack {
@@ -804,16 +877,17 @@ async fn start_gateway_following(
         spec.listen_port = port;
     }
     let envoy = spec.start().await.map_err(tk("start Envoy"))?;
-    let sidecar = if router.uses_filter() {
-        Some(
-            start_sidecar_following(envoy.push_addr(), pods, None, hub)
-                .await?
-                .0,
-        )
+    let (sidecar, sidecar_metrics) = if router.uses_filter() {
+        let (s, m) = start_sidecar_following(envoy.push_addr(), pods, None, hub).await?;
+        (Some(s), Some(m))
     } else {
-        None
+        (None, None)
     };
-    Ok(Gateway::Envoy { envoy, sidecar })
+    Ok(Gateway::Envoy {
+        envoy: Box::new(envoy),
+        sidecar,
+        sidecar_metrics,
+    })
 }
 
 /// Start the sidecar for `pods`, pushing into the Envoy listener at `envoy` (the internal one).
@@ -901,7 +975,7 @@ pub async fn wait_snapshot_of(
     want: u64,
     timeout: Duration,
 ) -> Result<(), StackError> {
-    let Gateway::Envoy { envoy, sidecar } = gateway else {
+    let Gateway::Envoy { envoy, sidecar, .. } = gateway else {
         return Ok(());
     };
     let log = sidecar
@@ -991,6 +1065,79 @@ mod tests {
         let mut same = before.clone();
         merge_experiment(&mut same, Some(" "));
         assert_eq!(same, before);
+    }
+
+    #[test]
+    fn the_filters_counters_are_summed_by_outcome_over_pools_and_models() {
+        use llm_router_core::metrics::{stat_name, FLOW_OUTCOMES, REQUESTS, SNAPSHOT_PUSHES};
+        let name = |family: &str, labels: &[(&str, &str)]| {
+            format!("wasmcustom.{}", stat_name(family, labels))
+        };
+        let stats: BTreeMap<String, u64> = [
+            (
+                name(
+                    REQUESTS,
+                    &[
+                        ("pool", "a"),
+                        ("model", "m"),
+                        ("target", ""),
+                        ("outcome", "routed"),
+                    ],
+                ),
+                5,
+            ),
+            (
+                name(
+                    REQUESTS,
+                    &[
+                        ("pool", "b"),
+                        ("model", "n"),
+                        ("target", ""),
+                        ("outcome", "routed"),
+                    ],
+                ),
+                2,
+            ),
+            (
+                name(
+                    REQUESTS,
+                    &[
+                        ("pool", "a"),
+                        ("model", "m"),
+                        ("target", ""),
+                        ("outcome", "least_inflight"),
+                    ],
+                ),
+                3,
+            ),
+            (
+                name(
+                    FLOW_OUTCOMES,
+                    &[
+                        ("pool", "a"),
+                        ("band", "standard"),
+                        ("outcome", "queue_timeout"),
+                    ],
+                ),
+                4,
+            ),
+            (name(SNAPSHOT_PUSHES, &[("result", "accepted")]), 9),
+            ("cluster.pool.upstream_rq_total".to_string(), 11),
+            (name(REQUESTS, &[("pool", "a")]), 1),
+        ]
+        .into_iter()
+        .collect();
+        let c = gateway_counts(&stats);
+        let want: BTreeMap<String, f64> = [
+            ("gateway_requests_routed", 7.0),
+            ("gateway_requests_least_inflight", 3.0),
+            ("gateway_flow_queue_timeout", 4.0),
+            ("gateway_pushes_accepted", 9.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        assert_eq!(c, want);
     }
 
     #[test]

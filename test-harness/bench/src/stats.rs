@@ -78,7 +78,7 @@ pub struct Summary {
     pub extra: BTreeMap<String, f64>,
 }
 
-fn error_kind(status: u16, error: &str) -> String {
+pub fn error_kind(status: u16, error: &str) -> String {
     if status != 0 && !(200..300).contains(&status) {
         status.to_string()
     } else if error.starts_with("timeout") {
