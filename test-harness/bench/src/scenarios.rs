@@ -779,6 +779,24 @@ fn trusted_identity() -> serde_json::Value {
     })
 }
 
+/// An overload run judges what became of every request (served, or refused with 429), so it
+/// watches until the filter has settled each one it holds: the drain after the last arrival
+/// outlasts the longest time to live of its bands (the default's, in wall time at the fleet's
+/// speed-up, as [`crate::stack::in_emulated_time`] sets it) by 5 s. The same drain for every
+/// router: an engine's own queue gets as long to empty. Without it a request held within its
+/// time to live when the drain ended counted as lost.
+fn drain_past_time_to_live(s: &mut Scenario) {
+    let flow = llm_router_core::flow::FlowConfig::default();
+    let ttl_ms = flow.bands.iter().map(|b| b.ttl_ms).max().unwrap_or(0);
+    let speedup = if s.fleet.speedup > 1.0 {
+        s.fleet.speedup
+    } else {
+        1.0
+    };
+    let ttl = Duration::from_secs_f64(ttl_ms as f64 / 1000.0 / speedup);
+    s.drain = s.drain.max(ttl + Duration::from_secs(5));
+}
+
 /// Build a flow scenario ([`FLOW_NAMES`]) by name.
 ///
 /// - `flow_bands`: `bursty` as it is, each request critical (20 %), standard (50 %) or
@@ -840,6 +858,7 @@ pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
             let mut s = poisson_at(1.5);
             s.warmup = Duration::ZERO;
             s.workload.horizon = Duration::from_secs_f64(60.0 / mode.speedup.max(0.01));
+            drain_past_time_to_live(&mut s);
             s.about = "bursty's fleet offered 1.5x its capacity for 60 s";
             s
         }
@@ -850,6 +869,7 @@ pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
             s.workload.arrival = Arrival::Poisson { rate };
             s.warmup = Duration::ZERO;
             s.workload.horizon = Duration::from_secs(60);
+            drain_past_time_to_live(&mut s);
             s.about = "vllm_uneven's real fleet offered 1.5x its capacity for 60 s";
             s
         }
@@ -1037,6 +1057,15 @@ mod tests {
             Duration::from_secs_f64(60.0 / m.speedup)
         );
         assert_eq!(o.warmup, Duration::ZERO);
+        // Each overload run watches past the filter's time to live, so a request it still
+        // holds is never counted lost (real pods: wall time; model-sim: emulated).
+        let ttl = llm_router_core::flow::FlowConfig::default().bands[1].ttl_ms as f64 / 1000.0;
+        let past = |s: &Scenario, speedup: f64| s.drain.as_secs_f64() >= ttl / speedup + 5.0;
+        assert!(past(&o, m.speedup.max(1.0)), "{:?}", o.drain);
+        let real = flow_scenario("flow_overload_vllm", m).unwrap();
+        assert_eq!(real.fleet.speedup, 1.0);
+        assert!(past(&real, 1.0), "{:?}", real.drain);
+        assert!(!past(&bursty, 1.0), "other scenarios keep their drain");
         // Canary: clients ask for one name; a 90/10 rule splits it.
         let c = flow_scenario("flow_canary", Mode::full(1)).unwrap();
         let n = generate(&c.workload).len();
