@@ -48,6 +48,11 @@ const TICK: Duration = Duration::from_secs(1);
 /// `flow.tick_ms` later (proxy-wasm wakes a paused stream only from a callback; the root
 /// context's tick is the one that belongs to no stream).
 const WAKE: Duration = Duration::from_millis(1);
+/// How long a worker trusts its last read of who waits elsewhere ([`wake_others`]): a read
+/// costs one shared-data get, so at most 200 a second per pool on a busy worker instead of two
+/// per request; a worker that started waiting since is woken this much later at most (its own
+/// tick, `flow.tick_ms`, still comes too).
+const WAITERS_READ: Duration = Duration::from_millis(5);
 /// Longest `x-llm-router-scores` value (bytes).
 const SCORES_HEADER_MAX: usize = 512;
 
@@ -74,8 +79,15 @@ struct Worker {
     /// Whether the fast tick (`flow.tick_ms`) is on.
     fast: bool,
     /// Whether the next tick was brought forward ([`WAKE`]): a stream of this worker freed room
-    /// while requests wait here.
+    /// while requests wait here, or another worker's did ([`wake_others`]).
     soon: bool,
+    /// The VM id the wake-up queues are registered under (`plugin_vm_id`).
+    vm_id: String,
+    /// Other workers' wake-up queues resolved so far, by worker id.
+    wake_queues: HashMap<u64, u32>,
+    /// Per pool, the other workers holding requests for it as last read (ms, ids): the summary
+    /// is read again at most once per [`WAITERS_READ`] ([`wake_others`]).
+    waiting_elsewhere: HashMap<String, (u64, Vec<u64>)>,
     /// When the gauges were last set (ms).
     gauges_ms: u64,
 }
@@ -121,6 +133,9 @@ impl RootContext for Root {
                         if config.snapshot.endpoints { "on" } else { "off" }
                     ),
                 );
+                let id = summary::worker_id(&HostStore, host::now_nanos());
+                // Where the other workers wake this one when their streams free room.
+                let _ = proxy_wasm::hostcalls::register_shared_queue(&summary::wake_queue(id));
                 self.worker = Some(Rc::new(RefCell::new(Worker {
                     router: Router::new(config),
                     cache: Cache::default(),
@@ -130,10 +145,13 @@ impl RootContext for Root {
                     debug: host::log_enabled(LogLevel::Debug),
                     waiting: HashMap::new(),
                     handoff: HashMap::new(),
-                    id: summary::worker_id(&HostStore, host::now_nanos()),
+                    id,
                     others: HashMap::new(),
                     fast: false,
                     soon: false,
+                    vm_id: host::property(&["plugin_vm_id"]).unwrap_or_default(),
+                    wake_queues: HashMap::new(),
+                    waiting_elsewhere: HashMap::new(),
                     gauges_ms: 0,
                 })));
                 host::set_tick_period(TICK);
@@ -143,6 +161,15 @@ impl RootContext for Root {
                 host::log(LogLevel::Critical, &format!("llm-router: {e}"));
                 false
             }
+        }
+    }
+
+    /// Another worker's stream freed room in a pool this worker holds requests for
+    /// ([`wake_others`]): the next dispatch comes now, as for room freed here.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = proxy_wasm::hostcalls::dequeue_shared_queue(queue_id) {}
+        if let Some(worker) = &self.worker {
+            wake_soon(&mut worker.borrow_mut());
         }
     }
 
@@ -626,6 +653,7 @@ impl Http {
         }
         if r.pending > 0 {
             wake_soon(&mut w);
+            wake_others(&mut w, &r.pool, None);
         }
         drop(w);
         r.pending = 0;
@@ -651,14 +679,16 @@ impl Http {
             let mut w = self.worker.borrow_mut();
             // The clock is read for an error run's window (server errors) and an answer's life
             // (the pod's mean request life, what a request waiting for an adapter slot waits).
-            let answer = match r.status {
-                500.. => Answer::status(r.status, host::now_ms()),
-                1..=499 => Answer {
+            let now_ns = (r.status != 0).then(host::now_nanos);
+            let now_ms = now_ns.map(|ns| ns / 1_000_000);
+            let answer = match (r.status, now_ns) {
+                (500.., Some(ns)) => Answer::status(r.status, ns / 1_000_000),
+                (1..=499, Some(ns)) => Answer {
                     status: r.status,
                     now_ms: 0,
-                    life_ms: Some(host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6),
+                    life_ms: Some(ns.saturating_sub(r.sent_ns) as f64 / 1e6),
                 },
-                0 => Answer::status(0, 0),
+                _ => Answer::status(0, 0),
             };
             if !w
                 .router
@@ -671,6 +701,7 @@ impl Http {
                 w.router.adapter_ended(&HostStore, &r.pool, pod, adapter);
             }
             wake_soon(&mut w);
+            wake_others(&mut w, &r.pool, now_ms);
         }
         if let Some(u) = self.usage.take() {
             let usage = u.scanner.usage();
@@ -1092,6 +1123,7 @@ fn enqueue(
     let cfg = w.router.config.flow.clone();
     let (priority, bytes) = (waiting.priority, waiting.body.len());
     let q = w.waiting.entry(pool.to_string()).or_default();
+    let first_of_class = q.count(Class::of(priority)) == 0;
     match q.push_until(
         &cfg,
         u64::from(id),
@@ -1109,6 +1141,12 @@ fn enqueue(
             }
             if !w.fast {
                 w.fast = host::set_tick_period(Duration::from_millis(cfg.tick_ms));
+            }
+            // The class's oldest changed: the other workers see it now (they order behind it
+            // and wake this worker when their traffic frees room), not at this worker's tick.
+            if first_of_class {
+                let oldest = w.waiting.get(pool).map(Queue::oldest).unwrap_or([None; 3]);
+                summary::publish(&HostStore, pool, w.id, oldest, now_ms, cfg.summary_stale_ms);
             }
             true
         }
@@ -1306,5 +1344,59 @@ fn dispatch(w: &mut Worker, root: u32) {
 fn wake_soon(w: &mut Worker) {
     if !w.soon && !w.waiting.is_empty() && host::set_tick_period(WAKE) {
         w.soon = true;
+    }
+}
+
+/// One of this worker's streams freed room on a pod of `pool`: the other workers holding
+/// requests for it are woken through their queues ([`summary::wake_queue`]), so a request
+/// waiting on one worker goes when a pod frees on another's traffic without waiting for its
+/// tick. Who waits is read from the pool's queue summary at most once per [`WAITERS_READ`],
+/// and only with the clock the caller already read (`now_ms`; a stream's end): between reads,
+/// and at a first byte, the last read answers. A worker that stopped waiting ignores the wake.
+/// No host call at all while the last read found nobody and is fresh.
+fn wake_others(w: &mut Worker, pool: &str, now_ms: Option<u64>) {
+    let cfg = &w.router.config.flow;
+    if !cfg.enabled {
+        return;
+    }
+    let stale_ms = cfg.summary_stale_ms;
+    let every_ms = WAITERS_READ.as_millis() as u64;
+    if let Some(now) = now_ms {
+        let due = w
+            .waiting_elsewhere
+            .get(pool)
+            .is_none_or(|(read_ms, _)| now.saturating_sub(*read_ms) >= every_ms);
+        if due {
+            let ids = summary::to_wake(&HostStore, pool, w.id, || now, stale_ms);
+            // Bounded by the configured pools (a pool's name comes from the routed request).
+            w.waiting_elsewhere.insert(pool.to_string(), (now, ids));
+        }
+    }
+    let others = match w.waiting_elsewhere.get(pool) {
+        Some((_, ids)) if !ids.is_empty() => ids.clone(),
+        _ => return,
+    };
+    for other in others {
+        let queue = match w.wake_queues.get(&other) {
+            Some(q) => Some(*q),
+            None => {
+                let name = summary::wake_queue(other);
+                let q = proxy_wasm::hostcalls::resolve_shared_queue(&w.vm_id, &name)
+                    .ok()
+                    .flatten();
+                if let Some(q) = q {
+                    // Bounded: a proxy runs a handful of workers; ids of workers gone are
+                    // forgotten with the rest when the map grows past them.
+                    if w.wake_queues.len() >= summary::MAX_SLOTS {
+                        w.wake_queues.clear();
+                    }
+                    w.wake_queues.insert(other, q);
+                }
+                q
+            }
+        };
+        if let Some(q) = queue {
+            let _ = proxy_wasm::hostcalls::enqueue_shared_queue(q, Some(pool.as_bytes()));
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Flow control in a real Envoy with the filter's defaults: a burst at a pod that can take one
 //! more request waits in the proxy and drains as responses free the pod, one at a time, every
-//! request served; a client that hangs up while waiting is never sent upstream, leaves no count
-//! behind, and the queue goes on.
+//! request served; a request held on one Envoy worker goes as soon as the other worker's
+//! traffic frees the pod; a client that hangs up while waiting is never sent upstream, leaves
+//! no count behind, and the queue goes on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod util;
@@ -68,6 +69,76 @@ async fn a_burst_at_a_full_pod_is_held_and_drained_one_at_a_time() {
     assert_eq!(max_in_flight, 1, "requests went to a full pod");
     assert_eq!(pool.pods[0].requests().len(), n);
     assert_eq!(wait_in_flight(&envoy, 0).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_held_on_one_worker_goes_when_the_other_workers_traffic_frees_the_pod() {
+    // Two workers and the longest dispatch tick (1 s): a held request goes sooner only when
+    // the stream that frees the pod wakes its worker — its own worker's stream, or the other
+    // worker's through that worker's shared queue.
+    let config = EchoConfig {
+        delay: Duration::from_millis(100),
+        ..EchoConfig::default()
+    };
+    let pool = TestPool::start("llama", "llama-model", 1, config).await;
+    let flow = json!({"flow": {"tick_ms": 1000}});
+    let envoy = envoy_with_workers(&[&pool], plugin_config(&[&pool], flow), 2).await;
+    push_ok(
+        &envoy,
+        &snapshot(vec![(&pool, vec![pod(&pool.addr(0), 4, 0.1)])]),
+    )
+    .await;
+    let envoy = std::sync::Arc::new(envoy);
+    // Each pair on new connections, which the kernel spreads over Envoy's two workers. Woken,
+    // a held request takes the first one's rest and its own 100 ms; at its worker's tick, up
+    // to a second more.
+    let mut held_pairs = 0;
+    for i in 0..16 {
+        let first = {
+            let envoy = envoy.clone();
+            tokio::spawn(async move { chat(&envoy, "llama-model", &text(2 * i), &[]).await })
+        };
+        assert_eq!(wait_in_flight(&envoy, 1).await, 1);
+        let before = dispatched(&envoy);
+        let started = std::time::Instant::now();
+        let second = chat(&envoy, "llama-model", &text(2 * i + 1), &[]).await;
+        let took = started.elapsed();
+        assert_eq!(
+            second.status,
+            200,
+            "{}\n{}",
+            second.text(),
+            envoy.log_tail(30)
+        );
+        assert_eq!(first.await.unwrap().status, 200);
+        // The first may have ended before the second arrived: then it was not held.
+        if dispatched(&envoy) > before {
+            held_pairs += 1;
+            assert!(
+                took < Duration::from_millis(600),
+                "pair {i}: the held request took {took:?}: its worker was not woken"
+            );
+        }
+        assert_eq!(wait_in_flight(&envoy, 0).await, 0);
+    }
+    // In 12 or more held pairs, both requests share a worker every time with odds below 1 in
+    // 4,000: the other worker's wake-up was exercised.
+    assert!(held_pairs >= 12, "only {held_pairs} of 16 pairs were held");
+    assert_eq!(pool.pods[0].requests().len(), 32);
+}
+
+/// Held requests the filter has dispatched so far (`llm_router_flow_requests_total`,
+/// `outcome="dispatched"`, every pool and band).
+fn dispatched(envoy: &testkit::EnvoyProcess) -> u64 {
+    envoy
+        .stats()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| {
+            k.ends_with("llm_router_flow_requests_total") && k.contains("outcome=.=dispatched;")
+        })
+        .map(|(_, v)| *v)
+        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! Flow control at the Wasm level: a request no pod can take waits with its stream paused, is
 //! dispatched on the root context's tick once load frees (also when the load freed on another
-//! worker VM), and a client that hangs up while waiting leaves nothing behind.
+//! worker VM, which wakes it through its shared queue), and a client that hangs up while
+//! waiting leaves nothing behind.
 
 mod util;
 
@@ -309,6 +310,32 @@ fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
     a.advance(Duration::from_millis(25)).unwrap();
     assert!(waiting.forwarded(), "{}", waiting.explain());
     assert_eq!(inflight_of(&host, "llama", A), 1);
+}
+
+#[test]
+fn another_workers_stream_freeing_the_pod_wakes_the_waiting_worker_without_its_tick() {
+    let host = host();
+    let (a, b) = (flow_vm(&host), flow_vm(&host));
+    nearly_full_pod(&host, &a);
+    let mut on_b = stream(&b, "one");
+    assert!(on_b.forwarded(), "{}", on_b.explain());
+    let waiting = stream(&a, "two");
+    waits(&waiting);
+    // A's tick publishes that it holds a request; its next tick is 20 ms away.
+    a.advance(Duration::from_millis(25)).unwrap();
+    waits(&waiting);
+    assert_eq!(a.tick_period(), Some(Duration::from_millis(20)));
+    // B's stream frees the pod: B wakes A through A's own queue (its first byte and its end
+    // each free room), and A's next dispatch comes in a millisecond.
+    served(&mut on_b);
+    assert!(a.deliver_queue_events().unwrap() >= 1);
+    assert_eq!(a.tick_period(), Some(Duration::from_millis(1)));
+    a.advance(Duration::from_millis(2)).unwrap();
+    assert!(waiting.forwarded(), "{}", waiting.explain());
+    // B holds nothing: nobody wakes it.
+    assert_eq!(b.deliver_queue_events().unwrap(), 0);
+    assert!(a.violations().is_empty(), "{:?}", a.violations());
+    assert!(b.violations().is_empty(), "{:?}", b.violations());
 }
 
 #[test]

@@ -158,6 +158,41 @@ pub fn read(
         .collect()
 }
 
+/// Name of worker `id`'s wake-up queue (a proxy-wasm shared queue it registers): another
+/// worker whose stream frees room on a pod enqueues the pool's name there, and the host calls
+/// the owner's root context (`on_queue_ready`) on the owner's own thread, where it can resume a
+/// paused stream. One queue per worker because a shared queue calls back only the context
+/// that registered it last: one queue for all would wake one worker.
+pub fn wake_queue(id: u64) -> String {
+    format!("llmr/wake/{id:016x}")
+}
+
+/// The other workers to wake when room frees on worker `me`'s pod of `pool`: those whose
+/// entries say they hold waiting requests and are fresh at `now_ms` (read only when there is
+/// such an entry, so a pool nobody waits for costs one shared-data read and no clock).
+pub fn to_wake(
+    store: &impl SharedStore,
+    pool: &str,
+    me: u64,
+    now_ms: impl FnOnce() -> u64,
+    stale_ms: u64,
+) -> Vec<u64> {
+    let Some((v, _)) = store.get(&key(pool)) else {
+        return Vec::new();
+    };
+    let mut waiting = decode(&v);
+    waiting.retain(|s| s.worker != me && s.oldest.iter().any(|&o| o > 0));
+    if waiting.is_empty() {
+        return Vec::new();
+    }
+    let now = now_ms();
+    waiting
+        .into_iter()
+        .filter(|s| now.saturating_sub(s.updated_ms) <= stale_ms)
+        .map(|s| s.worker)
+        .collect()
+}
+
 /// Whether another worker holds work that goes before worker `me`'s next dispatch from its
 /// `queue` at `now_ms`: [`ahead`] for the class of its head, on its *oldest* entry of that
 /// class — the time it publishes — not on the head itself. The head is the worker's fairness
@@ -232,6 +267,36 @@ mod tests {
         // An emptied worker removes its entry.
         publish(&store, "p", 2, [None; 3], 1600, 500);
         assert!(decode(&store.get(&key("p")).unwrap().0).is_empty());
+    }
+
+    #[test]
+    fn room_freed_here_wakes_the_other_workers_that_hold_waiting_work_and_only_them() {
+        let store = MemoryStore::new();
+        let reads = std::cell::Cell::new(0);
+        let clock_read = &reads;
+        let at = |t: u64| {
+            move || {
+                clock_read.set(clock_read.get() + 1);
+                t
+            }
+        };
+        // Nobody has published: nothing to wake, and the clock is not read.
+        assert!(to_wake(&store, "p", 1, at(1000), 500).is_empty());
+        // Worker 1 alone holds work: it is not woken by its own streams.
+        publish(&store, "p", 1, [None, Some(100), None], 1000, 500);
+        publish(&store, "p", 2, [None; 3], 1000, 500);
+        assert!(to_wake(&store, "p", 1, at(1000), 500).is_empty());
+        assert_eq!(clock_read.get(), 0, "no one else waits: no clock read");
+        // Workers 1 and 3 hold work; worker 2's stream frees room: both are woken.
+        publish(&store, "p", 3, [Some(90), None, None], 1010, 500);
+        assert_eq!(to_wake(&store, "p", 2, at(1020), 500), vec![1, 3]);
+        assert_eq!(to_wake(&store, "p", 3, at(1020), 500), vec![1]);
+        // Another pool's room wakes nobody here.
+        assert!(to_wake(&store, "q", 2, at(1020), 500).is_empty());
+        // A worker that stopped publishing is not woken once its entry is stale.
+        assert_eq!(to_wake(&store, "p", 2, at(1505), 500), vec![3]);
+        // Each worker's queue has its own name.
+        assert_ne!(wake_queue(1), wake_queue(3));
     }
 
     #[test]
