@@ -788,44 +788,28 @@ pub fn markdown(rep: &FlowReport) -> String {
                     if g == "all" { pre.as_str() } else { "" },
                 );
             }
-            if !a.refusals.is_empty() {
-                let r: Vec<String> = a.refusals.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                let _ = writeln!(
-                    md,
-                    "| | | 429 by reason: {} | | | | | | | | | | | |",
-                    r.join(", ")
-                );
-            }
-            if !a.lost_by_cause.is_empty() {
-                let r: Vec<String> = a
-                    .lost_by_cause
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect();
-                let _ = writeln!(
-                    md,
-                    "| | | lost by cause: {} | | | | | | | | | | | |",
-                    r.join(", ")
-                );
-            }
-            if !a.gateway.is_empty() {
-                let r: Vec<String> = a
-                    .gateway
-                    .iter()
-                    .map(|(k, v)| format!("{k} {}", num(*v)))
-                    .collect();
-                let _ = writeln!(
-                    md,
-                    "| | | gateway (whole runs): {} | | | | | | | | | | | |",
-                    r.join(", ")
-                );
-            }
-            if !a.invalid.is_empty() {
-                let _ = writeln!(
-                    md,
-                    "| | | invalid runs: {} | | | | | | | | | | | |",
-                    a.invalid.join("; ")
-                );
+            let counted = |m: &BTreeMap<String, usize>| -> Vec<String> {
+                m.iter().map(|(k, v)| format!("{k} {v}")).collect()
+            };
+            let gateway: Vec<String> = a
+                .gateway
+                .iter()
+                .map(|(k, v)| format!("{k} {}", num(*v)))
+                .collect();
+            for (label, items) in [
+                ("429 by reason", counted(&a.refusals)),
+                ("lost by cause", counted(&a.lost_by_cause)),
+                ("gateway (whole runs)", gateway),
+                ("invalid runs", a.invalid.clone()),
+            ] {
+                if !items.is_empty() {
+                    let sep = if label == "invalid runs" { "; " } else { ", " };
+                    let _ = writeln!(
+                        md,
+                        "| | | {label}: {} | | | | | | | | | | | |",
+                        items.join(sep)
+                    );
+                }
             }
         }
         md.push_str("\n| target | measured | 95 % CI | wanted | met |\n|---|---|---|---|---|\n");

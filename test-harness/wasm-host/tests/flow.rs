@@ -295,17 +295,23 @@ fn a_request_no_pod_is_predicted_to_answer_within_its_objective_is_refused_at_on
     assert!(vm.violations().is_empty(), "{:?}", vm.violations());
 }
 
-#[test]
-fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
-    let host = host();
-    let (a, b) = (flow_vm(&host), flow_vm(&host));
-    nearly_full_pod(&host, &a);
-    let mut on_b = stream(&b, "one");
+/// Two worker VMs: B's request fills the pod, A's waits; A has ticked `ticked_ms` since.
+fn held_on_a_behind_b(host: &Host, ticked_ms: u64) -> (Vm, Vm, Request, Request) {
+    let (a, b) = (flow_vm(host), flow_vm(host));
+    nearly_full_pod(host, &a);
+    let on_b = stream(&b, "one");
     assert!(on_b.forwarded(), "{}", on_b.explain());
     let waiting = stream(&a, "two");
     waits(&waiting);
-    a.advance(Duration::from_millis(40)).unwrap();
+    a.advance(Duration::from_millis(ticked_ms)).unwrap();
     waits(&waiting);
+    (a, b, on_b, waiting)
+}
+
+#[test]
+fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
+    let host = host();
+    let (a, _b, mut on_b, waiting) = held_on_a_behind_b(&host, 40);
     served(&mut on_b);
     a.advance(Duration::from_millis(25)).unwrap();
     assert!(waiting.forwarded(), "{}", waiting.explain());
@@ -315,15 +321,8 @@ fn a_request_waiting_on_one_worker_goes_when_another_worker_frees_the_pod() {
 #[test]
 fn another_workers_stream_freeing_the_pod_wakes_the_waiting_worker_without_its_tick() {
     let host = host();
-    let (a, b) = (flow_vm(&host), flow_vm(&host));
-    nearly_full_pod(&host, &a);
-    let mut on_b = stream(&b, "one");
-    assert!(on_b.forwarded(), "{}", on_b.explain());
-    let waiting = stream(&a, "two");
-    waits(&waiting);
     // A's tick publishes that it holds a request; its next tick is 20 ms away.
-    a.advance(Duration::from_millis(25)).unwrap();
-    waits(&waiting);
+    let (a, b, mut on_b, waiting) = held_on_a_behind_b(&host, 25);
     assert_eq!(a.tick_period(), Some(Duration::from_millis(20)));
     // B's stream frees the pod: B wakes A through A's own queue (its first byte and its end
     // each free room), and A's next dispatch comes in a millisecond.
