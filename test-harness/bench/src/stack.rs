@@ -709,18 +709,9 @@ pub fn gateway_counts(stats: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for (name, v) in stats {
         for (family, label, key) in FAMILIES {
-            if !name.ends_with(family) {
-                continue;
+            if let Some(value) = testkit::filter_stat_label(name, family, label) {
+                *out.entry(format!("{key}{value}")).or_insert(0.0) += *v as f64;
             }
-            let tag = format!("{label}=.=");
-            let Some(value) = name
-                .split_once(tag.as_str())
-                .and_then(|(_, rest)| rest.split_once(";.;"))
-                .map(|(value, _)| value)
-            else {
-                continue;
-            };
-            *out.entry(format!("{key}{value}")).or_insert(0.0) += *v as f64;
         }
     }
     out

@@ -443,15 +443,9 @@ async fn routing_survives_the_sidecar_stopping_restarting_and_pushing_garbage() 
     assert!(s["age_ms"].as_u64().unwrap() > 3000, "not stale yet: {s}");
     // `llm_router_requests_total{outcome="least_inflight"}`: Envoy's /stats lists it under its
     // full name, the labels encoded before the metric's name.
-    let least_inflight: u64 = envoy
-        .stats()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| {
-            k.ends_with(";.;llm_router_requests_total") && k.contains("outcome=.=least_inflight;.;")
-        })
-        .map(|(_, v)| *v)
-        .sum();
+    let least_inflight = envoy
+        .filter_stat_sum("llm_router_requests_total", "outcome", "least_inflight")
+        .unwrap();
     assert!(
         least_inflight > 0,
         "stale mode (least in-flight) never used"

@@ -14,15 +14,24 @@ use tokio::io::AsyncWriteExt;
 use util::*;
 
 /// One echo pod answering after `delay`, behind a one-worker Envoy (one worker: "one at a
-/// time" is then exact; across workers it is the Wasm-level tests' and the summaries' job),
-/// with a snapshot saying the pod has 4 requests waiting: room for one more.
+/// time" is then exact), with a snapshot saying the pod has 4 requests waiting: room for one
+/// more.
 async fn nearly_full(delay: Duration) -> (TestPool, testkit::EnvoyProcess) {
+    nearly_full_on(delay, 1, json!({})).await
+}
+
+/// [`nearly_full`] behind an Envoy of `workers` workers, with `extra` filter configuration.
+async fn nearly_full_on(
+    delay: Duration,
+    workers: u32,
+    extra: serde_json::Value,
+) -> (TestPool, testkit::EnvoyProcess) {
     let config = EchoConfig {
         delay,
         ..EchoConfig::default()
     };
     let pool = TestPool::start("llama", "llama-model", 1, config).await;
-    let envoy = envoy_with_workers(&[&pool], plugin_config(&[&pool], json!({})), 1).await;
+    let envoy = envoy_with_workers(&[&pool], plugin_config(&[&pool], extra), workers).await;
     push_ok(
         &envoy,
         &snapshot(vec![(&pool, vec![pod(&pool.addr(0), 4, 0.1)])]),
@@ -76,18 +85,8 @@ async fn a_request_held_on_one_worker_goes_when_the_other_workers_traffic_frees_
     // Two workers and the longest dispatch tick (1 s): a held request goes sooner only when
     // the stream that frees the pod wakes its worker — its own worker's stream, or the other
     // worker's through that worker's shared queue.
-    let config = EchoConfig {
-        delay: Duration::from_millis(100),
-        ..EchoConfig::default()
-    };
-    let pool = TestPool::start("llama", "llama-model", 1, config).await;
     let flow = json!({"flow": {"tick_ms": 1000}});
-    let envoy = envoy_with_workers(&[&pool], plugin_config(&[&pool], flow), 2).await;
-    push_ok(
-        &envoy,
-        &snapshot(vec![(&pool, vec![pod(&pool.addr(0), 4, 0.1)])]),
-    )
-    .await;
+    let (pool, envoy) = nearly_full_on(Duration::from_millis(100), 2, flow).await;
     let envoy = std::sync::Arc::new(envoy);
     // Each pair on new connections, which the kernel spreads over Envoy's two workers. Woken,
     // a held request takes the first one's rest and its own 100 ms; at its worker's tick, up
@@ -127,18 +126,11 @@ async fn a_request_held_on_one_worker_goes_when_the_other_workers_traffic_frees_
     assert_eq!(pool.pods[0].requests().len(), 32);
 }
 
-/// Held requests the filter has dispatched so far (`llm_router_flow_requests_total`,
-/// `outcome="dispatched"`, every pool and band).
+/// Held requests the filter has dispatched so far (every pool and band).
 fn dispatched(envoy: &testkit::EnvoyProcess) -> u64 {
     envoy
-        .stats()
+        .filter_stat_sum("llm_router_flow_requests_total", "outcome", "dispatched")
         .unwrap()
-        .iter()
-        .filter(|(k, _)| {
-            k.ends_with("llm_router_flow_requests_total") && k.contains("outcome=.=dispatched;")
-        })
-        .map(|(_, v)| *v)
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

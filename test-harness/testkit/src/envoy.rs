@@ -1061,6 +1061,17 @@ impl EnvoyProcess {
         Ok(parse_stats(&body))
     }
 
+    /// The sum of the filter's stats of `family` whose `label` is `value`, over every other
+    /// label (pools, models, bands), from `/stats`.
+    pub fn filter_stat_sum(&self, family: &str, label: &str, value: &str) -> Result<u64> {
+        Ok(self
+            .stats()?
+            .iter()
+            .filter(|(k, _)| filter_stat_label(k, family, label) == Some(value))
+            .map(|(_, v)| *v)
+            .sum())
+    }
+
     /// One counter or gauge by its full name (e.g. `cluster.pool_a.upstream_rq_total`);
     /// `None` if Envoy has no such stat.
     pub fn counter(&self, name: &str) -> Result<Option<u64>> {
@@ -1150,6 +1161,19 @@ pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// The value of `label` in the full `/stats` name of one of the filter's stats of `family`
+/// (the filter encodes labels before the metric's name, `pool=.=llama;.;outcome=.=routed;.;`
+/// then `llm_router_requests_total`; see `llm_router_core::metrics`); `None` when `name` is of
+/// another family or has no such label.
+pub fn filter_stat_label<'a>(name: &'a str, family: &str, label: &str) -> Option<&'a str> {
+    let labels = name.strip_suffix(family)?.strip_suffix(";.;")?;
+    labels.split(";.;").find_map(|part| {
+        // The first label carries Envoy's namespace (`wasmcustom.pool`); label names have no dot.
+        let (key, value) = part.split_once("=.=")?;
+        (key.rsplit('.').next() == Some(label)).then_some(value)
+    })
+}
+
 /// Parses `/clusters` lines `cluster::ip:port::rq_total::N` for one cluster.
 pub fn parse_host_rq_totals(text: &str, cluster: &str) -> BTreeMap<SocketAddr, u64> {
     let prefix = format!("{cluster}::");
@@ -1167,6 +1191,27 @@ pub fn parse_host_rq_totals(text: &str, cluster: &str) -> BTreeMap<SocketAddr, u
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn reads_a_label_of_the_filters_stat_names() {
+        let name = "wasmcustom.pool=.=llama;.;model=.=a_b/c.d;.;outcome=.=least_inflight;.;llm_router_requests_total";
+        let family = "llm_router_requests_total";
+        assert_eq!(
+            filter_stat_label(name, family, "outcome"),
+            Some("least_inflight")
+        );
+        assert_eq!(filter_stat_label(name, family, "pool"), Some("llama"));
+        assert_eq!(filter_stat_label(name, family, "model"), Some("a_b/c.d"));
+        assert_eq!(filter_stat_label(name, family, "band"), None);
+        assert_eq!(
+            filter_stat_label(name, "llm_router_picks_total", "pool"),
+            None
+        );
+        assert_eq!(
+            filter_stat_label("cluster.x.upstream_rq_total", family, "pool"),
+            None
+        );
+    }
 
     #[test]
     fn parses_stats_and_cluster_hosts() {

@@ -31,10 +31,10 @@ pub mod vllm;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
-    ext_proc_cluster, ext_proc_http_filter, least_request_full_scan_policy, override_host_policy,
-    parse_host_rq_totals, parse_stats, stats_config, validate_config, validate_config_env,
-    wasm_http_filter, wasm_http_filter_with_env, AccessLogEntry, EnvoyProcess, EnvoySpec, PoolSpec,
-    Router, CLUSTER_HEADER, DEFAULT_SECRET, ENDPOINT_HEADER, EXT_PROC_CLUSTER,
+    ext_proc_cluster, ext_proc_http_filter, filter_stat_label, least_request_full_scan_policy,
+    override_host_policy, parse_host_rq_totals, parse_stats, stats_config, validate_config,
+    validate_config_env, wasm_http_filter, wasm_http_filter_with_env, AccessLogEntry, EnvoyProcess,
+    EnvoySpec, PoolSpec, Router, CLUSTER_HEADER, DEFAULT_SECRET, ENDPOINT_HEADER, EXT_PROC_CLUSTER,
     INTERNAL_BUFFER_LIMIT_BYTES, PER_TRY_IDLE_TIMEOUT, RETRY_ON,
 };
 pub use error::{Error, Result};
