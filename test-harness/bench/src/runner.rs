@@ -1231,14 +1231,16 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
     })?;
     let json = serde_json::to_vec_pretty(rep).unwrap_or_default();
     write(&out.join(format!("{stem}.json")), &json)?;
-    let png = out.join(format!("{stem}-ttft.png"));
+    // The chart sits beside the report and is linked by its name, so a report copied into
+    // `results/` with its chart keeps a working link (a machine's path did not).
+    let png_name = format!("{stem}-ttft.png");
+    let png = out.join(&png_name);
     let mut md = markdown(rep);
     match crate::chart::ttft_chart(rep, &png) {
         Ok(text) => {
             let _ = writeln!(
                 md,
-                "\nChart: `{}`{}",
-                png.display(),
+                "\nChart: [`{png_name}`]({png_name}){}",
                 if text {
                     ""
                 } else {
@@ -1254,10 +1256,10 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
         let Some(g) = &sc.goodput else {
             continue;
         };
-        let png = out.join(format!("{stem}-goodput-{name}.png"));
-        match crate::chart::goodput_chart(name, g, &png) {
+        let curve = format!("{stem}-goodput-{name}.png");
+        match crate::chart::goodput_chart(name, g, &out.join(&curve)) {
             Ok(_) => {
-                let _ = writeln!(md, "Goodput curve `{name}`: `{}`", png.display());
+                let _ = writeln!(md, "Goodput curve `{name}`: [`{curve}`]({curve})");
             }
             Err(e) => {
                 let _ = writeln!(md, "Goodput chart `{name}` not drawn: {e}");

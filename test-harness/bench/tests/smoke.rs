@@ -65,8 +65,13 @@ async fn tiny_mixed_gpu_run_through_envoy_and_the_filter() {
             assert!(s[k].is_number(), "{r}.{k}: {s}");
         }
     }
-    assert!(std::fs::read_to_string(dir.join("smoke.md"))
-        .unwrap()
-        .contains("| mixed_gpu | filter |"));
+    let md = std::fs::read_to_string(dir.join("smoke.md")).unwrap();
+    assert!(md.contains("| mixed_gpu | filter |"));
+    // The chart is linked by its name, beside the report (no machine path).
+    assert!(
+        md.contains("Chart: [`smoke-ttft.png`](smoke-ttft.png)"),
+        "{md}"
+    );
+    assert!(dir.join("smoke-ttft.png").is_file());
     assert!(dir.join("smoke-ttft.png").is_file());
 }
