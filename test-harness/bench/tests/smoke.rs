@@ -73,5 +73,4 @@ async fn tiny_mixed_gpu_run_through_envoy_and_the_filter() {
         "{md}"
     );
     assert!(dir.join("smoke-ttft.png").is_file());
-    assert!(dir.join("smoke-ttft.png").is_file());
 }
