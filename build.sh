@@ -10,8 +10,8 @@
 #                           .wasm), valgrind (the instruction-count guard of the native decision),
 #                           docker-registry and skopeo (the registry round trip), musl-tools (the
 #                           static sidecar), prometheus (the dashboard's end-to-end test), and
-#                           the peer routers sglang-router and vllm-router (PyPI, each in its
-#                           own venv under .venv-peers/; the benchmark's peers and their tests)
+#                           the peer routers smg (SGLang's gateway) and vllm-router (PyPI, each
+#                           in its own venv under .venv-peers/; the benchmark's peers and tests)
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
 #                           + the CI-sized soak + the scale bench's smallest sizes (wasmtime only)
@@ -171,14 +171,23 @@ setup_apt_tool() {
 }
 
 # The field's routers the benchmark compares with (test-harness/testkit/src/peers.rs), each from
-# PyPI into its own venv under .venv-peers/ with the Python packages their launchers import
-# (without them vllm-router dies on `import setproctitle`). Skipped when the venv already holds
-# the pinned version. Cost: README.md, "Peer routers".
-PEER_ROUTERS=("sglang-router==0.3.2" "vllm-router==0.1.17")
-PEER_DEPS=(setproctitle==1.3.8 aiohttp==3.14.5 orjson==3.13.0 uvicorn==0.54.0 fastapi==0.165.0 requests==2.34.2)
+# PyPI into its own venv under .venv-peers/ with the Python packages its launcher imports
+# (without them vllm-router dies on `import setproctitle`, smg on `import grpc`), every one
+# pinned. Skipped when the venv already holds the pinned version. Cost: README.md, "Peer routers".
+#   smg 1.13.0          Shepherd Model Gateway, SGLang's gateway today (sglang-router's successor)
+#   vllm-router 0.1.17  vllm-project/router, still its newest release
+# sglang-router 0.3.2 (SGLang's gateway until 2026) is no longer installed: SMG replaced it in
+# the bench; earlier results that name `sglang_*` came from it.
+PEER_ROUTERS=("smg==1.13.0" "vllm-router==0.1.17")
+peer_deps() {
+  case "$1" in
+    smg) echo "setproctitle==1.3.8 grpcio==1.85.3 grpcio-health-checking==1.85.1 protobuf==7.36.2 PyYAML==6.0.4 typing_extensions==4.16.0" ;;
+    *) echo "setproctitle==1.3.8 aiohttp==3.14.5 orjson==3.13.0 uvicorn==0.54.0 fastapi==0.165.0 requests==2.34.2" ;;
+  esac
+}
 setup_peers() {
   command -v python3 >/dev/null 2>&1 || apt_install python3 python3-venv
-  local spec name version venv
+  local spec name version venv deps
   for spec in "${PEER_ROUTERS[@]}"; do
     name="${spec%%==*}"
     version="${spec##*==}"
@@ -197,8 +206,9 @@ setup_peers() {
         python3 -m venv "$venv"
       fi
     fi
-    info "pip install $spec ${PEER_DEPS[*]} (into .venv-peers/$name)"
-    "$venv/bin/pip" install --disable-pip-version-check --quiet "$spec" "${PEER_DEPS[@]}"
+    read -r -a deps <<<"$(peer_deps "$name")"
+    info "pip install $spec ${deps[*]} (into .venv-peers/$name)"
+    "$venv/bin/pip" install --disable-pip-version-check --quiet "$spec" "${deps[@]}"
   done
 }
 

@@ -173,6 +173,22 @@ pub struct EnvoySpec {
     /// `envoy/identity/jwt-authn.yaml`, [`Identity::shipped_jwt_authn`]), their clusters, and
     /// their plugin configuration keys merged into the public copy's. `None` (default): none.
     pub identity: Option<Identity>,
+    /// Admission at the gateway, Envoy's own way: every pool's circuit breakers bound the
+    /// requests in flight to the pool (`max_connections` and `max_requests`: HTTP/1.1 upstreams
+    /// hold one request per connection) and those waiting for one (`max_pending_requests`),
+    /// and an overflow (response flag `UO`) is answered 429 with `retry-after: 1` by the
+    /// listener's `local_reply_config`, as an operator who wants clients to back off would
+    /// configure it. `None` (default): limits far above any benchmark (100,000).
+    pub admission: Option<Admission>,
+}
+
+/// Envoy's circuit-breaker admission ([`EnvoySpec::admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Requests in flight to a pool.
+    pub max_in_flight: u32,
+    /// Requests waiting for one of those places.
+    pub max_pending: u32,
 }
 
 impl Default for EnvoySpec {
@@ -201,6 +217,7 @@ impl Default for EnvoySpec {
             env: BTreeMap::new(),
             ext_proc: None,
             identity: None,
+            admission: None,
         }
     }
 }
@@ -370,6 +387,9 @@ impl EnvoySpec {
         if let (Some(h), Value::Object(edge)) = (hcm.as_object_mut(), edge_hcm_settings()) {
             h.extend(edge);
         }
+        if self.admission.is_some() {
+            hcm["local_reply_config"] = overflow_as_429();
+        }
         let mut clusters: Vec<Value> = self.pools.iter().map(|p| self.cluster(p)).collect();
         if let Some(addr) = self.ext_proc {
             clusters.push(ext_proc_cluster(
@@ -452,10 +472,17 @@ impl EnvoySpec {
             "type": "STATIC",
             "connect_timeout": format!("{}s", self.connect_timeout.as_secs_f64()),
             "load_assignment": {"cluster_name": pool.cluster, "endpoints": [{"lb_endpoints": endpoints}]},
-            // Benchmarks push far more concurrent requests than Envoy's default limits (1024).
-            "circuit_breakers": {"thresholds": [{
-                "max_connections": 100_000, "max_pending_requests": 100_000,
-                "max_requests": 100_000, "max_retries": 10_000,
+            // Benchmarks push far more concurrent requests than Envoy's default limits (1024),
+            // unless the spec asks for admission.
+            "circuit_breakers": {"thresholds": [match self.admission {
+                None => json!({
+                    "max_connections": 100_000, "max_pending_requests": 100_000,
+                    "max_requests": 100_000, "max_retries": 10_000,
+                }),
+                Some(a) => json!({
+                    "max_connections": a.max_in_flight, "max_requests": a.max_in_flight,
+                    "max_pending_requests": a.max_pending, "max_retries": 10_000,
+                }),
             }]},
         });
         match self.router {
@@ -782,6 +809,16 @@ pub fn ext_proc_cluster(name: &str, addr: SocketAddr, connect_timeout: Duration)
             "max_requests": 100_000, "max_retries": 10_000,
         }]},
     })
+}
+
+/// The `local_reply_config` that answers a circuit-breaker overflow (response flag `UO`) with
+/// 429 and `retry-after: 1` instead of Envoy's 503 ([`EnvoySpec::admission`]).
+pub fn overflow_as_429() -> Value {
+    json!({"mappers": [{
+        "filter": {"response_flag_filter": {"flags": ["UO"]}},
+        "status_code": 429,
+        "headers_to_add": [{"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }]})
 }
 
 /// The Wasm HTTP filter entry for the llm-router module at `wasm` with `plugin_config`.

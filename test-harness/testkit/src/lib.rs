@@ -13,7 +13,7 @@
 //!   [`EnvoySpec::identity`]).
 //! - The shipped configurations under `envoy/`: [`shipped`] (documents, bootstraps, Wasm
 //!   configs, and running a shipped bootstrap for real on loopback).
-//! - The field's routers: [`peers`] (sglang-router and vllm-router from their venvs, ready when
+//! - The field's routers: [`peers`] (SMG and vllm-router from their venvs, ready when
 //!   every worker is healthy).
 
 mod echo;
@@ -32,10 +32,11 @@ pub mod vllm;
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};
 pub use envoy::{
     ext_proc_cluster, ext_proc_http_filter, filter_stat_label, least_request_full_scan_policy,
-    override_host_policy, parse_host_rq_totals, parse_stats, stats_config, validate_config,
-    validate_config_env, wasm_http_filter, wasm_http_filter_with_env, AccessLogEntry, EnvoyProcess,
-    EnvoySpec, PoolSpec, Router, CLUSTER_HEADER, DEFAULT_SECRET, ENDPOINT_HEADER, EXT_PROC_CLUSTER,
-    INTERNAL_BUFFER_LIMIT_BYTES, PER_TRY_IDLE_TIMEOUT, RETRY_ON,
+    overflow_as_429, override_host_policy, parse_host_rq_totals, parse_stats, stats_config,
+    validate_config, validate_config_env, wasm_http_filter, wasm_http_filter_with_env,
+    AccessLogEntry, Admission, EnvoyProcess, EnvoySpec, PoolSpec, Router, CLUSTER_HEADER,
+    DEFAULT_SECRET, ENDPOINT_HEADER, EXT_PROC_CLUSTER, INTERNAL_BUFFER_LIMIT_BYTES,
+    PER_TRY_IDLE_TIMEOUT, RETRY_ON,
 };
 pub use error::{Error, Result};
 pub use extproc::{extproc_stats, start_extproc_noop, start_extproc_noop_blocking};

@@ -1,7 +1,9 @@
-//! The field's routers, run for real: [`PeerRouter::Sglang`] (`sglang-router` 0.3.2, SGLang's
-//! model gateway) and [`PeerRouter::VllmRouter`] (`vllm-router` 0.1.17, vllm-project/router).
-//! Both are PyPI wheels with a Rust core behind a Python launcher; `./build.sh setup` installs
-//! each into its own venv, `<root>/.venv-peers/<package>` (`setup_peers`).
+//! The field's routers, run for real: [`PeerRouter::Smg`] (`smg` 1.13.0, Shepherd Model
+//! Gateway: SGLang's model gateway today, the successor of `sglang-router`) and
+//! [`PeerRouter::VllmRouter`] (`vllm-router` 0.1.17, vllm-project/router, a fork of the older
+//! sglang-router). Both are PyPI wheels with a Rust core behind a Python launcher;
+//! `./build.sh setup` installs each into its own venv, `<root>/.venv-peers/<package>`
+//! (`setup_peers`).
 //!
 //! [`start`] runs one in front of the given workers on loopback and returns once its
 //! `GET /readiness` reports every worker healthy (SGLang's `/health` answers 200 before any
@@ -11,9 +13,11 @@
 //! Only the flags needed to run here are set, each for a reason given at
 //! [`PeerRouter::args`]; everything else is the router's documented default. In particular
 //! retries (5 attempts with backoff), the circuit breaker (opens after 10 failures) and the
-//! 60 s periodic health check stay as they ship, and so do the policy thresholds
-//! (`cache_threshold` 0.3, `balance_abs_threshold` 64, `balance_rel_threshold` 1.5) and the
-//! request log at INFO level.
+//! periodic health check stay as they ship, and so do the policy thresholds (`cache_threshold`
+//! 0.3, the spill gates), SMG's load monitor (every 10 s), its admission bound
+//! (`--max-concurrent-requests` derived from the cores, a queue of 100 for 60 s) and the
+//! request log at INFO level. Callers that compare admission like with like add SMG's own
+//! admission flags through [`start_blocking_with`].
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
@@ -33,20 +37,20 @@ pub const PEER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// One of the field's routers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PeerRouter {
-    /// `sglang-router` 0.3.2 (`python -m sglang_router.launch_router`).
-    Sglang,
+    /// `smg` 1.13.0 (its `smg launch` command).
+    Smg,
     /// `vllm-router` 0.1.17 (its `vllm-router` launcher).
     VllmRouter,
 }
 
 impl PeerRouter {
     /// Both, in report order.
-    pub const ALL: [PeerRouter; 2] = [PeerRouter::Sglang, PeerRouter::VllmRouter];
+    pub const ALL: [PeerRouter; 2] = [PeerRouter::Smg, PeerRouter::VllmRouter];
 
     /// The PyPI package (also the venv's folder name under `.venv-peers/`).
     pub fn package(self) -> &'static str {
         match self {
-            PeerRouter::Sglang => "sglang-router",
+            PeerRouter::Smg => "smg",
             PeerRouter::VllmRouter => "vllm-router",
         }
     }
@@ -54,7 +58,7 @@ impl PeerRouter {
     /// The version `./build.sh setup` installs (`PEER_ROUTERS` in build.sh).
     pub fn version(self) -> &'static str {
         match self {
-            PeerRouter::Sglang => "0.3.2",
+            PeerRouter::Smg => "1.13.0",
             PeerRouter::VllmRouter => "0.1.17",
         }
     }
@@ -62,12 +66,12 @@ impl PeerRouter {
     /// The variable that points at a venv installed elsewhere.
     pub fn venv_env(self) -> &'static str {
         match self {
-            PeerRouter::Sglang => "LLMR_SGLANG_ROUTER_VENV",
+            PeerRouter::Smg => "LLMR_SMG_VENV",
             PeerRouter::VllmRouter => "LLMR_VLLM_ROUTER_VENV",
         }
     }
 
-    /// The venv: `$LLMR_SGLANG_ROUTER_VENV` / `$LLMR_VLLM_ROUTER_VENV` if set, else
+    /// The venv: `$LLMR_SMG_VENV` / `$LLMR_VLLM_ROUTER_VENV` if set, else
     /// `<root>/.venv-peers/<package>`.
     pub fn venv(self) -> PathBuf {
         match std::env::var_os(self.venv_env()).filter(|v| !v.is_empty()) {
@@ -76,8 +80,8 @@ impl PeerRouter {
         }
     }
 
-    /// The program and its leading arguments: the venv's Python running the launcher module
-    /// (sglang), or the launcher script pip installed (vllm-router). A [`Error::Missing`] that
+    /// The program and its leading arguments: the launcher script pip installed (`smg launch`,
+    /// `vllm-router`). A [`Error::Missing`] that
     /// names `./build.sh setup` when the venv does not hold it.
     pub fn program(self) -> Result<(PathBuf, Vec<String>)> {
         self.program_in(&self.venv())
@@ -86,10 +90,10 @@ impl PeerRouter {
     /// [`PeerRouter::program`] in the venv `venv`.
     pub fn program_in(self, venv: &std::path::Path) -> Result<(PathBuf, Vec<String>)> {
         let (program, args, marker) = match self {
-            PeerRouter::Sglang => (
-                venv.join("bin/python"),
-                vec!["-m".to_string(), "sglang_router.launch_router".to_string()],
-                venv.join("bin/sglang-router"),
+            PeerRouter::Smg => (
+                venv.join("bin/smg"),
+                vec!["launch".to_string()],
+                venv.join("bin/smg"),
             ),
             PeerRouter::VllmRouter => (
                 venv.join("bin/vllm-router"),
@@ -218,6 +222,18 @@ pub fn start_blocking(
     policy: &str,
     workers: &[SocketAddr],
 ) -> Result<PeerProcess> {
+    start_blocking_with(kind, policy, workers, &[])
+}
+
+/// [`start_blocking`] with `extra` flags after the ones [`PeerRouter::args`] sets (e.g. SMG's
+/// `--max-concurrent-requests N --queue-size Q`): for runs that enable a documented feature the
+/// defaults leave off or size for another machine. The flags are the caller's to state.
+pub fn start_blocking_with(
+    kind: PeerRouter,
+    policy: &str,
+    workers: &[SocketAddr],
+    extra: &[String],
+) -> Result<PeerProcess> {
     let (program, lead) = kind.program()?;
     let mut last = None;
     for _ in 0..3 {
@@ -236,7 +252,8 @@ pub fn start_blocking(
         let dir = testlog_dir(&label)?;
         let mut cmd = Command::new(&program);
         cmd.args(&lead)
-            .args(kind.args(policy, workers, ports[0], ports[1]));
+            .args(kind.args(policy, workers, ports[0], ports[1]))
+            .args(extra);
         let guard = ChildGuard::spawn_logged(&label, cmd, &dir.join("router.log"))?;
         let mut p = PeerProcess {
             kind,
@@ -260,9 +277,20 @@ pub fn start_blocking(
 
 /// [`start_blocking`] without blocking the async runtime.
 pub async fn start(kind: PeerRouter, policy: &str, workers: &[SocketAddr]) -> Result<PeerProcess> {
+    start_with(kind, policy, workers, &[]).await
+}
+
+/// [`start_blocking_with`] without blocking the async runtime.
+pub async fn start_with(
+    kind: PeerRouter,
+    policy: &str,
+    workers: &[SocketAddr],
+    extra: &[String],
+) -> Result<PeerProcess> {
     let policy = policy.to_string();
     let workers = workers.to_vec();
-    tokio::task::spawn_blocking(move || start_blocking(kind, &policy, &workers))
+    let extra = extra.to_vec();
+    tokio::task::spawn_blocking(move || start_blocking_with(kind, &policy, &workers, &extra))
         .await
         .map_err(|e| Error::Format {
             what: format!("{} start task", kind.package()),
@@ -335,7 +363,7 @@ mod tests {
             SocketAddr::from(([127, 0, 0, 1], 9001)),
             SocketAddr::from(([127, 0, 0, 1], 9002)),
         ];
-        let a = PeerRouter::Sglang.args("cache_aware", &w, 30001, 29001);
+        let a = PeerRouter::Smg.args("cache_aware", &w, 30001, 29001);
         let after = |flag: &str| {
             a.iter()
                 .position(|x| x == flag)

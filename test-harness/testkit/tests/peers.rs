@@ -133,8 +133,8 @@ async fn proxies_the_openai_api(kind: PeerRouter) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sglang_router_proxies_chat_and_completions() {
-    proxies_the_openai_api(PeerRouter::Sglang).await;
+async fn smg_proxies_chat_and_completions() {
+    proxies_the_openai_api(PeerRouter::Smg).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
