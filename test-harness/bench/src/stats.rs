@@ -31,6 +31,8 @@ fn percentile_sorted(v: &[f64], p: f64) -> f64 {
 pub struct Summary {
     /// TTFT median, ms (failed requests count as +∞).
     pub ttft_p50_ms: f64,
+    /// TTFT 90th percentile, ms (the shared-prefix verdict reads it beside p95).
+    pub ttft_p90_ms: f64,
     /// TTFT 95th percentile, ms.
     pub ttft_p95_ms: f64,
     /// TTFT 99th percentile, ms.
@@ -135,6 +137,7 @@ pub fn summarize(run: &RunResult) -> Summary {
     let served_ttft: Vec<f64> = ttft.iter().copied().filter(|t| t.is_finite()).collect();
     Summary {
         ttft_p50_ms: pct(&ttft, 50.0),
+        ttft_p90_ms: pct(&ttft, 90.0),
         ttft_p95_ms: pct(&ttft, 95.0),
         ttft_p99_ms: pct(&ttft, 99.0),
         e2e_p95_ms: pct(&e2e, 95.0),
