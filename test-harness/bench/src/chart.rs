@@ -57,8 +57,10 @@ const COLORS: [RGBColor; ROUTERS.len()] = [
     RGBColor(103, 169, 207), // filter_x2
     RGBColor(67, 147, 195),  // filter_x4
     RGBColor(170, 200, 225), // filter_x2_nohub
-    RGBColor(118, 42, 131),  // sglang_cache_aware
-    RGBColor(194, 165, 207), // sglang_power_of_two
+    RGBColor(118, 42, 131),  // smg_cache_aware
+    RGBColor(153, 112, 171), // smg_least_load
+    RGBColor(194, 165, 207), // smg_power_of_two
+    RGBColor(231, 212, 232), // smg_prefix_hash
     RGBColor(1, 102, 94),    // vllm_router_cache_aware
     RGBColor(128, 205, 193), // vllm_router_power_of_two
 ];
@@ -74,8 +76,10 @@ const SHORT: [&str; ROUTERS.len()] = [
     "filter ×2",
     "filter ×4",
     "×2 no hub",
-    "SGL cache",
-    "SGL P2",
+    "SMG cache",
+    "SMG least",
+    "SMG P2",
+    "SMG hash",
     "vLLM-R cache",
     "vLLM-R P2",
 ];
@@ -571,11 +575,11 @@ mod tests {
         m.insert("filter".into(), summary(5.0));
         rep.scenarios.insert("mixed_gpu".into(), m);
         let mut u = crate::report::ScenarioResult::default();
-        u.insert("sglang_cache_aware".into(), summary(6.0));
+        u.insert("smg_cache_aware".into(), summary(6.0));
         rep.scenarios.insert("uniform".into(), u);
         assert_eq!(
             ttft_legend(&rep),
-            ["round_robin", "filter", "sglang_cache_aware"]
+            ["round_robin", "filter", "smg_cache_aware"]
         );
         assert!(ttft_legend(&Report::default()).is_empty());
         let dir = std::env::temp_dir().join(format!("bench-legend-{}", std::process::id()));

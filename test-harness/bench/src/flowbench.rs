@@ -18,7 +18,7 @@
 //!
 //! Ratios come with paired bootstrap intervals over the seeds ([`ratio_cis`]).
 
-use crate::confidence::{pooled, ratio_cis, Bootstrap, RunData, Stat};
+use crate::confidence::{pooled, ratio_cis, RunData, Stat};
 use crate::loadgen::Sample;
 use crate::runner::{run_windowed, RunOutcome, Windows};
 use crate::scenarios::{
@@ -48,7 +48,7 @@ pub struct FlowBenchConfig {
     pub seeds: usize,
     /// Experiments to run (empty: all).
     pub experiments: Vec<String>,
-    /// Include the best peer of the last full run (sglang-router `cache_aware`).
+    /// Include SMG's `cache_aware` (SGLang's gateway, its default policy).
     pub peers: bool,
     /// Only the arms of these routers (empty: every arm), e.g. the filter alone while its
     /// overload behaviour is studied.
@@ -56,8 +56,6 @@ pub struct FlowBenchConfig {
     /// In the overload experiments every client states the SLO it is judged by in llm-d's
     /// `x-slo-ttft-ms` header (every router gets the same requests; only the filter reads it).
     pub slo_header: bool,
-    /// Bootstrap replicates.
-    pub reps: usize,
     /// Where `flow.{json,md}` go.
     pub out_dir: PathBuf,
 }
@@ -71,7 +69,7 @@ struct Arm {
 
 fn arms(exp: &str, peers: bool) -> Vec<Arm> {
     let arm = |router, scenario| Arm { router, scenario };
-    let peer = RouterKind::SglangCacheAware;
+    let peer = RouterKind::SmgCacheAware;
     let mut v = match exp {
         "bands" => vec![
             arm(RouterKind::RoundRobin, "flow_bands"),
@@ -89,7 +87,7 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
             arm(RouterKind::Filter, "flow_overload"),
         ],
         "canary" => vec![arm(RouterKind::Filter, "flow_canary")],
-        // On real vLLM both peers' default policy: sglang-router's and vllm-router's own.
+        // On real vLLM both peers' default policy: SMG's and vllm-router's own.
         "overload_vllm" => vec![
             arm(RouterKind::RoundRobin, "flow_overload_vllm"),
             arm(RouterKind::LeastRequest, "flow_overload_vllm"),
@@ -386,17 +384,8 @@ fn ratio(
     b: &ArmResult,
     tag: Option<&str>,
     stat: Stat,
-    reps: usize,
 ) -> (Option<f64>, Option<[f64; 2]>) {
-    let r = ratio_cis(
-        &select(&a.runs, tag),
-        &select(&b.runs, tag),
-        &[stat],
-        Bootstrap {
-            reps,
-            ..Bootstrap::default()
-        },
-    );
+    let r = ratio_cis(&select(&a.runs, tag), &select(&b.runs, tag), &[stat]);
     r.first().map_or((None, None), |r| (r.ratio, r.ci95))
 }
 
@@ -442,13 +431,7 @@ fn find<'a>(arms: &'a [ArmResult], router: &str, scenario: &str) -> Option<&'a A
 
 /// The targets for one experiment's arms.
 /// `floor_ms`: the critical requests' TTFT p99 floor (emulated ms), for bands.
-pub fn checks(
-    exp: &str,
-    arms: &[ArmResult],
-    slo_ms: f64,
-    floor_ms: Option<f64>,
-    reps: usize,
-) -> Vec<Check> {
+pub fn checks(exp: &str, arms: &[ArmResult], slo_ms: f64, floor_ms: Option<f64>) -> Vec<Check> {
     let mut out = Vec::new();
     let peers: Vec<&ArmResult> = arms
         .iter()
@@ -462,7 +445,7 @@ pub fn checks(
             ) else {
                 return out;
             };
-            let (v, ci) = ratio(f, rr, Some("critical"), Stat::Ttft(99.0), reps);
+            let (v, ci) = ratio(f, rr, Some("critical"), Stat::Ttft(99.0));
             out.push(check(
                 "critical TTFT p99, filter ÷ round robin",
                 "≤ 0.05",
@@ -492,7 +475,7 @@ pub fn checks(
                 |c| c == 0.0,
             ));
             for p in &peers {
-                let (v, ci) = ratio(f, p, Some("critical"), Stat::Ttft(99.0), reps);
+                let (v, ci) = ratio(f, p, Some("critical"), Stat::Ttft(99.0));
                 out.push(info(
                     &format!("critical TTFT p99, filter ÷ {}", p.router),
                     "(no target: peers have no bands)",
@@ -529,7 +512,7 @@ pub fn checks(
                 ) else {
                     continue;
                 };
-                let (v, ci) = ratio(mix, alone, Some("light"), Stat::Ttft(95.0), reps);
+                let (v, ci) = ratio(mix, alone, Some("light"), Stat::Ttft(95.0));
                 let what = format!("{r}: light tenant's TTFT p95 with heavy ÷ alone");
                 out.push(if r == "filter" {
                     check(&what, "≤ 1.2", v, ci, |x| x <= 1.2)
@@ -548,7 +531,7 @@ pub fn checks(
                 return out;
             };
             for b in arms.iter().filter(|a| a.router != "filter") {
-                let (v, ci) = ratio(f, b, None, Stat::WithinSlo(slo_ms), reps);
+                let (v, ci) = ratio(f, b, None, Stat::WithinSlo(slo_ms));
                 out.push(check(
                     &format!(
                         "goodput (served within the TTFT SLO), filter ÷ {}",
@@ -690,7 +673,7 @@ pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experime
         }
         results.push(arm_result(arm, &outcomes, slo_ms));
     }
-    let checks = checks(exp, &results, slo_ms, floor, cfg.reps);
+    let checks = checks(exp, &results, slo_ms, floor);
     Ok(Experiment {
         name: exp.to_string(),
         about,
@@ -929,7 +912,7 @@ mod tests {
             vec![run(1, &bands(100.0, 20, 0)), run(2, &bands(100.0, 20, 0))],
             3000.0,
         );
-        let cs = checks("bands", &[rr.clone(), good], 3000.0, Some(900.0), 200);
+        let cs = checks("bands", &[rr.clone(), good], 3000.0, Some(900.0));
         assert_eq!(met(&cs, "critical TTFT p99"), Some(true), "{cs:?}");
         assert_eq!(met(&cs, "filter: share of sheddable"), Some(true));
         assert_eq!(met(&cs, "filter: share of critical"), Some(true));
@@ -943,7 +926,7 @@ mod tests {
             vec![run(1, &bands(4000.0, 0, 10)), run(2, &bands(4000.0, 0, 10))],
             3000.0,
         );
-        let cs = checks("bands", &[rr, bad.clone()], 3000.0, Some(900.0), 200);
+        let cs = checks("bands", &[rr, bad.clone()], 3000.0, Some(900.0));
         assert_eq!(met(&cs, "critical TTFT p99"), Some(false));
         assert_eq!(met(&cs, "filter: share of sheddable"), Some(false));
         assert_eq!(bad.by_tag["standard"].refused, 20);
@@ -987,12 +970,12 @@ mod tests {
             3000.0,
         );
         let fair = arm_from("filter", "flow_tenants", vec![run(1, &mix(110.0))], 3000.0);
-        let cs = checks("tenants", &[fair, alone.clone()], 3000.0, None, 200);
+        let cs = checks("tenants", &[fair, alone.clone()], 3000.0, None);
         let c = &cs[0];
         assert!(c.value.is_some_and(|v| (v - 1.034).abs() < 0.02), "{c:?}");
         assert_eq!(c.met, Some(true));
         let unfair = arm_from("filter", "flow_tenants", vec![run(1, &mix(400.0))], 3000.0);
-        let cs = checks("tenants", &[unfair, alone], 3000.0, None, 200);
+        let cs = checks("tenants", &[unfair, alone], 3000.0, None);
         assert_eq!(cs[0].met, Some(false), "{cs:?}");
     }
 
@@ -1020,7 +1003,7 @@ mod tests {
             3000.0,
         );
         assert!((f.all.goodput_rps - 0.6).abs() < 1e-9);
-        let cs = checks("overload", &[rr.clone(), f], 3000.0, None, 200);
+        let cs = checks("overload", &[rr.clone(), f], 3000.0, None);
         assert_eq!(met(&cs, "goodput"), Some(true), "{cs:?}");
         assert_eq!(met(&cs, "filter: requests lost"), Some(true));
         let worse = arm_from(
@@ -1032,7 +1015,7 @@ mod tests {
         // A request that got no answer is lost by transport (the loader's own cause names).
         assert_eq!(worse.lost_by_cause.get("transport"), Some(&1));
         assert_eq!(worse.lost_by_cause.values().sum::<usize>(), worse.all.lost);
-        let cs = checks("overload", &[rr, worse], 3000.0, None, 200);
+        let cs = checks("overload", &[rr, worse], 3000.0, None);
         assert_eq!(met(&cs, "goodput"), Some(false));
         assert_eq!(met(&cs, "filter: requests lost"), Some(false));
     }
@@ -1044,7 +1027,7 @@ mod tests {
             (0..1000).map(|_| ("", Some(10.0), 200)).collect();
         let f = arm_from("filter", "flow_canary", vec![run(1, &ok)], 1000.0);
         assert_eq!(f.served_models[CANARY_TARGET], 100);
-        assert_eq!(checks("canary", &[f], 1000.0, None, 10)[0].met, Some(true));
+        assert_eq!(checks("canary", &[f], 1000.0, None)[0].met, Some(true));
         // Every tenth request fails and those are the canary's: 0 % served by it.
         let mut bad = ok.clone();
         for (i, r) in bad.iter_mut().enumerate() {
@@ -1053,7 +1036,7 @@ mod tests {
             }
         }
         let f = arm_from("filter", "flow_canary", vec![run(1, &bad)], 1000.0);
-        let cs = checks("canary", &[f], 1000.0, None, 10);
+        let cs = checks("canary", &[f], 1000.0, None);
         assert_eq!(cs[0].met, Some(false), "{cs:?}");
         assert_eq!(cs[1].met, Some(false), "100 lost");
     }

@@ -30,8 +30,9 @@ enum Cmd {
         scenarios: Vec<String>,
         /// Only these routers (repeatable): round_robin least_request least_request_full
         /// weighted_rr filter (default set), filter_gaie_weights, filter_x2, filter_x4 and filter_x2_nohub (extras: gateway replicas with a metrics hub, and two without), and
-        /// the field's routers sglang_cache_aware sglang_power_of_two vllm_router_cache_aware
-        /// vllm_router_power_of_two (run by default; `./build.sh setup` installs them).
+        /// the field's routers smg_cache_aware smg_least_load smg_power_of_two smg_prefix_hash
+        /// vllm_router_cache_aware vllm_router_power_of_two (run by default; `./build.sh setup`
+        /// installs them).
         #[arg(long = "router")]
         routers: Vec<String>,
         /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
@@ -50,9 +51,6 @@ enum Cmd {
         /// No goodput sweep at all.
         #[arg(long, conflicts_with = "sweep")]
         no_sweep: bool,
-        /// Bootstrap replicates per ratio. Default: 500 quick, 1000 full.
-        #[arg(long)]
-        reps: Option<usize>,
         /// Print the run plan and its estimated duration, run nothing.
         #[arg(long)]
         plan: bool,
@@ -109,7 +107,7 @@ enum Cmd {
         /// Sequential requests per arm (prompts up to 16 KiB; larger ones use a quarter).
         #[arg(long, default_value_t = 1000)]
         requests: usize,
-        /// Arms to run, comma-separated (direct, envoy, envoy_filter, envoy_ext_proc, sglang_router,
+        /// Arms to run, comma-separated (direct, envoy, envoy_filter, envoy_ext_proc, smg,
         /// vllm_router);
         /// default all. direct always runs (the baseline).
         #[arg(long, value_delimiter = ',')]
@@ -221,7 +219,7 @@ enum Cmd {
         /// Seeds per arm. Default: 1 quick, 3 full.
         #[arg(long)]
         seeds: Option<usize>,
-        /// Leave out the peer router (sglang-router cache_aware).
+        /// Leave out the peer router (SMG cache_aware).
         #[arg(long)]
         no_peers: bool,
         /// Only these routers' arms (repeatable), e.g. `--router filter`; a target that
@@ -233,7 +231,7 @@ enum Cmd {
         #[arg(long)]
         slo_header: bool,
     },
-    /// Mixed-GPU fleet under round robin, then under the filter, side by side.
+    /// Mixed-GPU fleet under round robin, SMG (cache_aware) and the filter, side by side.
     Demo {
         /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
         #[arg(long)]
@@ -242,8 +240,8 @@ enum Cmd {
         #[arg(long, default_value_t = 10000)]
         port: u16,
         /// Router for --serve: round_robin, least_request, least_request_full, weighted_rr,
-        /// filter (default), filter_gaie_weights, or a peer: sglang_cache_aware,
-        /// sglang_power_of_two, vllm_router_cache_aware, vllm_router_power_of_two.
+        /// filter (default), filter_gaie_weights, or a peer: smg_cache_aware, smg_least_load,
+        /// smg_power_of_two, smg_prefix_hash, vllm_router_cache_aware, vllm_router_power_of_two.
         #[arg(long, default_value = "filter")]
         router: String,
     },
@@ -274,7 +272,6 @@ fn main() -> ExitCode {
                 seeds,
                 sweep,
                 no_sweep,
-                reps,
                 plan,
                 no_overhead,
             } => {
@@ -290,7 +287,6 @@ fn main() -> ExitCode {
                 };
                 let mut cfg = BenchConfig::defaults(mode, out_dir.clone());
                 cfg.seeds = seeds.unwrap_or(cfg.seeds);
-                cfg.bootstrap_reps = reps.unwrap_or(cfg.bootstrap_reps);
                 if no_sweep {
                     cfg.sweep.clear();
                 } else if !sweep.is_empty() {
@@ -605,7 +601,6 @@ fn main() -> ExitCode {
                     peers: !no_peers,
                     routers,
                     slo_header,
-                    reps: if quick { 500 } else { 1000 },
                     out_dir: out_dir.clone(),
                 };
                 match bench::flowbench::run_flow(&cfg).await {

@@ -60,13 +60,13 @@ pub const ENVOY_FILTER: &str = "envoy_filter";
 pub const ENVOY_EXT_PROC: &str = "envoy_ext_proc";
 /// The project's own arms, in order.
 pub const ARMS: [&str; 4] = [DIRECT, ENVOY, ENVOY_FILTER, ENVOY_EXT_PROC];
-/// sglang-router 0.3.2 with its default policy (`cache_aware`).
-pub const SGLANG_ROUTER: &str = "sglang_router";
+/// SMG 1.13 (SGLang's gateway) with its default policy (`cache_aware`).
+pub const SMG: &str = "smg";
 /// vllm-router 0.1.17 with its default policy (`cache_aware`).
 pub const VLLM_ROUTER: &str = "vllm_router";
 /// The field's routers measured as arms.
 const PEER_ARMS: [(&str, testkit::peers::PeerRouter); 2] = [
-    (SGLANG_ROUTER, testkit::peers::PeerRouter::Sglang),
+    (SMG, testkit::peers::PeerRouter::Smg),
     (VLLM_ROUTER, testkit::peers::PeerRouter::VllmRouter),
 ];
 
@@ -132,7 +132,7 @@ pub enum OverheadError {
 
 /// One router under test: where its requests go and every process whose CPU is its cost.
 pub struct RouterArm {
-    /// Arm name (`envoy_filter`, `sglang_cache_aware`, …).
+    /// Arm name (`envoy_filter`, `smg`, …).
     pub name: String,
     /// The full URL requests are sent to.
     pub uri: hyper::Uri,
@@ -184,10 +184,10 @@ impl RouterArm {
 }
 
 /// The field's routers as more arms, in front of the same instant `backend`, requests to `path`:
-/// sglang-router and vllm-router, each with its default policy (`cache_aware`, what a new user
-/// gets) and one worker, started by `testkit::peers` and ready when it reports the worker
-/// healthy. Every process of the peer counts (the launcher and what it starts: sglang's Python
-/// launcher stays the Rust router's parent). A peer that is not installed or cannot start is a
+/// SMG and vllm-router, each with its default policy (`cache_aware`, what a new user gets) and
+/// one worker, started by `testkit::peers` and ready when it reports the worker healthy. Every
+/// process of the peer counts (the launcher and what it starts: the Python launcher stays the
+/// Rust router's parent). A peer that is not installed or cannot start is a
 /// note, not a failure; the arms are measured exactly like the project's own.
 async fn peer_arms(
     backend: SocketAddr,
@@ -901,7 +901,7 @@ mod tests {
             ..OverheadOptions::default()
         };
         assert!(o.wants(DIRECT) && o.wants(ENVOY_FILTER) && !o.wants(ENVOY));
-        assert!(OverheadOptions::default().wants("sglang_cache_aware"));
+        assert!(OverheadOptions::default().wants(SMG));
         assert_eq!(OverheadOptions::default().sizes(), PROMPT_SIZES.to_vec());
     }
 }

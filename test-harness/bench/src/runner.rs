@@ -7,7 +7,7 @@
 //! of every process (Envoy, pods, sidecar, this load generator) is recorded so the report can
 //! show that neither Envoy nor the load generator was the bottleneck.
 
-use crate::confidence::{ratio_cis, Bisection, Bootstrap, Obs, RunData, Stat};
+use crate::confidence::{ratio_cis, Bisection, Obs, RunData, Stat};
 use crate::diagnostics::{condition_met, lateness_check, Diagnostics, InvalidRun, RunView};
 use crate::loadgen::{run, RunOptions, RunResult, Sample};
 use crate::podmetrics::{self, PodWindow};
@@ -523,8 +523,6 @@ pub struct BenchConfig {
     pub sweep: Vec<String>,
     /// Fixed-load rate as a fraction of round robin's goodput (swept scenarios).
     pub load_fraction: f64,
-    /// Bootstrap replicates per ratio.
-    pub bootstrap_reps: usize,
     /// Run the overhead bench too.
     pub overhead: bool,
     /// Output folder (`target/bench`).
@@ -532,13 +530,13 @@ pub struct BenchConfig {
 }
 
 impl BenchConfig {
-    /// The defaults of a mode: quick = 1 seed, no sweep, 500 replicates; full = 5 seeds, a
-    /// sweep of `mixed_gpu`, 1000 replicates; fixed load at 70 % of round robin's goodput where
-    /// swept.
+    /// The defaults of a mode: quick = 1 seed (a direction, no interval), no sweep; full =
+    /// 10 seeds (what a verdict needs: confidence.rs), a sweep of `mixed_gpu`; fixed load at
+    /// 70 % of round robin's goodput where swept.
     pub fn defaults(mode: Mode, out_dir: PathBuf) -> Self {
         BenchConfig {
             mode,
-            seeds: if mode.quick { 1 } else { 5 },
+            seeds: if mode.quick { 1 } else { 10 },
             scenarios: vec![],
             routers: vec![],
             sweep: if mode.quick {
@@ -547,7 +545,6 @@ impl BenchConfig {
                 vec!["mixed_gpu".into()]
             },
             load_fraction: 0.7,
-            bootstrap_reps: if mode.quick { 500 } else { 1000 },
             overhead: true,
             out_dir,
         }
@@ -634,8 +631,9 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
 }
 
 /// The metrics whose ratios get an interval.
-pub const RATIO_METRICS: [&str; 8] = [
+pub const RATIO_METRICS: [&str; 9] = [
     "ttft_p50_ms",
+    "ttft_p90_ms",
     "ttft_p95_ms",
     "ttft_p99_ms",
     "e2e_p95_ms",
@@ -645,16 +643,16 @@ pub const RATIO_METRICS: [&str; 8] = [
     "prefix_hit_rate",
 ];
 
-/// Ratios router ÷ baseline (round robin and least request; the replica routers also ÷ the
-/// one-gateway filter; the filter routers also ÷ `best_peer`, the peer router with the lowest
-/// TTFT p95 in the scenario, see [`crate::report::best_peer`]) with their intervals, over the
-/// seeds both have valid runs for.
+/// Ratios router ÷ baseline with their intervals over the seeds both have valid runs for: every
+/// router ÷ round robin and ÷ least request; the replica routers ÷ the one-gateway filter; the
+/// filter routers ÷ every other router that ran (Envoy's balancers and the field's routers), so
+/// that a target against the best other router ([`crate::report::best_other`]) finds its row
+/// whichever router is best at the metric judged.
 pub fn scenario_ratios(
     scenario: &str,
     runs: &BTreeMap<&'static str, Vec<RunOutcome>>,
-    reps: usize,
-    best_peer: Option<&str>,
 ) -> Vec<RatioRow> {
+    use crate::report::{is_other, CHECKED_ROUTERS, REPLICA_ROUTERS};
     let mut out = Vec::new();
     let valid = |r: &str| -> BTreeMap<u64, &RunData> {
         runs.get(r)
@@ -666,25 +664,17 @@ pub fn scenario_ratios(
             })
             .unwrap_or_default()
     };
-    let filters = |r: &str| {
-        crate::report::CHECKED_ROUTERS.contains(&r) || crate::report::REPLICA_ROUTERS.contains(&r)
-    };
-    for baseline in ["round_robin", "least_request", "filter"]
-        .into_iter()
-        .chain(best_peer)
-    {
+    for baseline in runs.keys() {
         let b = valid(baseline);
         if b.is_empty() {
             continue;
         }
-        // The one-gateway filter is the baseline of the replica routers only; the best peer
-        // that of the filter routers.
         let compared = |r: &str| {
-            r != baseline
-                && match baseline {
-                    "filter" => crate::report::REPLICA_ROUTERS.contains(&r),
+            r != *baseline
+                && match *baseline {
                     "round_robin" | "least_request" => true,
-                    _ => filters(r),
+                    "filter" => REPLICA_ROUTERS.contains(&r),
+                    other => is_other(other) && CHECKED_ROUTERS.contains(&r),
                 }
         };
         for router in runs.keys().filter(|r| compared(r)) {
@@ -703,20 +693,11 @@ pub fn scenario_ratios(
                 })
                 .collect();
             let stats: Vec<Stat> = metrics.iter().map(|m| Stat::from_metric(m)).collect();
-            let cis = ratio_cis(
-                &xa,
-                &xb,
-                &stats,
-                Bootstrap {
-                    reps,
-                    ..Bootstrap::default()
-                },
-            );
-            for (m, c) in metrics.iter().zip(cis) {
+            for (m, c) in metrics.iter().zip(ratio_cis(&xa, &xb, &stats)) {
                 out.push(RatioRow {
                     scenario: scenario.into(),
                     router: router.to_string(),
-                    baseline: baseline.into(),
+                    baseline: baseline.to_string(),
                     metric: m.to_string(),
                     ratio: c.ratio,
                     ci95: c.ci95,
@@ -749,6 +730,7 @@ pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Su
         // Every run invalid: no figures, but the diagnostics say why.
         return Some(Summary {
             ttft_p50_ms: f64::NAN,
+            ttft_p90_ms: f64::NAN,
             ttft_p95_ms: f64::NAN,
             ttft_p99_ms: f64::NAN,
             e2e_p95_ms: f64::NAN,
@@ -892,7 +874,8 @@ pub fn goodputs(g: &GoodputSweep) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Fill the sweep's filter ÷ round robin and filter ÷ best baseline.
+/// Fill the sweep's filter ÷ round robin, ÷ the best baseline (Envoy's balancers) and ÷ the best
+/// other router (every router but the filter's, the field's included).
 pub fn goodput_ratios(g: &mut GoodputSweep) {
     let gp = goodputs(g);
     let filter = gp.get("filter").copied();
@@ -907,12 +890,12 @@ pub fn goodput_ratios(g: &mut GoodputSweep) {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     g.best_baseline = best.map(|(b, _)| b.to_string());
     g.filter_vs_best_baseline = ratio(best.map(|(_, v)| v));
-    let peer = crate::report::PEERS
+    let other = gp
         .iter()
-        .filter_map(|b| gp.get(*b).map(|v| (*b, *v)))
-        .max_by(|a, b| a.1.total_cmp(&b.1));
-    g.best_peer = peer.map(|(b, _)| b.to_string());
-    g.filter_vs_best_peer = ratio(peer.map(|(_, v)| v));
+        .filter(|(r, _)| crate::report::is_other(r))
+        .max_by(|a, b| a.1.total_cmp(b.1));
+    g.best_other = other.map(|(r, _)| r.clone());
+    g.filter_vs_best_other = ratio(other.map(|(_, v)| *v));
 }
 
 /// Run the benchmark and write `<out>/<stem>.json`, `.md` and the charts; returns the report.
@@ -928,7 +911,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         .map(|i| cfg.mode.seed + i)
         .collect();
     let setup = format!(
-        "One machine runs everything: Envoy (2 workers) or, for the peer routers (sglang-router 0.3.2, vllm-router 0.1.17: their documented defaults, retries and circuit breakers as they ship), the peer instead of Envoy; the model-sim pods (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`; `cpu_cores_router` for a peer).",
+        "One machine runs everything: Envoy (2 workers) or, for the peer routers (SMG 1.13, vllm-router 0.1.17: their documented defaults, retries and circuit breakers as they ship), the peer instead of Envoy; the model-sim pods (one process each, speed-up {}), the sidecar (filter runs) and this load generator. Per-process CPU use is in the JSON (`cpu_cores_*`; `cpu_cores_router` for a peer).",
         cfg.mode.speedup
     );
     let proto = scs
@@ -938,15 +921,16 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         })
         .map(|w| {
             format!(
-                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run the scenario's warm-up ({:.1} s wall for `{}`; identical traffic for every router, excluded), its measurement window ({:.1} s wall; in full mode at least 2,000 arrivals over the seeds), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: pooled over the seeds both routers have valid runs for; interval = paired two-stage bootstrap (seeds, then the window's requests; {} replicates){}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
+                "Figures are in emulated time (wall latencies × speed-up, rates ÷ speed-up; step lateness in wall ms). Protocol: per run the scenario's warm-up ({:.1} s wall for `{}`; identical traffic for every router, excluded), its measurement window ({:.1} s wall; in full mode at least 2,000 arrivals over the seeds), then {:.1} s more arrivals so window requests finish under load; failed and timed-out requests count as ∞ in percentiles; a run whose worst pod's mean step lateness exceeds 5 % of its TTFT p50 is invalid and left out. Seeds {:?} per (scenario, router), run seed-major (every router for a seed before the next seed). Ratios: per seed, over the seeds both routers have valid runs for; the point is their geometric mean, the interval the Student-t 95 % interval of the per-seed log-ratios{}. Goodput: bisection over the offered rate (×2 / ÷2 to bracket, then geometric halving to 10 %, ≤ 8 probes, seed {}); swept: {}; fixed load at {:.0} % of round robin's goodput where swept, else the scenario's nominal rate.",
                 w.warmup.as_secs_f64(),
                 sc_name(&scs),
                 w.window.as_secs_f64(),
                 w.tail.as_secs_f64(),
                 seeds,
-                cfg.bootstrap_reps,
                 if seeds.len() < 2 {
-                    " — with one seed only the within-run stage is left, so intervals understate run-to-run variance"
+                    " — one seed gives no interval: every ratio here is a direction, not a verdict"
+                } else if seeds.len() < 10 {
+                    " — fewer than 10 seeds: directions, not verdicts"
                 } else {
                     ""
                 },
@@ -1090,13 +1074,8 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             &diags,
             entry.cold_read_fraction.unwrap_or(f64::NAN),
         );
-        entry.best_peer = crate::report::best_peer(&entry);
-        rep.ratios.extend(scenario_ratios(
-            name,
-            &runs,
-            cfg.bootstrap_reps,
-            entry.best_peer.as_deref(),
-        ));
+        entry.best_other = crate::report::best_other(&entry, "ttft_p95_ms");
+        rep.ratios.extend(scenario_ratios(name, &runs));
         rep.scenarios.insert(name.to_string(), entry);
     }
     rep.targets = check_targets(&rep.scenarios, &rep.ratios);
@@ -1326,16 +1305,16 @@ mod tests {
         );
         let (s, r) = select(&cfg).unwrap();
         assert_eq!(s.len(), 6);
-        // Quick: round_robin, least_request, weighted_rr, filter, sglang_cache_aware.
+        // Quick: round_robin, least_request, weighted_rr, filter, smg_cache_aware.
         assert_eq!(r.len(), 5);
         assert!(!r.contains(&RouterKind::FilterGaieWeights));
         assert!(!r.contains(&RouterKind::FilterReplicas));
         assert!(!r.contains(&RouterKind::LeastRequestFull));
-        assert_eq!(r[4], RouterKind::SglangCacheAware);
+        assert_eq!(r[4], RouterKind::SmgCacheAware);
         cfg.mode.quick = false;
-        // Full: the five of ALL, then the four peers.
+        // Full: the five of ALL, then the six peers.
         let full = select(&cfg).unwrap().1;
-        assert_eq!(full.len(), 9);
+        assert_eq!(full.len(), 11);
         assert_eq!(full[5..], RouterKind::PEERS);
         cfg.mode.quick = true;
         cfg.routers = vec!["vllm_router_power_of_two".into()];
@@ -1452,40 +1431,51 @@ mod tests {
             ],
         );
         by.insert("filter", runs);
-        let rows = scenario_ratios("uniform", &by, 100, None);
+        let rows = scenario_ratios("uniform", &by);
         let p95 = rows
             .iter()
             .find(|r| r.router == "filter" && r.metric == "ttft_p95_ms")
             .unwrap();
         assert_eq!((p95.seeds, p95.ratio), (1, Some(0.5)));
-        assert_eq!(p95.ci95, Some([0.5, 0.5]));
+        // One seed: a direction, no interval.
+        assert_eq!(p95.ci95, None);
     }
 
     #[test]
-    fn the_filter_routers_are_compared_with_the_best_peer() {
+    fn the_filter_routers_are_compared_with_every_other_router() {
         let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
         by.insert("round_robin", vec![outcome(1, &[400.0; 20], None)]);
+        by.insert("weighted_rr", vec![outcome(1, &[250.0; 20], None)]);
         by.insert("filter", vec![outcome(1, &[100.0; 20], None)]);
-        by.insert("sglang_cache_aware", vec![outcome(1, &[200.0; 20], None)]);
+        by.insert("filter_x2", vec![outcome(1, &[110.0; 20], None)]);
+        by.insert("smg_cache_aware", vec![outcome(1, &[200.0; 20], None)]);
         by.insert(
             "vllm_router_cache_aware",
             vec![outcome(1, &[300.0; 20], None)],
         );
-        let rows = scenario_ratios("shared_prefix", &by, 50, Some("sglang_cache_aware"));
-        let vs_peer: Vec<&RatioRow> = rows
-            .iter()
-            .filter(|r| r.baseline == "sglang_cache_aware")
-            .collect();
-        assert!(!vs_peer.is_empty() && vs_peer.iter().all(|r| r.router == "filter"));
-        let p95 = vs_peer.iter().find(|r| r.metric == "ttft_p95_ms").unwrap();
+        let rows = scenario_ratios("shared_prefix", &by);
+        let against =
+            |b: &str| -> Vec<&RatioRow> { rows.iter().filter(|r| r.baseline == b).collect() };
+        // Envoy's weighted round robin is an "other" router like the field's.
+        for b in ["smg_cache_aware", "vllm_router_cache_aware", "weighted_rr"] {
+            let v = against(b);
+            assert!(
+                !v.is_empty() && v.iter().all(|r| r.router == "filter"),
+                "{b}"
+            );
+        }
+        let p95 = against("smg_cache_aware")
+            .into_iter()
+            .find(|r| r.metric == "ttft_p95_ms")
+            .unwrap();
         assert_eq!(p95.ratio, Some(0.5));
-        // The peers are compared with round robin like every router.
+        // Replicas are compared with the one gateway, everyone with round robin, nobody with a
+        // replica router.
+        assert!(against("filter").iter().all(|r| r.router == "filter_x2"));
         assert!(rows
             .iter()
             .any(|r| r.router == "vllm_router_cache_aware" && r.baseline == "round_robin"));
-        assert!(scenario_ratios("shared_prefix", &by, 50, None)
-            .iter()
-            .all(|r| r.baseline == "round_robin"));
+        assert!(against("filter_x2").is_empty());
     }
 
     #[test]

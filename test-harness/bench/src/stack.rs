@@ -1,7 +1,7 @@
 //! Starts and stops what one benchmark run needs: fresh model-sim pods, then the gateway in
 //! front of them ([`Gateway`]): Envoy with the router under test and, for the filter, the
 //! metrics sidecar pushing snapshots into it; or, for the field's routers, the peer router
-//! itself (sglang-router, vllm-router: no Envoy, no sidecar).
+//! itself (SMG, vllm-router: no Envoy, no sidecar).
 //!
 //! Every process is a `testkit::ChildGuard` (stopped by PID on drop), so a failed or interrupted
 //! run leaves nothing behind.
@@ -55,12 +55,19 @@ pub enum RouterKind {
     /// Two gateway replicas whose sidecars each scrape the pods on their own, no hub: what each
     /// replica knows of the other's work is only what the engines' gauges show.
     FilterReplicasNoHub,
-    /// sglang-router 0.3.2, `cache_aware` (its default): a radix tree of the prompt text it
-    /// routed plus its own in-flight counts. Started as shipped ([`testkit::peers`]).
-    SglangCacheAware,
-    /// sglang-router 0.3.2, `power_of_two`: two random workers, the less loaded by SGLang's
-    /// `GET /get_load` (served by SGLang-profile pods), else its own in-flight counts.
-    SglangPowerOfTwo,
+    /// SMG 1.13 (SGLang's gateway), `cache_aware` (its default): a radix tree of the prompt
+    /// text it routed, its own in-flight counts and dispatch bookings, spill gates to the least
+    /// loaded worker. Started as shipped ([`testkit::peers`]).
+    SmgCacheAware,
+    /// SMG 1.13, `least_load`: the engines' load polled by its load monitor (every 10 s by
+    /// default: `GET /metrics`, `/v1/loads`, `/loads`), plus its own dispatches since the poll
+    /// and a KV-pressure term.
+    SmgLeastLoad,
+    /// SMG 1.13, `power_of_two`: two random workers, the one with the lower expected wait.
+    SmgPowerOfTwo,
+    /// SMG 1.13, `prefix_hash`: a hash ring over the prompt's first 256 tokens, walking on past
+    /// a worker above 1.25× the average load.
+    SmgPrefixHash,
     /// vllm-router 0.1.17, `cache_aware` (its default): a radix tree of token ids from the
     /// workers' `/v1/*/render` (or `/tokenize`), else load only.
     VllmRouterCacheAware,
@@ -89,18 +96,20 @@ impl RouterKind {
     /// The field's routers (real binaries from PyPI, `./build.sh setup`), in report order: a
     /// full run runs them all by default after [`RouterKind::ALL`]; quick only
     /// [`RouterKind::QUICK_PEERS`].
-    pub const PEERS: [RouterKind; 4] = [
-        RouterKind::SglangCacheAware,
-        RouterKind::SglangPowerOfTwo,
+    pub const PEERS: [RouterKind; 6] = [
+        RouterKind::SmgCacheAware,
+        RouterKind::SmgLeastLoad,
+        RouterKind::SmgPowerOfTwo,
+        RouterKind::SmgPrefixHash,
         RouterKind::VllmRouterCacheAware,
         RouterKind::VllmRouterPowerOfTwo,
     ];
 
-    /// The peers a quick run includes by default: sglang-router's `cache_aware` (the default
-    /// policy of both peers, and the one that tied the filter on shared prefixes). Each peer
+    /// The peers a quick run includes by default: SMG's `cache_aware` (the default policy of
+    /// both peers, and the best SMG policy on the uneven fleets and shared prefixes). Each peer
     /// adds one run per scenario (≈ 22 s each in quick); one keeps quick within its 10-minute
-    /// budget (`--plan`: 25 runs ≈ 9 min; all four would make ≈ 16 min). Named, any runs.
-    pub const QUICK_PEERS: [RouterKind; 1] = [RouterKind::SglangCacheAware];
+    /// budget (`--plan`). Named, any runs.
+    pub const QUICK_PEERS: [RouterKind; 1] = [RouterKind::SmgCacheAware];
 
     /// The name used in the JSON and the tables.
     pub fn name(self) -> &'static str {
@@ -114,8 +123,10 @@ impl RouterKind {
             RouterKind::FilterReplicas => "filter_x2",
             RouterKind::FilterReplicas4 => "filter_x4",
             RouterKind::FilterReplicasNoHub => "filter_x2_nohub",
-            RouterKind::SglangCacheAware => "sglang_cache_aware",
-            RouterKind::SglangPowerOfTwo => "sglang_power_of_two",
+            RouterKind::SmgCacheAware => "smg_cache_aware",
+            RouterKind::SmgLeastLoad => "smg_least_load",
+            RouterKind::SmgPowerOfTwo => "smg_power_of_two",
+            RouterKind::SmgPrefixHash => "smg_prefix_hash",
             RouterKind::VllmRouterCacheAware => "vllm_router_cache_aware",
             RouterKind::VllmRouterPowerOfTwo => "vllm_router_power_of_two",
         }
@@ -124,8 +135,10 @@ impl RouterKind {
     /// The peer router and its policy, for the field's routers.
     pub fn peer(self) -> Option<(PeerRouter, &'static str)> {
         match self {
-            RouterKind::SglangCacheAware => Some((PeerRouter::Sglang, "cache_aware")),
-            RouterKind::SglangPowerOfTwo => Some((PeerRouter::Sglang, "power_of_two")),
+            RouterKind::SmgCacheAware => Some((PeerRouter::Smg, "cache_aware")),
+            RouterKind::SmgLeastLoad => Some((PeerRouter::Smg, "least_load")),
+            RouterKind::SmgPowerOfTwo => Some((PeerRouter::Smg, "power_of_two")),
+            RouterKind::SmgPrefixHash => Some((PeerRouter::Smg, "prefix_hash")),
             RouterKind::VllmRouterCacheAware => Some((PeerRouter::VllmRouter, "cache_aware")),
             RouterKind::VllmRouterPowerOfTwo => Some((PeerRouter::VllmRouter, "power_of_two")),
             _ => None,
@@ -219,8 +232,10 @@ pub fn envoy_spec(
         | RouterKind::FilterReplicas4
         | RouterKind::FilterReplicasNoHub => EnvoyRouter::Filter,
         // Not an Envoy router (start_stack starts the peer instead); plain round robin if asked.
-        RouterKind::SglangCacheAware
-        | RouterKind::SglangPowerOfTwo
+        RouterKind::SmgCacheAware
+        | RouterKind::SmgLeastLoad
+        | RouterKind::SmgPowerOfTwo
+        | RouterKind::SmgPrefixHash
         | RouterKind::VllmRouterCacheAware
         | RouterKind::VllmRouterPowerOfTwo => EnvoyRouter::RoundRobin,
     };
@@ -585,7 +600,7 @@ pub enum Gateway {
         /// Where the sidecar serves its own `/metrics`.
         sidecar_metrics: Option<SocketAddr>,
     },
-    /// sglang-router or vllm-router in front of the pods (no Envoy, no sidecar).
+    /// SMG or vllm-router in front of the pods (no Envoy, no sidecar).
     Peer(PeerProcess),
 }
 
@@ -1285,7 +1300,7 @@ mod tests {
         for r in RouterKind::every() {
             assert_eq!(RouterKind::from_name(r.name()), Some(r));
         }
-        assert_eq!(RouterKind::names().len(), 13);
+        assert_eq!(RouterKind::names().len(), 15);
         for r in RouterKind::PEERS {
             let (_, policy) = r.peer().unwrap();
             assert!(r.name().ends_with(policy) && !r.uses_filter() && r.replicas() == 1);
