@@ -3,7 +3,7 @@
 //! The SDK's context helpers unwrap internally (a non-UTF-8 header value from a client would
 //! trap the VM and break every request on that worker). Every call here goes to
 //! `proxy_wasm::hostcalls` directly and turns a failure into `None` / `false`, so the glue can
-//! decide what a failure means for the request.
+//! decide what a failure means for the request. No other module calls the host.
 
 use llm_router_core::store::{SharedStore, StoreError};
 use proxy_wasm::hostcalls;
@@ -189,6 +189,42 @@ pub fn response_body(size: usize) -> Option<Vec<u8>> {
 /// Asks for `on_tick` every `period`.
 pub fn set_tick_period(period: std::time::Duration) -> bool {
     hostcalls::set_tick_period(period).is_ok()
+}
+
+/// Registers this VM's shared queue `name` (where other workers wake this one); `None` when
+/// the host refused.
+pub fn register_shared_queue(name: &str) -> Option<u32> {
+    hostcalls::register_shared_queue(name).ok()
+}
+
+/// The queue `name` another worker registered under `vm_id`; `None` when there is none (yet)
+/// or the host refused.
+pub fn resolve_shared_queue(vm_id: &str, name: &str) -> Option<u32> {
+    hostcalls::resolve_shared_queue(vm_id, name).ok().flatten()
+}
+
+/// Takes the next message off `queue`; `None` when it is empty or the host refused.
+pub fn dequeue_shared_queue(queue: u32) -> Option<Vec<u8>> {
+    match hostcalls::dequeue_shared_queue(queue) {
+        Ok(Some(message)) => Some(message),
+        _ => None,
+    }
+}
+
+/// Puts `message` on `queue` (the host calls its registrant's `on_queue_ready`).
+pub fn enqueue_shared_queue(queue: u32, message: &[u8]) -> bool {
+    hostcalls::enqueue_shared_queue(queue, Some(message)).is_ok()
+}
+
+/// Makes context `id` the one the next calls act on (a paused stream, from the root context);
+/// false when that stream is gone.
+pub fn set_effective_context(id: u32) -> bool {
+    hostcalls::set_effective_context(id).is_ok()
+}
+
+/// Lets the effective stream's paused request go on to its upstream.
+pub fn resume_request() -> bool {
+    hostcalls::resume_http_request().is_ok()
 }
 
 /// A counter; one that could not be defined is a no-op, never a failure of the request.
