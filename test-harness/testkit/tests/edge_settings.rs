@@ -737,3 +737,42 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
         }
     }
 }
+
+/// The metrics hubs: the stream and the tallies (9465) from the gateway pods only, their own
+/// /metrics (9464) from the monitoring namespace only; no other port, no other source.
+#[test]
+fn network_policies_wall_the_metrics_hub() {
+    let docs = example_docs();
+    let p = of_kind(&docs, "NetworkPolicy")
+        .into_iter()
+        .find(|p| p.value["spec"]["podSelector"]["matchLabels"]["app"] == "llm-router-hub")
+        .expect("a NetworkPolicy selecting the hub pods (app: llm-router-hub)");
+    let rules = p.value["spec"]["ingress"].as_array().unwrap();
+    let mut ports = BTreeSet::new();
+    for rule in rules {
+        let rule_ports: Vec<u64> = rule["ports"]
+            .as_array()
+            .expect("ports listed")
+            .iter()
+            .filter_map(|p| p["port"].as_u64())
+            .collect();
+        let from = rule["from"].as_array().expect("a rule with sources");
+        assert!(!from.is_empty());
+        for f in from {
+            let labels = &f["podSelector"]["matchLabels"];
+            let gateway = labels["app"] == "llm-gateway"
+                || labels["gateway.networking.k8s.io/gateway-name"] == "llm-gateway"
+                || labels["gateway.envoyproxy.io/owning-gateway-name"] == "llm-gateway";
+            let monitoring = f["podSelector"].is_null()
+                && f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                    == "monitoring";
+            match rule_ports.as_slice() {
+                [9465] => assert!(gateway, "{}: the stream open to {f}", p.origin),
+                [9464] => assert!(monitoring, "{}: /metrics open to {f}", p.origin),
+                other => panic!("{}: hub ports {other:?} opened", p.origin),
+            }
+        }
+        ports.extend(rule_ports);
+    }
+    assert_eq!(ports, BTreeSet::from([9464, 9465]));
+}
