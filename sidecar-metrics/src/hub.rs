@@ -186,7 +186,7 @@ async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
     if llm_router_snapshot::verify(&s.keys.subscribe, SUBSCRIBE_CONTEXT, given).is_err() {
         s.stats.hub_subscribe_refused();
         tracing::warn!("refused a subscriber without a valid {SIGNATURE_HEADER}");
-        return (StatusCode::FORBIDDEN, "subscribe refused\n").into_response();
+        return refuse(StatusCode::FORBIDDEN, "subscribe refused\n");
     }
     s.stats.hub_subscriber(1);
     let guard = Subscribed(s.stats.clone());
@@ -224,6 +224,11 @@ async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
+/// A refusal that closes the connection (a stranger keeps no connection open by being refused).
+fn refuse(status: StatusCode, text: &'static str) -> Response {
+    (status, [(header::CONNECTION, "close")], text).into_response()
+}
+
 /// A replica's tally: kept on the board when signed with the key of the replica it names
 /// ([`REPLICA_HEADER`], and the tally's own `replica`), 204. What the headers can refuse is
 /// refused before a byte of the body is read: no replica or no well-formed signature (403), a
@@ -236,7 +241,7 @@ async fn take_tally(
 ) -> Response {
     let forbidden = |s: &HubState| {
         s.stats.hub_tally("forbidden");
-        (StatusCode::FORBIDDEN, "tally refused\n").into_response()
+        refuse(StatusCode::FORBIDDEN, "tally refused\n")
     };
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let replica = header(REPLICA_HEADER).and_then(|v| v.trim().parse::<u64>().ok());
@@ -250,7 +255,7 @@ async fn take_tally(
     let declared = header(header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_TALLY_BYTES as u64) {
         s.stats.hub_tally("too_large");
-        return (StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n").into_response();
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n");
     }
     let body = match tokio::time::timeout(
         TALLY_BODY_TIMEOUT,
@@ -261,11 +266,11 @@ async fn take_tally(
         Ok(Ok(b)) => b,
         Ok(Err(_)) => {
             s.stats.hub_tally("too_large");
-            return (StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n").into_response();
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n");
         }
         Err(_) => {
             s.stats.hub_tally("invalid");
-            return (StatusCode::REQUEST_TIMEOUT, "tally body too slow\n").into_response();
+            return refuse(StatusCode::REQUEST_TIMEOUT, "tally body too slow\n");
         }
     };
     let key = llm_router_snapshot::auth::replica_key(&s.keys.tally_master, replica);
@@ -316,6 +321,109 @@ pub fn router(
         })
 }
 
+/// Most connections a hub serves at once (subscribers and tallies; gateways hold one stream
+/// each, plus a kept tally connection): more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// A connection must have sent its first request (head and body) and been answered within this
+/// long of being accepted, or it is closed: a stranger cannot hold a connection by sending
+/// nothing, or a head byte by byte.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The hub's listener: at most [`MAX_CONNECTIONS`] connections, each bounded by
+/// [`FIRST_REQUEST_TIMEOUT`] until the hub first writes to it.
+struct Capped {
+    listener: tokio::net::TcpListener,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// One accepted connection, holding its slot.
+struct CappedIo {
+    stream: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    /// Until the first write: the time left to read the first request.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = CappedIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (CappedIo, std::net::SocketAddr) {
+        loop {
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                std::future::pending::<()>().await;
+                continue;
+            };
+            match self.listener.accept().await {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    let deadline = Some(Box::pin(tokio::time::sleep(FIRST_REQUEST_TIMEOUT)));
+                    return (
+                        CappedIo {
+                            stream,
+                            _slot: slot,
+                            deadline,
+                        },
+                        addr,
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+impl tokio::io::AsyncRead for CappedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.stream).poll_read(cx, buf);
+        if r.is_pending() {
+            if let Some(d) = this.deadline.as_mut() {
+                if std::future::Future::poll(d.as_mut(), cx).is_ready() {
+                    return std::task::Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()));
+                }
+            }
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.deadline = None;
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// Serves the stream and takes tallies until `shutdown` turns true (every open stream ends then).
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -332,6 +440,10 @@ pub async fn serve(
                 break;
             }
         }
+    };
+    let listener = Capped {
+        listener,
+        slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
     };
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)

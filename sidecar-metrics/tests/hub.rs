@@ -568,3 +568,62 @@ async fn forty_slow_large_posts_without_the_secret_neither_grow_the_hub_nor_stop
     f.stop().await;
     h.stop().await;
 }
+
+/// A connection that sends nothing (or a head byte by byte) is closed once
+/// `FIRST_REQUEST_TIMEOUT` has passed; a refused one is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_refused_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
+    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
+        .await
+        .unwrap();
+    let hub_addr = h.hub_addr.unwrap();
+    let t0 = Instant::now();
+    let mut idle = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    let mut dripping = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    let drip = tokio::spawn(async move {
+        for b in b"GET /v1/snapshots HTTP/1.1\r\nhost: hub\r\nx-pad: "
+            .iter()
+            .cycle()
+            .take(20)
+        {
+            if dripping.write_all(&[*b]).await.is_err() {
+                return Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let mut buf = [0u8; 64];
+        let _ = tokio::time::timeout(LIMIT, dripping.read(&mut buf)).await;
+        Instant::now()
+    });
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(LIMIT, idle.read(&mut buf))
+        .await
+        .expect("closed within the limit")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    let closed = t0.elapsed();
+    assert!(
+        closed >= hub::FIRST_REQUEST_TIMEOUT - Duration::from_millis(100)
+            && closed < hub::FIRST_REQUEST_TIMEOUT + Duration::from_secs(2),
+        "{closed:?}"
+    );
+    let dripped = drip.await.unwrap().duration_since(t0);
+    assert!(
+        dripped < hub::FIRST_REQUEST_TIMEOUT + Duration::from_secs(3),
+        "{dripped:?}"
+    );
+    // Refused (no token): answered, then closed, not kept alive.
+    let mut s = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    s.write_all(b"GET /v1/snapshots HTTP/1.1\r\nhost: hub\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut answer))
+        .await
+        .expect("closed after the refusal")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 403"));
+    h.stop().await;
+}
