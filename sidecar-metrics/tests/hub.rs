@@ -364,6 +364,16 @@ async fn open_stranger(secret: &str) -> SocketAddr {
 
 const HUB_SECRET: &str = "hub-only-secret-0123456789abcdef-0123";
 
+/// One fake pod and a hub scraping it (the push secret serving as the hub secret).
+async fn one_pod_hub() -> (FakeFleet, Running, SocketAddr) {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
+    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
+        .await
+        .unwrap();
+    let addr = h.hub_addr.unwrap();
+    (fleet, h, addr)
+}
+
 /// A raw POST of a tally to the hub: status code of the answer (0 when the hub closed first).
 async fn post_tally(hub: SocketAddr, replica: &str, signature: &str, body: &[u8]) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -482,11 +492,7 @@ async fn forty_slow_large_posts_without_the_secret_neither_grow_the_hub_nor_stop
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     }
-    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
-    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
-        .await
-        .unwrap();
-    let hub_addr = h.hub_addr.unwrap();
+    let (fleet, h, hub_addr) = one_pod_hub().await;
     let proxy = FakeProxy::start().await;
     let f = sidecar::start(
         follower_config(&fleet, proxy.addr, &[hub_addr]),
@@ -574,11 +580,7 @@ async fn forty_slow_large_posts_without_the_secret_neither_grow_the_hub_nor_stop
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_refused_connections_are_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
-    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
-        .await
-        .unwrap();
-    let hub_addr = h.hub_addr.unwrap();
+    let (_fleet, h, hub_addr) = one_pod_hub().await;
     let t0 = Instant::now();
     let mut idle = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
     let mut dripping = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
