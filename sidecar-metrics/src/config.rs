@@ -110,6 +110,23 @@ pub struct HubConfig {
     /// one such frame per this many ms; 0 = frames only with scrape rounds.
     #[serde(default = "d_hub_tally_frame")]
     pub tally_frame_ms: u64,
+    /// The hub secret, from which the hub's keys are derived (subscribe, frame, tally master;
+    /// `crate::keys`), inline …
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// … or from this environment variable …
+    #[serde(default)]
+    pub secret_env: Option<String>,
+    /// … or from this file. Mode `hub`: the hubs hold it. Mode `sidecar`: give
+    /// `credential_file` instead, so that no replica can speak for another. None of the three:
+    /// the push secret serves as the hub secret too (the configuration before the roles were
+    /// split; then whoever holds the push secret, the proxy included, opens the hub; logged).
+    #[serde(default)]
+    pub secret_file: Option<String>,
+    /// Mode `sidecar`: this replica's credential (`sidecar-metrics credential`): its replica id
+    /// and the keys it needs (subscribe, frame, its own tally key), never the hub secret.
+    #[serde(default)]
+    pub credential_file: Option<String>,
 }
 
 fn d_hub_listen() -> String {
@@ -138,6 +155,10 @@ impl Default for HubConfig {
             share_ms: d_hub_share(),
             tally_ttl_ms: d_hub_tally_ttl(),
             tally_frame_ms: d_hub_tally_frame(),
+            secret: None,
+            secret_env: None,
+            secret_file: None,
+            credential_file: None,
         }
     }
 }
@@ -553,6 +574,31 @@ impl Config {
         if let Some(secret) = &self.push.secret {
             llm_router_snapshot::check_secret(secret).map_err(|e| invalid("push.secret", e))?;
         }
+        let hub_sources = [
+            &self.hub.secret,
+            &self.hub.secret_env,
+            &self.hub.secret_file,
+        ]
+        .iter()
+        .filter(|s| s.is_some())
+        .count();
+        if hub_sources > 1 {
+            return Err(invalid(
+                "hub.secret",
+                format!(
+                    "give at most one of secret, secret_env, secret_file (found {hub_sources})"
+                ),
+            ));
+        }
+        if let Some(secret) = &self.hub.secret {
+            llm_router_snapshot::check_secret(secret).map_err(|e| invalid("hub.secret", e))?;
+        }
+        if self.hub.credential_file.is_some() && (self.mode == Mode::Hub || hub_sources > 0) {
+            return Err(invalid(
+                "hub.credential_file",
+                "a replica's credential is for mode sidecar, instead of the hub secret",
+            ));
+        }
         if self.push.timeout_ms == 0 {
             return Err(invalid("push.timeout_ms", "must be > 0"));
         }
@@ -734,27 +780,15 @@ impl Config {
     /// The push secret from whichever source the file names, refused when it is a placeholder
     /// or shorter than 32 bytes (`llm_router_snapshot::check_secret`, the filter's rule too).
     pub fn resolve_secret(&self) -> Result<String, ConfigError> {
-        let (field, secret) = if let Some(s) = &self.push.secret {
-            ("push.secret", s.clone())
-        } else if let Some(var) = &self.push.secret_env {
-            let s = std::env::var(var).map_err(|_| {
-                invalid(
-                    "push.secret_env",
-                    format!("environment variable {var} is not set"),
-                )
-            })?;
-            ("push.secret_env", s)
-        } else if let Some(file) = &self.push.secret_file {
-            // A mounted Kubernetes Secret (or `echo … > file`) ends in a newline.
-            let s = std::fs::read_to_string(file)
-                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-                .map_err(|e| invalid("push.secret_file", format!("cannot read {file}: {e}")))?;
-            ("push.secret_file", s)
-        } else {
-            return Err(invalid("push.secret", "no secret configured"));
-        };
-        llm_router_snapshot::check_secret(&secret).map_err(|e| invalid(field, e))?;
-        Ok(secret)
+        let p = &self.push;
+        resolve_source("push", &p.secret, &p.secret_env, &p.secret_file)?
+            .ok_or_else(|| invalid("push.secret", "no secret configured"))
+    }
+
+    /// The hub secret (`hub.secret*`), `None` when none is configured; the same rules.
+    pub fn resolve_hub_secret(&self) -> Result<Option<String>, ConfigError> {
+        let h = &self.hub;
+        resolve_source("hub", &h.secret, &h.secret_env, &h.secret_file)
     }
 
     pub fn interval(&self) -> Duration {
@@ -769,6 +803,36 @@ impl Config {
                 .unwrap_or((self.scrape.interval_ms * 3).max(100)),
         )
     }
+}
+
+/// A secret from the first source given (inline, environment variable, file; a file's trailing
+/// newline trimmed), `None` when none is; refused by `check_secret`'s policy. `section` names
+/// the fields in errors (`push.secret_file`).
+fn resolve_source(
+    section: &str,
+    inline: &Option<String>,
+    env: &Option<String>,
+    file: &Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    let (field, secret) = if let Some(s) = inline {
+        (format!("{section}.secret"), s.clone())
+    } else if let Some(var) = env {
+        let field = format!("{section}.secret_env");
+        let s = std::env::var(var)
+            .map_err(|_| invalid(&field, format!("environment variable {var} is not set")))?;
+        (field, s)
+    } else if let Some(path) = file {
+        let field = format!("{section}.secret_file");
+        // A mounted Kubernetes Secret (or `echo … > file`) ends in a newline.
+        let s = std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+            .map_err(|e| invalid(&field, format!("cannot read {path}: {e}")))?;
+        (field, s)
+    } else {
+        return Ok(None);
+    };
+    llm_router_snapshot::check_secret(&secret).map_err(|e| invalid(&field, e))?;
+    Ok(Some(secret))
 }
 
 /// Splits `host:port` (host may be a name) when it is not a plain socket address.

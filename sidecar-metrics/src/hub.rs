@@ -11,13 +11,15 @@
 //! newest frame, never a backlog (a `watch` channel feeds every stream). Replicas send their
 //! tallies to [`crate::share::TALLY_PATH`] on the same listener, signed like a push.
 //!
-//! Authentication, both ways, from the one shared secret:
-//! - a subscriber proves it holds the secret with [`SIGNATURE_HEADER`] on its request: the HMAC
-//!   of the fixed text [`SUBSCRIBE_CONTEXT`] ([`subscribe_token`]); the hub answers 403 without it.
-//!   It is a bearer derived from the secret (the secret never travels); a sniffer who can read the
-//!   token can read the stream anyway.
-//! - the subscriber verifies every frame's signature before it decodes it, and drops the
-//!   connection on the first frame that fails: a stranger cannot feed it.
+//! Authentication, both ways, with keys per role derived from the hub secret (`crate::keys`):
+//! - a subscriber proves it holds the subscribe key with [`SIGNATURE_HEADER`] on its request: the
+//!   HMAC of the fixed text [`SUBSCRIBE_CONTEXT`] ([`subscribe_token`]); the hub answers 403
+//!   without it. It is a bearer (the key never travels); a sniffer who can read the token can
+//!   read the stream anyway.
+//! - the subscriber verifies every frame's signature (the frame key) before it decodes it, and
+//!   drops the connection on the first frame that fails: a stranger cannot feed it.
+//! - a replica's tally is signed with its own key, which the hub derives from the replica id the
+//!   request names: no replica can speak for another.
 //!
 //! The subscriber side ([`subscribe`]) keeps reconnecting with a capped backoff and reports each
 //! frame and each loss to the sidecar's loop (`crate::sidecar`), which decides between the hub and
@@ -42,7 +44,8 @@ use llm_router_snapshot::{Snapshot, Tally, SIGNATURE_HEADER};
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{Encoder, FramedRead, LengthDelimitedCodec};
 
-use crate::share::{TallyBoard, MAX_TALLY_BYTES, TALLY_PATH};
+use crate::keys::{Credential, HubKeys};
+use crate::share::{TallyBoard, MAX_TALLY_BYTES, REPLICA_HEADER, TALLY_PATH};
 use crate::stats::Stats;
 
 /// Where a hub serves its stream.
@@ -51,17 +54,22 @@ pub const STREAM_PATH: &str = "/v1/snapshots";
 pub const CONTENT_TYPE: &str = "application/x-llm-router-snapshot-frames";
 /// What a subscriber signs to subscribe. Version 2: frames carry the replicas' tallies (a
 /// version 1 subscriber is refused with 403 and scrapes on its own).
-pub const SUBSCRIBE_CONTEXT: &[u8] = b"llm-router hub subscribe v2";
+/// Version 3: signed with the subscribe key derived from the hub secret (`crate::keys`), frames
+/// with the frame key, tallies with each replica's own key and a sequence number.
+pub const SUBSCRIBE_CONTEXT: &[u8] = b"llm-router hub subscribe v3";
 /// Bytes of the signature that opens each frame (`sha256=` + 64 hex digits).
 pub const SIGNATURE_LEN: usize = 7 + 64;
 /// Largest frame accepted: the largest snapshot a filter accepts (its `snapshot.max_bytes`
 /// ceiling) plus the signature.
 pub const MAX_FRAME: usize = 64 * 1024 * 1024;
 
-/// The subscribe request's [`SIGNATURE_HEADER`] value.
-pub fn subscribe_token(secret: &[u8]) -> String {
-    llm_router_snapshot::sign(secret, SUBSCRIBE_CONTEXT)
+/// The subscribe request's [`SIGNATURE_HEADER`] value, under the subscribe key.
+pub fn subscribe_token(subscribe_key: &[u8]) -> String {
+    llm_router_snapshot::sign(subscribe_key, SUBSCRIBE_CONTEXT)
 }
+
+/// How long a tally's body may take to arrive once its headers did.
+const TALLY_BODY_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
@@ -70,25 +78,32 @@ fn codec() -> LengthDelimitedCodec {
 }
 
 /// One frame of the stream, length prefix included, for `snapshot` (encoded) and `tallies`
-/// (encoded with `Tally::encode_all`) under `secret`.
-pub fn frame(secret: &[u8], snapshot: &[u8], tallies: &[u8]) -> Bytes {
-    let Ok(len) = u32::try_from(snapshot.len()) else {
-        return Bytes::new();
+/// (encoded with `Tally::encode_all`) under the frame key; an error (never an empty frame) when
+/// it would exceed [`MAX_FRAME`].
+pub fn frame(frame_key: &[u8], snapshot: &[u8], tallies: &[u8]) -> Result<Bytes, String> {
+    let too_large = || {
+        format!(
+            "a frame of {} bytes exceeds the stream's limit of {MAX_FRAME}",
+            SIGNATURE_LEN + 4 + snapshot.len() + tallies.len()
+        )
     };
+    if SIGNATURE_LEN + 4 + snapshot.len() + tallies.len() > MAX_FRAME {
+        return Err(too_large());
+    }
+    let len = u32::try_from(snapshot.len()).map_err(|_| too_large())?;
     let mut body = Vec::with_capacity(4 + snapshot.len() + tallies.len());
     body.extend_from_slice(&len.to_le_bytes());
     body.extend_from_slice(snapshot);
     body.extend_from_slice(tallies);
-    let sig = llm_router_snapshot::sign(secret, &body);
+    let sig = llm_router_snapshot::sign(frame_key, &body);
     let mut payload = BytesMut::with_capacity(sig.len() + body.len());
     payload.extend_from_slice(sig.as_bytes());
     payload.extend_from_slice(&body);
     let mut out = BytesMut::with_capacity(payload.len() + 4);
-    // Only a frame over MAX_FRAME fails, and snapshots are bounded far below it.
-    if codec().encode(payload.freeze(), &mut out).is_err() {
-        return Bytes::new();
-    }
-    out.freeze()
+    codec()
+        .encode(payload.freeze(), &mut out)
+        .map_err(|_| too_large())?;
+    Ok(out.freeze())
 }
 
 /// Why a frame was refused.
@@ -120,15 +135,15 @@ pub struct Opened {
     pub tallies: Vec<Tally>,
 }
 
-/// Verifies and decodes one frame's payload (without its length prefix).
-pub fn open(secret: &[u8], payload: &[u8]) -> Result<Opened, FrameError> {
+/// Verifies (under the frame key) and decodes one frame's payload (without its length prefix).
+pub fn open(frame_key: &[u8], payload: &[u8]) -> Result<Opened, FrameError> {
     let (sig, body) = (payload.get(..SIGNATURE_LEN), payload.get(SIGNATURE_LEN..));
     let (Some(sig), Some(body)) = (sig, body) else {
         return Err(FrameError::Short);
     };
     let sig = std::str::from_utf8(sig)
         .map_err(|_| FrameError::Signature(llm_router_snapshot::SignatureError::Malformed))?;
-    llm_router_snapshot::verify(secret, body, Some(sig)).map_err(FrameError::Signature)?;
+    llm_router_snapshot::verify(frame_key, body, Some(sig)).map_err(FrameError::Signature)?;
     let bad = |m: String| FrameError::Snapshot(m);
     let len = body
         .get(..4)
@@ -150,7 +165,7 @@ pub fn open(secret: &[u8], payload: &[u8]) -> Result<Opened, FrameError> {
 
 #[derive(Clone)]
 struct HubState {
-    secret: Arc<[u8]>,
+    keys: Arc<HubKeys>,
     frames: watch::Receiver<Option<Bytes>>,
     board: Arc<TallyBoard>,
     stats: Arc<Stats>,
@@ -168,10 +183,10 @@ impl Drop for Subscribed {
 
 async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
     let given = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
-    if llm_router_snapshot::verify(&s.secret, SUBSCRIBE_CONTEXT, given).is_err() {
+    if llm_router_snapshot::verify(&s.keys.subscribe, SUBSCRIBE_CONTEXT, given).is_err() {
         s.stats.hub_subscribe_refused();
         tracing::warn!("refused a subscriber without a valid {SIGNATURE_HEADER}");
-        return (StatusCode::FORBIDDEN, "subscribe refused\n").into_response();
+        return refuse(StatusCode::FORBIDDEN, "subscribe refused\n");
     }
     s.stats.hub_subscriber(1);
     let guard = Subscribed(s.stats.clone());
@@ -209,21 +224,71 @@ async fn stream(State(s): State<HubState>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// A replica's tally: kept on the board when signed with the secret (403 otherwise), 204.
-async fn take_tally(State(s): State<HubState>, headers: HeaderMap, body: Bytes) -> Response {
-    let given = headers.get(SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
-    if llm_router_snapshot::verify(&s.secret, &body, given).is_err() {
+/// A refusal that closes the connection (a stranger keeps no connection open by being refused).
+fn refuse(status: StatusCode, text: &'static str) -> Response {
+    (status, [(header::CONNECTION, "close")], text).into_response()
+}
+
+/// A replica's tally: kept on the board when signed with the key of the replica it names
+/// ([`REPLICA_HEADER`], and the tally's own `replica`), 204. What the headers can refuse is
+/// refused before a byte of the body is read: no replica or no well-formed signature (403), a
+/// declared length over [`MAX_TALLY_BYTES`] (413); the body is then read up to that bound within
+/// [`TALLY_BODY_TIMEOUT`].
+async fn take_tally(
+    State(s): State<HubState>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let forbidden = |s: &HubState| {
         s.stats.hub_tally("forbidden");
-        return (StatusCode::FORBIDDEN, "tally refused\n").into_response();
+        refuse(StatusCode::FORBIDDEN, "tally refused\n")
+    };
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let replica = header(REPLICA_HEADER).and_then(|v| v.trim().parse::<u64>().ok());
+    let given = header(SIGNATURE_HEADER);
+    let (Some(replica), Some(given)) = (replica, given) else {
+        return forbidden(&s);
+    };
+    if given.trim().len() != SIGNATURE_LEN {
+        return forbidden(&s);
+    }
+    let declared = header(header::CONTENT_LENGTH.as_str()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_TALLY_BYTES as u64) {
+        s.stats.hub_tally("too_large");
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n");
+    }
+    let body = match tokio::time::timeout(
+        TALLY_BODY_TIMEOUT,
+        axum::body::to_bytes(body, MAX_TALLY_BYTES),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => {
+            s.stats.hub_tally("too_large");
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, "tally too large\n");
+        }
+        Err(_) => {
+            s.stats.hub_tally("invalid");
+            return refuse(StatusCode::REQUEST_TIMEOUT, "tally body too slow\n");
+        }
+    };
+    let key = llm_router_snapshot::auth::replica_key(&s.keys.tally_master, replica);
+    if llm_router_snapshot::verify(&key, &body, Some(given)).is_err() {
+        return forbidden(&s);
     }
     let t = match Tally::decode(&body) {
-        Ok(t) => t,
+        Ok(t) if t.replica == replica => t,
+        Ok(_) => return forbidden(&s),
         Err(e) => {
             s.stats.hub_tally("invalid");
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
-    match s.board.offer(t, std::time::Instant::now()) {
+    match s
+        .board
+        .offer(t, std::time::Instant::now(), crate::sidecar::now_ms())
+    {
         Ok(_) => {
             s.stats.hub_tally("accepted");
             StatusCode::NO_CONTENT.into_response()
@@ -237,7 +302,7 @@ async fn take_tally(State(s): State<HubState>, headers: HeaderMap, body: Bytes) 
 
 /// The hub's routes: the stream, and the replicas' tallies.
 pub fn router(
-    secret: &[u8],
+    keys: HubKeys,
     frames: watch::Receiver<Option<Bytes>>,
     board: Arc<TallyBoard>,
     stats: Arc<Stats>,
@@ -248,7 +313,7 @@ pub fn router(
         .route(TALLY_PATH, post(take_tally))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_TALLY_BYTES))
         .with_state(HubState {
-            secret: secret.into(),
+            keys: Arc::new(keys),
             frames,
             board,
             stats,
@@ -256,22 +321,129 @@ pub fn router(
         })
 }
 
+/// Most connections a hub serves at once (subscribers and tallies; gateways hold one stream
+/// each, plus a kept tally connection): more wait in the kernel's backlog.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// A connection must have sent its first request (head and body) and been answered within this
+/// long of being accepted, or it is closed: a stranger cannot hold a connection by sending
+/// nothing, or a head byte by byte.
+pub const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The hub's listener: at most [`MAX_CONNECTIONS`] connections, each bounded by
+/// [`FIRST_REQUEST_TIMEOUT`] until the hub first writes to it.
+struct Capped {
+    listener: tokio::net::TcpListener,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+/// One accepted connection, holding its slot.
+struct CappedIo {
+    stream: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    /// Until the first write: the time left to read the first request.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = CappedIo;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (CappedIo, std::net::SocketAddr) {
+        loop {
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                std::future::pending::<()>().await;
+                continue;
+            };
+            match self.listener.accept().await {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    let deadline = Some(Box::pin(tokio::time::sleep(FIRST_REQUEST_TIMEOUT)));
+                    return (
+                        CappedIo {
+                            stream,
+                            _slot: slot,
+                            deadline,
+                        },
+                        addr,
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+impl tokio::io::AsyncRead for CappedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let r = std::pin::Pin::new(&mut this.stream).poll_read(cx, buf);
+        if r.is_pending() {
+            if let Some(d) = this.deadline.as_mut() {
+                if std::future::Future::poll(d.as_mut(), cx).is_ready() {
+                    return std::task::Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()));
+                }
+            }
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for CappedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.deadline = None;
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// Serves the stream and takes tallies until `shutdown` turns true (every open stream ends then).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    secret: Vec<u8>,
+    keys: HubKeys,
     frames: watch::Receiver<Option<Bytes>>,
     board: Arc<TallyBoard>,
     stats: Arc<Stats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let app = router(&secret, frames, board, stats, shutdown.clone());
+    let app = router(keys, frames, board, stats, shutdown.clone());
     let stop = async move {
         while !*shutdown.borrow() {
             if shutdown.changed().await.is_err() {
                 break;
             }
         }
+    };
+    let listener = Capped {
+        listener,
+        slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
     };
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
@@ -332,7 +504,7 @@ pub struct SubscribeOptions {
 pub async fn subscribe(
     hub: usize,
     uri: Uri,
-    secret: Vec<u8>,
+    cred: Credential,
     opts: SubscribeOptions,
     events: mpsc::Sender<HubEvent>,
     stats: Arc<Stats>,
@@ -345,7 +517,7 @@ pub async fn subscribe(
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(0)
             .build(conn);
-    let token = subscribe_token(&secret);
+    let token = subscribe_token(&cred.subscribe);
     let mut backoff = Duration::from_millis(50);
     let mut logged_down = false;
     loop {
@@ -377,7 +549,7 @@ pub async fn subscribe(
                     Some(Err(e)) => return Err(format!("stream broken: {e}")),
                     Some(Ok(p)) => p,
                 };
-                match open(&secret, &payload) {
+                match open(&cred.frame, &payload) {
                     Ok(Opened { snapshot, tallies }) => {
                         if first {
                             first = false;
@@ -475,10 +647,11 @@ mod tests {
     fn frames_round_trip_and_refuse_other_secrets() {
         let tallies = vec![Tally {
             replica: 3,
+            seq: 9,
             taken_ms: 9,
             pools: vec![],
         }];
-        let f = frame(SECRET, &snap(7), &Tally::encode_all(&tallies).unwrap());
+        let f = frame(SECRET, &snap(7), &Tally::encode_all(&tallies).unwrap()).unwrap();
         let mut buf = BytesMut::from(&f[..]);
         let payload = codec().decode(&mut buf).unwrap().unwrap();
         assert!(buf.is_empty());
@@ -495,6 +668,14 @@ mod tests {
         bent[last] ^= 1;
         assert!(matches!(open(SECRET, &bent), Err(FrameError::Signature(_))));
         assert_eq!(open(SECRET, b"sha256="), Err(FrameError::Short));
+    }
+
+    /// A frame over the stream's limit is an error to report, never an empty frame sent.
+    #[test]
+    fn a_frame_over_the_limit_is_an_error() {
+        let big = vec![0u8; MAX_FRAME];
+        let e = frame(SECRET, &snap(1), &big).unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
     }
 
     #[test]

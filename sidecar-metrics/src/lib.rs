@@ -10,6 +10,7 @@ pub mod engines;
 pub mod face;
 pub mod http1;
 pub mod hub;
+pub mod keys;
 pub mod kube;
 pub mod prom;
 pub mod push;

@@ -36,6 +36,26 @@ enum Cmd {
     },
     /// Validate a configuration file and print it as the sidecar understands it.
     Check { file: PathBuf },
+    /// Print (or write) one gateway replica's hub credential (`hub.credential_file`): its
+    /// replica id and its keys, derived from the hub secret, which it never holds.
+    Credential {
+        /// File holding the hub secret (trailing newline ignored).
+        #[arg(long)]
+        hub_secret_file: String,
+        /// The replica id (a number above 0) …
+        #[arg(
+            long,
+            conflicts_with = "replica_name",
+            required_unless_present = "replica_name"
+        )]
+        replica: Option<u64>,
+        /// … or a name it is derived from (e.g. the pod's name).
+        #[arg(long)]
+        replica_name: Option<String>,
+        /// Write it to this file (mode 0600) instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -378,11 +398,67 @@ fn parse_cmd(file: PathBuf, engine: Option<String>) -> Result<(), CliError> {
     Ok(())
 }
 
+fn credential_cmd(
+    hub_secret_file: String,
+    replica: Option<u64>,
+    replica_name: Option<String>,
+    out: Option<PathBuf>,
+) -> Result<(), CliError> {
+    let mut cfg = Config::embedded_default()?;
+    cfg.hub.secret_file = Some(hub_secret_file);
+    let secret = cfg.resolve_hub_secret()?.unwrap_or_default();
+    let id = match (replica, replica_name) {
+        (Some(0), _) => {
+            return Err(CliError::Unusable {
+                path: "--replica".into(),
+                reason: "0 is reserved".into(),
+            })
+        }
+        (Some(id), _) => id,
+        (None, Some(name)) => sidecar_metrics::keys::replica_id_of_name(&name),
+        (None, None) => {
+            return Err(CliError::Unusable {
+                path: "--replica".into(),
+                reason: "give --replica or --replica-name".into(),
+            })
+        }
+    };
+    let line = sidecar_metrics::keys::HubKeys::from_secret(secret.as_bytes())
+        .credential(id)
+        .to_line();
+    match out {
+        None => print!("{line}"),
+        Some(path) => {
+            use std::io::Write;
+            #[cfg(unix)]
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            o.mode(0o600);
+            let shown = path.display().to_string();
+            o.open(&path)
+                .and_then(|mut f| f.write_all(line.as_bytes()))
+                .map_err(|source| CliError::Read {
+                    path: shown,
+                    source,
+                })?;
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Run(a) => run(*a),
         Cmd::Parse { file, engine } => parse_cmd(file, engine),
+        Cmd::Credential {
+            hub_secret_file,
+            replica,
+            replica_name,
+            out,
+        } => credential_cmd(hub_secret_file, replica, replica_name, out),
         Cmd::Check { file } => Config::load(&file)
             .map_err(CliError::from)
             .map(|c| println!("{c:#?}")),

@@ -25,7 +25,7 @@ use hyper::{StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llm_router_snapshot::tally::MAX_TALLIES;
+use llm_router_snapshot::tally::{MAX_CLOCK_SKEW_MS, MAX_TALLIES};
 use llm_router_snapshot::{Tally, SIGNATURE_HEADER};
 use tokio::sync::watch;
 
@@ -33,18 +33,33 @@ use crate::stats::Stats;
 
 /// Where a hub takes tallies.
 pub const TALLY_PATH: &str = "/v1/tallies";
-/// Largest tally a hub reads (a tally lists at most every pod of every pool once).
-pub const MAX_TALLY_BYTES: usize = 4 * 1024 * 1024;
+/// Largest tally a hub reads, and a replica sends: a tally lists only the pods with the
+/// replica's work (≈ 30 bytes each) and ≤ 128 placed contexts per pool (16 bytes each), so
+/// thousands of busy pods fit. A larger declared body is refused unread.
+pub const MAX_TALLY_BYTES: usize = 256 * 1024;
+/// The request header naming the replica whose key signed the tally (decimal id).
+pub const REPLICA_HEADER: &str = "x-llm-router-replica";
+/// A tally whose `taken_ms` is older than this by the hub's clock is refused (a replay of an
+/// old capture, or a replica whose clock is far behind). Above any `tally_ttl_ms` worth using.
+pub const MAX_TALLY_AGE_MS: u64 = 5_000;
 /// How often the hubs' addresses are resolved again.
 const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 
-/// The latest tally of each replica, as a hub holds them.
+/// The latest tally of each replica, as a hub holds them, and the last sequence number taken
+/// from each (kept after the tally expires, until a replay of it would be refused as too old).
 #[derive(Debug)]
 pub struct TallyBoard {
     ttl: Duration,
-    inner: Mutex<HashMap<u64, (Tally, Instant)>>,
+    inner: Mutex<Board>,
     /// Woken when a tally changes what the board says (see [`TallyBoard::changed`]).
     changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Board {
+    live: HashMap<u64, (Tally, Instant)>,
+    /// Per replica: the last `seq` taken, and that tally's `taken_ms`.
+    seen: HashMap<u64, (u64, u64)>,
 }
 
 /// Why a hub refused a tally.
@@ -52,8 +67,14 @@ pub struct TallyBoard {
 pub enum Refused {
     #[error("replica id 0 is reserved")]
     NoReplica,
-    #[error("older than the tally held for this replica")]
+    #[error(
+        "its seq is not above the last one taken from this replica (a replay, or out of order)"
+    )]
     Old,
+    #[error("taken_ms is more than {MAX_CLOCK_SKEW_MS} ms ahead of the hub's clock")]
+    Future,
+    #[error("taken_ms is more than {MAX_TALLY_AGE_MS} ms behind the hub's clock")]
+    Expired,
     #[error("the board holds {MAX_TALLIES} replicas")]
     Full,
 }
@@ -62,7 +83,7 @@ impl TallyBoard {
     pub fn new(ttl: Duration) -> TallyBoard {
         TallyBoard {
             ttl,
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Board::default()),
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -74,29 +95,48 @@ impl TallyBoard {
         self.changed.notified().await;
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Tally, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `t` as its replica's latest, unless the board holds a newer one from it (requests
-    /// can arrive out of order over separate connections). A new replica finds room only below
-    /// [`MAX_TALLIES`] live ones. `Ok(true)` when the tally changed what the board says (then
-    /// [`TallyBoard::changed`] wakes).
-    pub fn offer(&self, t: Tally, now: Instant) -> Result<bool, Refused> {
+    /// Keeps `t` (its signature already checked against its replica's key) as its replica's
+    /// latest when its `seq` is above the last one taken from that replica — so a captured
+    /// tally, replayed, never renews or replaces anything, even after its replica's tally
+    /// expired — and its `taken_ms` is within [`MAX_CLOCK_SKEW_MS`] ahead of and
+    /// [`MAX_TALLY_AGE_MS`] behind the hub's clock `now_ms`. A new replica finds room only
+    /// below [`MAX_TALLIES`] live ones. `Ok(true)` when the tally changed what the board says
+    /// (then [`TallyBoard::changed`] wakes).
+    pub fn offer(&self, t: Tally, now: Instant, now_ms: u64) -> Result<bool, Refused> {
         if t.replica == 0 {
             return Err(Refused::NoReplica);
         }
-        let mut m = self.lock();
+        if t.taken_ms > now_ms.saturating_add(MAX_CLOCK_SKEW_MS) {
+            return Err(Refused::Future);
+        }
+        let too_old = |taken_ms: u64| taken_ms.saturating_add(MAX_TALLY_AGE_MS) < now_ms;
+        if too_old(t.taken_ms) {
+            return Err(Refused::Expired);
+        }
+        let mut b = self.lock();
         let ttl = self.ttl;
-        m.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
-        let changed = match m.get(&t.replica) {
-            Some((held, _)) if held.taken_ms > t.taken_ms => return Err(Refused::Old),
-            None if m.len() >= MAX_TALLIES => return Err(Refused::Full),
+        b.live
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+        b.seen.retain(|_, (_, taken)| !too_old(*taken));
+        if b.seen.get(&t.replica).is_some_and(|(seq, _)| t.seq <= *seq) {
+            return Err(Refused::Old);
+        }
+        let changed = match b.live.get(&t.replica) {
+            None if b.live.len() >= MAX_TALLIES
+                || (!b.seen.contains_key(&t.replica) && b.seen.len() >= 4 * MAX_TALLIES) =>
+            {
+                return Err(Refused::Full)
+            }
             Some((held, _)) => held.pools != t.pools,
             None => true,
         };
-        m.insert(t.replica, (t, now));
-        drop(m);
+        b.seen.insert(t.replica, (t.seq, t.taken_ms));
+        b.live.insert(t.replica, (t, now));
+        drop(b);
         if changed {
             self.changed.notify_one();
         }
@@ -105,13 +145,21 @@ impl TallyBoard {
 
     /// Every live tally (renewed within the TTL), by replica id; expired ones are dropped.
     pub fn current(&self, now: Instant) -> Vec<Tally> {
-        let mut m = self.lock();
+        let mut b = self.lock();
         let ttl = self.ttl;
-        m.retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
-        let mut v: Vec<Tally> = m.values().map(|(t, _)| t.clone()).collect();
+        b.live
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < ttl);
+        let mut v: Vec<Tally> = b.live.values().map(|(t, _)| t.clone()).collect();
         v.sort_by_key(|t| t.replica);
         v
     }
+}
+
+/// The sequence number of a replica's next tally: one past the last and never behind the clock
+/// in µs, so a restarted replica (the same id from its credential) starts above its previous
+/// life's.
+pub fn next_seq(last: u64, now_ms: u64) -> u64 {
+    last.saturating_add(1).max(now_ms.saturating_mul(1_000))
 }
 
 /// A random replica id, never 0.
@@ -127,7 +175,6 @@ pub fn replica_id() -> u64 {
 /// Where and how a replica shares its tally.
 #[derive(Debug, Clone)]
 pub struct ShareOptions {
-    pub replica: u64,
     pub interval: Duration,
     /// The proxy's tally URI (`http://{push.address}{push.tally_path}`).
     pub tally_uri: Uri,
@@ -193,6 +240,7 @@ async fn send(
     addr: SocketAddr,
     authority: &str,
     body: Bytes,
+    replica: u64,
     signature: &str,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -203,6 +251,7 @@ async fn send(
             hyper::header::CONTENT_TYPE,
             "application/x-llm-router-tally",
         )
+        .header(REPLICA_HEADER, replica)
         .header(SIGNATURE_HEADER, signature)
         .body(Full::new(body))
         .map_err(|e| e.to_string())?;
@@ -220,13 +269,15 @@ async fn send(
     }
 }
 
-/// Reads the proxy's tally every interval and sends it to every hub until `shutdown`. An empty
+/// Reads the proxy's tally every interval and sends it, stamped with the credential's replica
+/// id and the next sequence number and signed with its own tally key, to every hub until
+/// `shutdown`. An empty
 /// tally is sent once after work ends (so the hubs clear it at once), then not again until
 /// there is work: a replica without work needs no heartbeat, its last tally expiring means the
 /// same.
 pub async fn share(
     opts: ShareOptions,
-    secret: Vec<u8>,
+    cred: crate::keys::Credential,
     stats: Arc<Stats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -237,6 +288,7 @@ pub async fn share(
     let mut resolved_at: Option<Instant> = None;
     let mut last_empty = true;
     let mut logged = false;
+    let mut seq = 0u64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -262,11 +314,22 @@ pub async fn share(
             continue;
         }
         last_empty = empty;
-        t.replica = opts.replica;
-        let Ok(bytes) = t.encode() else {
-            continue;
+        t.replica = cred.replica;
+        seq = next_seq(seq, crate::sidecar::now_ms());
+        t.seq = seq;
+        let bytes = match t.encode() {
+            Ok(b) if b.len() <= MAX_TALLY_BYTES => b,
+            Ok(b) => {
+                tracing::error!(
+                    bytes = b.len(),
+                    max = MAX_TALLY_BYTES,
+                    "this replica's tally is larger than a hub reads; not sent"
+                );
+                continue;
+            }
+            Err(_) => continue,
         };
-        let signature = llm_router_snapshot::sign(&secret, &bytes);
+        let signature = llm_router_snapshot::sign(&cred.tally, &bytes);
         let bytes = Bytes::from(bytes);
         let sends = hubs.iter().map(|(addr, authority)| {
             send(
@@ -274,6 +337,7 @@ pub async fn share(
                 *addr,
                 authority,
                 bytes.clone(),
+                cred.replica,
                 &signature,
                 opts.timeout,
             )
@@ -300,9 +364,11 @@ mod tests {
     use super::*;
     use llm_router_snapshot::{TallyPod, TallyPool};
 
+    /// `seq` follows `taken_ms` as a sender's does.
     fn tally(replica: u64, taken_ms: u64, n: u32) -> Tally {
         Tally {
             replica,
+            seq: taken_ms,
             taken_ms,
             pools: vec![TallyPool {
                 name: "p".into(),
@@ -316,18 +382,64 @@ mod tests {
         }
     }
 
+    impl TallyBoard {
+        /// With the hub's clock at 2,000 ms: every test tally is recent.
+        fn offer_at(&self, t: Tally, now: Instant) -> Result<bool, Refused> {
+            self.offer(t, now, 2_000)
+        }
+    }
+
+    #[test]
+    fn a_replayed_future_or_old_tally_is_refused_and_an_equal_one_does_not_renew() {
+        let b = TallyBoard::new(Duration::from_millis(500));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let now_ms = 1_700_000_000_000;
+        let t = tally(1, now_ms, 3);
+        assert_eq!(b.offer(t.clone(), t0, now_ms), Ok(true));
+        // The same bytes again (a replay, or an equal renewal): refused, nothing renewed.
+        assert_eq!(
+            b.offer(t.clone(), t0 + ms(400), now_ms + 400),
+            Err(Refused::Old)
+        );
+        assert_eq!(b.current(t0 + ms(520)), vec![], "expired, not renewed");
+        // After the TTL the same bytes are still a replay.
+        assert_eq!(
+            b.offer(t.clone(), t0 + ms(600), now_ms + 600),
+            Err(Refused::Old)
+        );
+        // Dated in the future beyond the skew, or too old: refused whatever the seq.
+        let mut future = tally(2, now_ms + MAX_CLOCK_SKEW_MS + 1, 9);
+        assert_eq!(b.offer(future.clone(), t0, now_ms), Err(Refused::Future));
+        future.taken_ms = u64::MAX;
+        assert_eq!(b.offer(future, t0, now_ms), Err(Refused::Future));
+        let old = tally(3, now_ms - MAX_TALLY_AGE_MS - 1, 9);
+        assert_eq!(b.offer(old, t0, now_ms), Err(Refused::Expired));
+        // Within the skew, a newer seq: taken.
+        let mut next = tally(1, now_ms + 1_000, 4);
+        next.seq = t.seq + 1;
+        assert_eq!(b.offer(next, t0 + ms(700), now_ms + 700), Ok(true));
+        // A sender's sequence never repeats and starts above a previous life's.
+        assert_eq!(next_seq(0, 5), 5_000);
+        assert_eq!(next_seq(5_000, 5), 5_001);
+        assert!(next_seq(0, 6) > next_seq(5_000, 5));
+    }
+
     #[test]
     fn a_replicas_latest_tally_is_kept_and_expires_when_not_renewed() {
         let b = TallyBoard::new(Duration::from_millis(500));
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        assert_eq!(b.offer(tally(1, 1_000, 3), t0), Ok(true));
-        assert_eq!(b.offer(tally(2, 1_005, 1), t0), Ok(true));
-        assert_eq!(b.offer(tally(1, 1_025, 4), t0 + ms(25)), Ok(true));
-        // A renewal with the same work keeps the replica alive without being news.
-        assert_eq!(b.offer(tally(2, 1_010, 1), t0 + ms(10)), Ok(false));
+        assert_eq!(b.offer_at(tally(1, 1_000, 3), t0), Ok(true));
+        assert_eq!(b.offer_at(tally(2, 1_005, 1), t0), Ok(true));
+        assert_eq!(b.offer_at(tally(1, 1_025, 4), t0 + ms(25)), Ok(true));
+        // A renewal (a newer seq) with the same work keeps the replica alive without being news.
+        assert_eq!(b.offer_at(tally(2, 1_010, 1), t0 + ms(10)), Ok(false));
         // Out of order: an older tally never replaces a newer one.
-        assert_eq!(b.offer(tally(1, 1_010, 9), t0 + ms(30)), Err(Refused::Old));
+        assert_eq!(
+            b.offer_at(tally(1, 1_010, 9), t0 + ms(30)),
+            Err(Refused::Old)
+        );
         let now = b.current(t0 + ms(40));
         assert_eq!(
             now.iter()
@@ -340,9 +452,9 @@ mod tests {
         assert_eq!(later.iter().map(|t| t.replica).collect::<Vec<_>>(), vec![1]);
         assert_eq!(b.current(t0 + ms(600)), vec![]);
         // A replica coming back is news again.
-        assert_eq!(b.offer(tally(2, 1_700, 1), t0 + ms(700)), Ok(true));
+        assert_eq!(b.offer_at(tally(2, 1_700, 1), t0 + ms(700)), Ok(true));
         // A restarted replica (new id) starts afresh; id 0 is nobody.
-        assert_eq!(b.offer(tally(0, 1, 1), t0), Err(Refused::NoReplica));
+        assert_eq!(b.offer_at(tally(0, 1, 1), t0), Err(Refused::NoReplica));
     }
 
     #[tokio::test]
@@ -358,13 +470,13 @@ mod tests {
             }
         };
         // A change made before anyone waits is kept for the waiter.
-        b.offer(tally(1, 1_000, 3), t0).unwrap();
+        b.offer_at(tally(1, 1_000, 3), t0).unwrap();
         assert!(woken(&b).await);
         // Nothing new since: no wake-up.
         assert!(!woken(&b).await);
-        b.offer(tally(1, 1_025, 3), t0).unwrap();
+        b.offer_at(tally(1, 1_025, 3), t0).unwrap();
         assert!(!woken(&b).await, "a renewal with the same work is not news");
-        b.offer(tally(1, 1_050, 4), t0).unwrap();
+        b.offer_at(tally(1, 1_050, 4), t0).unwrap();
         assert!(woken(&b).await);
     }
 
@@ -373,11 +485,11 @@ mod tests {
         let b = TallyBoard::new(Duration::from_secs(60));
         let t0 = Instant::now();
         for r in 1..=MAX_TALLIES as u64 {
-            b.offer(tally(r, 1, 1), t0).unwrap();
+            b.offer_at(tally(r, 1, 1), t0).unwrap();
         }
-        assert_eq!(b.offer(tally(9_999, 1, 1), t0), Err(Refused::Full));
+        assert_eq!(b.offer_at(tally(9_999, 1, 1), t0), Err(Refused::Full));
         // A known replica still renews its own.
-        b.offer(tally(1, 2, 2), t0).unwrap();
+        b.offer_at(tally(1, 2, 2), t0).unwrap();
         assert_eq!(b.current(t0).len(), MAX_TALLIES);
     }
 }

@@ -189,7 +189,7 @@ enum Output {
     /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`), with the
     /// replicas' tallies on the board.
     Publish {
-        secret: Vec<u8>,
+        keys: crate::keys::HubKeys,
         frames: watch::Sender<Option<Bytes>>,
         board: Arc<crate::share::TallyBoard>,
     },
@@ -653,7 +653,7 @@ impl Loop {
             return;
         };
         let Output::Publish {
-            secret,
+            keys,
             frames,
             board,
         } = &self.out
@@ -671,7 +671,16 @@ impl Loop {
         self.stats.hub_replicas(tallies.len());
         let generation = snap.generation;
         self.stats.snapshot_trimmed(trim);
-        let _ = frames.send(Some(crate::hub::frame(secret, &bytes, &tally_bytes)));
+        match crate::hub::frame(&keys.frame, &bytes, &tally_bytes) {
+            Ok(f) => {
+                let _ = frames.send(Some(f));
+            }
+            Err(e) => {
+                self.stats.hub_frame_unsent();
+                tracing::error!(error = %e, "frame not published (raise no limit: lower snapshot.max_bytes)");
+                return;
+            }
+        }
         self.last_generation = generation;
         self.stats.hub_published(generation, snap.created_ms);
         let _ = self.snapshots.send(Some(snap.clone()));
@@ -827,8 +836,13 @@ impl Follow {
             .is_some_and(|t| now.duration_since(t) < self.fallback_after)
     }
 
-    /// A verified frame from `hub`, created at `created_ms`.
-    fn on_frame(&mut self, hub: usize, created_ms: u64, now: Instant) -> FollowStep {
+    /// A verified frame from `hub`, created at `created_ms`, at `now_ms` by our clock (a frame
+    /// from further in the future than the clocks' skew is refused: it would make every honest
+    /// frame after it look old).
+    fn on_frame(&mut self, hub: usize, created_ms: u64, now: Instant, now_ms: u64) -> FollowStep {
+        if created_ms > now_ms.saturating_add(llm_router_snapshot::tally::MAX_CLOCK_SKEW_MS) {
+            return FollowStep::Old;
+        }
         if let Some(slot) = self.seen.get_mut(hub) {
             *slot = Some(now);
         }
@@ -942,7 +956,7 @@ async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch:
                 let now = Instant::now();
                 match ev {
                     HubEvent::Frame { hub, snapshot, tallies } => {
-                        match f.on_frame(hub, snapshot.created_ms, now) {
+                        match f.on_frame(hub, snapshot.created_ms, now, now_ms()) {
                             FollowStep::Use => {
                                 if scraping {
                                     scraping = false;
@@ -1005,6 +1019,50 @@ async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch:
     }
     tracing::info!("scrape loop stopped");
 }
+
+/// What this process holds of the hub's keys: all of them in mode hub (or when it derives its own
+/// credential from the hub secret), and its replica's credential.
+struct HubSecrets {
+    hub: Option<crate::keys::HubKeys>,
+    credential: crate::keys::Credential,
+}
+
+/// The hub keys from `hub.credential_file`, else `hub.secret*`, else (the configuration from
+/// before the roles were split) the push secret, logged as opening the hub to the proxy.
+fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, StartError> {
+    let bad = |reason: String| StartError::Hub {
+        hub: "hub.secret".into(),
+        reason,
+    };
+    if let Some(path) = &cfg.hub.credential_file {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
+        let credential =
+            crate::keys::Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
+        return Ok(HubSecrets {
+            hub: None,
+            credential,
+        });
+    }
+    let hub_secret = cfg.resolve_hub_secret().map_err(|e| bad(e.to_string()))?;
+    let uses_hub = cfg.mode == Mode::Hub || !cfg.hub.upstreams.is_empty();
+    if hub_secret.is_none() && uses_hub {
+        tracing::warn!("no hub.secret_file: the push secret serves as the hub secret, so whoever holds it (the proxy's environment included) can subscribe, forge frames and speak for every replica; give the hubs hub.secret_file and each gateway sidecar hub.credential_file (`sidecar-metrics credential`)");
+    } else if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
+        tracing::warn!("this sidecar holds the hub secret: it could speak for any replica; give it hub.credential_file (`sidecar-metrics credential`) instead");
+    }
+    let keys =
+        crate::keys::HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
+    Ok(HubSecrets {
+        credential: keys.credential(crate::share::replica_id()),
+        hub: Some(keys),
+    })
+}
+
+/// A restarted subscriber takes no frame created more than this before it started: a replay of
+/// an older capture is refused (frames come every scrape interval; a restart reconnects within
+/// the fallback time).
+pub const MAX_FRAME_AGE_MS: u64 = 2_000;
 
 /// A started sidecar.
 pub struct Running {
@@ -1077,7 +1135,9 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     let board = Arc::new(crate::share::TallyBoard::new(Duration::from_millis(
         cfg.hub.tally_ttl_ms,
     )));
-    let replica = crate::share::replica_id();
+    let hub_secret = resolve_hub_keys(&cfg, &secret)?;
+    let cred = hub_secret.credential;
+    let replica = cred.replica;
     let out = match cfg.mode {
         Mode::Sidecar => Output::Push(Box::new(Pusher::new(
             &cfg.push.address,
@@ -1088,7 +1148,10 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         Mode::Hub => {
             llm_router_snapshot::check_secret(&secret).map_err(PushSetupError::BadSecret)?;
             Output::Publish {
-                secret: secret.as_bytes().to_vec(),
+                keys: hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
+                    hub: cfg.hub.listen.clone(),
+                    reason: "no hub secret".into(),
+                })?,
                 frames: frames_tx,
                 board: board.clone(),
             }
@@ -1109,7 +1172,10 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         })?);
         tasks.push(tokio::spawn(crate::hub::serve(
             l,
-            secret.as_bytes().to_vec(),
+            hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
+                hub: cfg.hub.listen.clone(),
+                reason: "no hub secret".into(),
+            })?,
             frames_rx,
             board,
             stats.clone(),
@@ -1132,7 +1198,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             tasks.push(tokio::spawn(crate::hub::subscribe(
                 i,
                 uri,
-                secret.as_bytes().to_vec(),
+                cred.clone(),
                 opts,
                 tx.clone(),
                 stats.clone(),
@@ -1149,13 +1215,12 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
                     })?;
             tasks.push(tokio::spawn(crate::share::share(
                 crate::share::ShareOptions {
-                    replica,
                     interval: Duration::from_millis(cfg.hub.share_ms),
                     tally_uri,
                     hubs: hub_uris,
                     timeout: Duration::from_millis(cfg.hub.timeout_ms),
                 },
-                secret.as_bytes().to_vec(),
+                cred.clone(),
                 stats.clone(),
                 shutdown_rx.clone(),
             )));
@@ -1167,7 +1232,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             fallback_after,
             current: None,
             seen: vec![None; cfg.hub.upstreams.len()],
-            last_created_ms: 0,
+            last_created_ms: now_ms().saturating_sub(MAX_FRAME_AGE_MS),
             deadline: tokio::time::Instant::now() + fallback_after,
         })
     } else {
@@ -1283,12 +1348,12 @@ mod tests {
     async fn one_hub_is_followed_and_its_old_snapshots_are_not() {
         let mut f = follow(1);
         let t0 = Instant::now();
-        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Use);
+        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Use);
         assert_eq!(f.current, Some(0));
         // A replay, or a restarted hub whose clock went back: never used.
-        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Old);
-        assert_eq!(f.on_frame(0, 999, t0), FollowStep::Old);
-        assert_eq!(f.on_frame(0, 1_050, t0), FollowStep::Use);
+        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Old);
+        assert_eq!(f.on_frame(0, 999, t0, 2_000), FollowStep::Old);
+        assert_eq!(f.on_frame(0, 1_050, t0, 2_000), FollowStep::Use);
         assert_eq!(
             f.deadline,
             tokio::time::Instant::from_std(t0 + Duration::from_millis(150))
@@ -1297,7 +1362,7 @@ mod tests {
         assert_eq!(f.on_down(0, t0), FollowStep::Fallback);
         assert_eq!(f.current, None);
         // Back: its next newer snapshot is used again.
-        assert_eq!(f.on_frame(0, 1_100, t0), FollowStep::Use);
+        assert_eq!(f.on_frame(0, 1_100, t0, 2_000), FollowStep::Use);
     }
 
     #[tokio::test]
@@ -1305,10 +1370,16 @@ mod tests {
         let mut f = follow(2);
         let t0 = Instant::now();
         let ms = Duration::from_millis;
-        assert_eq!(f.on_frame(0, 1_000, t0), FollowStep::Use);
-        assert_eq!(f.on_frame(1, 1_010, t0 + ms(10)), FollowStep::Standby);
-        assert_eq!(f.on_frame(0, 1_050, t0 + ms(50)), FollowStep::Use);
-        assert_eq!(f.on_frame(1, 1_060, t0 + ms(60)), FollowStep::Standby);
+        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Use);
+        assert_eq!(
+            f.on_frame(1, 1_010, t0 + ms(10), 2_000),
+            FollowStep::Standby
+        );
+        assert_eq!(f.on_frame(0, 1_050, t0 + ms(50), 2_000), FollowStep::Use);
+        assert_eq!(
+            f.on_frame(1, 1_060, t0 + ms(60), 2_000),
+            FollowStep::Standby
+        );
         // Hub 0's connection ends: hub 1, heard from 10 ms ago, takes over without a fallback.
         assert_eq!(f.on_down(0, t0 + ms(70)), FollowStep::Nothing);
         assert_eq!(f.current, Some(1));
@@ -1316,17 +1387,40 @@ mod tests {
             f.deadline,
             tokio::time::Instant::from_std(t0 + ms(60) + ms(150))
         );
-        assert_eq!(f.on_frame(1, 1_110, t0 + ms(110)), FollowStep::Use);
+        assert_eq!(f.on_frame(1, 1_110, t0 + ms(110), 2_000), FollowStep::Use);
         // Hub 0 is back, but hub 1 is alive: it stays standby.
-        assert_eq!(f.on_frame(0, 1_120, t0 + ms(120)), FollowStep::Standby);
+        assert_eq!(
+            f.on_frame(0, 1_120, t0 + ms(120), 2_000),
+            FollowStep::Standby
+        );
         // Hub 1 goes silent (no close): after fallback_after, hub 0's frames are used.
-        assert_eq!(f.on_frame(0, 1_300, t0 + ms(300)), FollowStep::Use);
+        assert_eq!(f.on_frame(0, 1_300, t0 + ms(300), 2_000), FollowStep::Use);
         assert_eq!(f.current, Some(0));
         // A standby's loss changes nothing.
         assert_eq!(f.on_down(1, t0 + ms(310)), FollowStep::Nothing);
         assert_eq!(f.current, Some(0));
         // Losing the last one falls back.
         assert_eq!(f.on_down(0, t0 + ms(320)), FollowStep::Fallback);
+    }
+
+    /// A restarted subscriber refuses a frame older than it could have seen (a replay of an old
+    /// capture), and any subscriber one from beyond the clocks' skew.
+    #[tokio::test]
+    async fn a_restarted_subscriber_refuses_old_and_future_frames() {
+        let now = 1_700_000_000_000u64;
+        let mut f = follow(1);
+        f.last_created_ms = now - MAX_FRAME_AGE_MS;
+        let t0 = Instant::now();
+        assert_eq!(f.on_frame(0, now - 60_000, t0, now), FollowStep::Old);
+        assert_eq!(
+            f.on_frame(0, now - MAX_FRAME_AGE_MS, t0, now),
+            FollowStep::Old
+        );
+        let skew = llm_router_snapshot::tally::MAX_CLOCK_SKEW_MS;
+        assert_eq!(f.on_frame(0, now + skew + 1, t0, now), FollowStep::Old);
+        assert_eq!(f.on_frame(0, u64::MAX, t0, now), FollowStep::Old);
+        assert_eq!(f.on_frame(0, now - 10, t0, now), FollowStep::Use);
+        assert_eq!(f.on_frame(0, now + skew, t0, now), FollowStep::Use);
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct HubNumbers {
     pub tallies: BTreeMap<&'static str, u64>,
     /// Hub side: replicas whose tallies the last frame carried.
     pub replicas: u64,
+    /// Hub side: frames not published because they exceeded the stream's limit.
+    pub frames_unsent: u64,
     /// Subscriber side: tallies of this replica sent to hubs, by result (`sent` per hub,
     /// `hub_error` per hub, `proxy_error`: the proxy's tally could not be read).
     pub shared: BTreeMap<&'static str, u64>,
@@ -397,14 +399,21 @@ impl Collector for Exposition {
         ConstCounter::new(h.tally_frames).encode(m)?;
         let mut m = enc.encode_descriptor(
             "llm_router_sidecar_hub_tallies",
-            "Hub: gateway replicas' tallies received, by result (accepted; forbidden: not signed with our secret; invalid: not a tally; refused: older than the one held, or the board is full).",
+            "Hub: gateway replicas' tallies received, by result (accepted; forbidden: not signed with the key of the replica it names; invalid: not a tally, or its body too slow; refused: a replayed or older seq, dated in the future or too old, or the board is full; too_large: over the size limit, refused unread).",
             None,
             MetricType::Counter,
         )?;
-        for r in ["accepted", "forbidden", "invalid", "refused"] {
+        for r in ["accepted", "forbidden", "invalid", "refused", "too_large"] {
             let n = h.tallies.get(r).copied().unwrap_or(0);
             ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
         }
+        let m = enc.encode_descriptor(
+            "llm_router_sidecar_hub_frames_unsent",
+            "Hub: frames not published because they exceeded the stream's frame limit (logged as errors).",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(h.frames_unsent).encode(m)?;
         let m = enc.encode_descriptor(
             "llm_router_sidecar_hub_replicas",
             "Hub: gateway replicas whose tallies the last published frame carried.",
@@ -555,6 +564,11 @@ impl Stats {
     /// Hub side: a replica's tally arrived (`result`).
     pub fn hub_tally(&self, result: &'static str) {
         self.with(|i| *i.hub.tallies.entry(result).or_default() += 1);
+    }
+
+    /// Hub side: a frame over the stream's limit was not published.
+    pub fn hub_frame_unsent(&self) {
+        self.with(|i| i.hub.frames_unsent += 1);
     }
 
     /// Hub side: the replicas the frame just published carried.

@@ -321,3 +321,41 @@ async fn run_flag_form_pushes_and_stops_on_sigterm() {
         "{logs}"
     );
 }
+
+/// `credential` writes one replica's credential from the hub secret: the same for the same pod
+/// name, another for another name, never the secret itself; a weak hub secret is refused.
+#[test]
+fn credential_derives_a_replicas_keys_without_the_hub_secret() {
+    let secret = "cli-hub-secret-0123456789abcdef-0123456";
+    let f = tmp_file("hub-secret", &format!("{secret}\n"));
+    let run = |name: &str| {
+        let o = std::process::Command::new(BIN)
+            .args(["credential", "--hub-secret-file"])
+            .arg(&f)
+            .args(["--replica-name", name])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let a = run("llm-gateway-abc");
+    assert_eq!(a, run("llm-gateway-abc"));
+    assert_ne!(a, run("llm-gateway-xyz"));
+    let c = sidecar_metrics::keys::Credential::parse(&a).unwrap();
+    assert_eq!(
+        c.replica,
+        sidecar_metrics::keys::replica_id_of_name("llm-gateway-abc")
+    );
+    assert!(!a.contains(secret));
+    let hub = sidecar_metrics::keys::HubKeys::from_secret(secret.as_bytes());
+    assert!(hub.credential(c.replica) == c);
+    let weak = tmp_file("hub-weak", "change-me\n");
+    let o = std::process::Command::new(BIN)
+        .args(["credential", "--hub-secret-file"])
+        .arg(&weak)
+        .args(["--replica", "3"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("placeholder"));
+}

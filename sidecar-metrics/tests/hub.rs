@@ -340,7 +340,7 @@ async fn open_stranger(secret: &str) -> SocketAddr {
     .encode()
     .unwrap();
     let no_tallies = llm_router_snapshot::Tally::encode_all(&[]).unwrap();
-    let frame = hub::frame(secret.as_bytes(), &snap, &no_tallies);
+    let frame = hub::frame(secret.as_bytes(), &snap, &no_tallies).unwrap();
     let app = axum::Router::new().route(
         hub::STREAM_PATH,
         axum::routing::get(move || {
@@ -360,4 +360,272 @@ async fn open_stranger(secret: &str) -> SocketAddr {
         let _ = axum::serve(l, app).await;
     });
     addr
+}
+
+const HUB_SECRET: &str = "hub-only-secret-0123456789abcdef-0123";
+
+/// One fake pod and a hub scraping it (the push secret serving as the hub secret).
+async fn one_pod_hub() -> (FakeFleet, Running, SocketAddr) {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
+    let h = sidecar::start(hub_config(&fleet, "127.0.0.1:0"), SECRET.into())
+        .await
+        .unwrap();
+    let addr = h.hub_addr.unwrap();
+    (fleet, h, addr)
+}
+
+/// A raw POST of a tally to the hub: status code of the answer (0 when the hub closed first).
+async fn post_tally(hub: SocketAddr, replica: &str, signature: &str, body: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(hub).await.unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nhost: hub\r\ncontent-length: {}\r\n{}: {replica}\r\n{}: {signature}\r\nconnection: close\r\n\r\n",
+        sidecar_metrics::share::TALLY_PATH,
+        body.len(),
+        sidecar_metrics::share::REPLICA_HEADER,
+        llm_router_snapshot::SIGNATURE_HEADER,
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(LIMIT, s.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Keys per role: a hub given its own secret refuses whoever holds only the push secret (the
+/// proxy's), and a replica's tally verifies only under the key of the replica it names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_push_secret_does_not_open_the_hub_and_no_replica_speaks_for_another() {
+    use sidecar_metrics::keys::HubKeys;
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(3, 1, 0.25))).await;
+    let mut hc = hub_config(&fleet, "127.0.0.1:0");
+    hc.hub.secret = Some(HUB_SECRET.into());
+    hc.validate().unwrap();
+    let h = sidecar::start(hc, SECRET.into()).await.unwrap();
+    let hub_addr = h.hub_addr.unwrap();
+    // The push secret, directly or through the derivation the hub uses: 403.
+    for token in [
+        hub::subscribe_token(SECRET.as_bytes()),
+        hub::subscribe_token(&HubKeys::from_secret(SECRET.as_bytes()).subscribe),
+    ] {
+        let r = testkit::get(
+            hub_addr,
+            hub::STREAM_PATH,
+            &[(llm_router_snapshot::SIGNATURE_HEADER, &token)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 403);
+    }
+    let keys = HubKeys::from_secret(HUB_SECRET.as_bytes());
+    let now = sidecar_metrics::sidecar::now_ms();
+    let tally = |replica: u64, seq: u64| {
+        llm_router_snapshot::Tally {
+            replica,
+            seq,
+            taken_ms: now,
+            pools: vec![],
+        }
+        .encode()
+        .unwrap()
+    };
+    let five = keys.credential(5);
+    let sign = |key: &[u8], body: &[u8]| llm_router_snapshot::sign(key, body);
+    // Signed with the push secret: refused. Replica 5 speaking as 6 (its key, 6's id in the
+    // header, or 6's id in the tally): refused.
+    let b = tally(5, 1);
+    assert_eq!(
+        post_tally(hub_addr, "5", &sign(SECRET.as_bytes(), &b), &b).await,
+        403
+    );
+    let b6 = tally(6, 1);
+    assert_eq!(
+        post_tally(hub_addr, "6", &sign(&five.tally, &b6), &b6).await,
+        403
+    );
+    assert_eq!(
+        post_tally(hub_addr, "5", &sign(&five.tally, &b6), &b6).await,
+        403
+    );
+    // Replica 5 as itself: taken; the same bytes again (a replay): refused.
+    assert_eq!(
+        post_tally(hub_addr, "5", &sign(&five.tally, &b), &b).await,
+        204
+    );
+    assert_eq!(
+        post_tally(hub_addr, "5", &sign(&five.tally, &b), &b).await,
+        409
+    );
+    // A follower with replica 7's credential file subscribes (the hub secret never given).
+    let dir = std::env::temp_dir().join(format!("llmr-cred-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("credential");
+    std::fs::write(&file, keys.credential(7).to_line()).unwrap();
+    let proxy = FakeProxy::start().await;
+    let mut fc = follower_config(&fleet, proxy.addr, &[hub_addr]);
+    fc.hub.credential_file = Some(file.display().to_string());
+    fc.validate().unwrap();
+    let f = sidecar::start(fc, SECRET.into()).await.unwrap();
+    wait("frames with a credential", &f, |s| {
+        s.hub.frames_received >= 3
+    })
+    .await;
+    f.stop().await;
+    h.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Forty slow 4 MiB POSTs without any key: refused unread (declared too large) or cut at the
+/// tally limit (chunked), the hub's memory stays bounded and its subscriber keeps the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_slow_large_posts_without_the_secret_neither_grow_the_hub_nor_stop_its_stream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    fn rss_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+    let (fleet, h, hub_addr) = one_pod_hub().await;
+    let proxy = FakeProxy::start().await;
+    let f = sidecar::start(
+        follower_config(&fleet, proxy.addr, &[hub_addr]),
+        SECRET.into(),
+    )
+    .await
+    .unwrap();
+    wait("subscribed", &f, |s| s.hub.frames_received >= 3).await;
+    let before_rss = rss_kib();
+    let before = f.stats.summary().hub.frames_received;
+    let attackers: Vec<_> = (0..40)
+        .map(|i| {
+            tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+                let length = if i % 2 == 0 {
+                    "content-length: 4194304\r\n"
+                } else {
+                    "transfer-encoding: chunked\r\n"
+                };
+                let head = format!(
+                    "POST {} HTTP/1.1\r\nhost: hub\r\n{length}x-llm-router-replica: {i}\r\nx-llm-router-signature: sha256={}\r\n\r\n",
+                    sidecar_metrics::share::TALLY_PATH,
+                    "0".repeat(64)
+                );
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                // 4 MiB in 64 KiB pieces, slowly (≤ 3 s), until the hub answers or closes.
+                let piece = vec![b'x'; 64 * 1024];
+                let chunk_head = format!("{:x}\r\n", piece.len());
+                for _ in 0..64 {
+                    let sent = if i % 2 == 0 {
+                        s.write_all(&piece).await
+                    } else {
+                        let mut c = chunk_head.clone().into_bytes();
+                        c.extend_from_slice(&piece);
+                        c.extend_from_slice(b"\r\n");
+                        s.write_all(&c).await
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(45)).await;
+                }
+                let mut buf = [0u8; 256];
+                let _ = tokio::time::timeout(LIMIT, s.read(&mut buf)).await;
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    let mut peak = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        peak = peak.max(rss_kib());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for a in attackers {
+        let _ = tokio::time::timeout(LIMIT, a).await;
+    }
+    let s = f.stats.summary();
+    assert!(
+        s.hub.frames_received >= before + 30,
+        "the stream kept flowing: {} frames in 3 s at 20 ms rounds",
+        s.hub.frames_received - before
+    );
+    assert_eq!(s.hub.fallbacks.values().sum::<u64>(), 0, "{s:#?}");
+    let hub_s = h.stats.summary();
+    let refused: u64 = ["forbidden", "too_large", "invalid"]
+        .iter()
+        .map(|r| hub_s.hub.tallies.get(*r).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(refused, 40, "{:?}", hub_s.hub.tallies);
+    assert_eq!(hub_s.hub.tallies.get("accepted"), None);
+    // 40 × 4 MiB read whole would be 160 MiB; at most 40 × the tally limit (10 MiB) is held.
+    assert!(
+        peak.saturating_sub(before_rss) < 48 * 1024,
+        "RSS grew by {} KiB",
+        peak.saturating_sub(before_rss)
+    );
+    f.stop().await;
+    h.stop().await;
+}
+
+/// A connection that sends nothing (or a head byte by byte) is closed once
+/// `FIRST_REQUEST_TIMEOUT` has passed; a refused one is closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_refused_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_fleet, h, hub_addr) = one_pod_hub().await;
+    let t0 = Instant::now();
+    let mut idle = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    let mut dripping = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    let drip = tokio::spawn(async move {
+        for b in b"GET /v1/snapshots HTTP/1.1\r\nhost: hub\r\nx-pad: "
+            .iter()
+            .cycle()
+            .take(20)
+        {
+            if dripping.write_all(&[*b]).await.is_err() {
+                return Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        let mut buf = [0u8; 64];
+        let _ = tokio::time::timeout(LIMIT, dripping.read(&mut buf)).await;
+        Instant::now()
+    });
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(LIMIT, idle.read(&mut buf))
+        .await
+        .expect("closed within the limit")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+    let closed = t0.elapsed();
+    assert!(
+        closed >= hub::FIRST_REQUEST_TIMEOUT - Duration::from_millis(100)
+            && closed < hub::FIRST_REQUEST_TIMEOUT + Duration::from_secs(2),
+        "{closed:?}"
+    );
+    let dripped = drip.await.unwrap().duration_since(t0);
+    assert!(
+        dripped < hub::FIRST_REQUEST_TIMEOUT + Duration::from_secs(3),
+        "{dripped:?}"
+    );
+    // Refused (no token): answered, then closed, not kept alive.
+    let mut s = tokio::net::TcpStream::connect(hub_addr).await.unwrap();
+    s.write_all(b"GET /v1/snapshots HTTP/1.1\r\nhost: hub\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut answer))
+        .await
+        .expect("closed after the refusal")
+        .unwrap();
+    assert!(answer.starts_with(b"HTTP/1.1 403"));
+    h.stop().await;
 }

@@ -279,6 +279,7 @@ pub fn tally<'a>(
         .collect();
     llm_router_snapshot::Tally {
         replica: 0,
+        seq: 0,
         taken_ms: now_ms,
         pools,
     }

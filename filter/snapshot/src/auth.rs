@@ -58,10 +58,7 @@ pub fn sign(secret: &[u8], snapshot: &[u8]) -> String {
     let mut out = String::with_capacity(SIGNATURE_PREFIX.len() + 2 * TAG_BYTES);
     out.push_str(SIGNATURE_PREFIX);
     if let Some(m) = mac(secret, snapshot) {
-        for b in m.finalize().into_bytes() {
-            out.push(hex_char(b >> 4));
-            out.push(hex_char(b & 0xF));
-        }
+        out.push_str(&to_hex(&m.finalize().into_bytes()));
     }
     out
 }
@@ -110,6 +107,82 @@ pub fn verify(
         .map_err(|_| SignatureError::Mismatch)
 }
 
+/// What a key derived from a secret is for ([`role_key`]). Each role's key signs one kind of
+/// message only, so a key that leaks opens that role and no other:
+/// - the snapshot push is signed with the push secret itself (the filter holds it; it is not
+///   derived, so filters keep their configuration);
+/// - [`KeyRole::Subscribe`]: a gateway sidecar's bearer to open a hub's stream;
+/// - [`KeyRole::Frame`]: the hub signs each frame of the stream, subscribers verify;
+/// - [`KeyRole::Tally`]: the hub's tally master, from which each replica's own tally key is
+///   derived ([`replica_key`]); only hubs hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyRole {
+    Subscribe,
+    Frame,
+    Tally,
+}
+
+impl KeyRole {
+    /// The label the role's key is derived with.
+    pub fn label(self) -> &'static str {
+        match self {
+            KeyRole::Subscribe => "hub/subscribe",
+            KeyRole::Frame => "hub/frame",
+            KeyRole::Tally => "hub/tally",
+        }
+    }
+}
+
+/// Bytes of a derived key.
+pub const KEY_BYTES: usize = 32;
+
+/// HKDF-Expand (RFC 5869, section 2.3) of one block: `HMAC-SHA256(secret, "llm-router v1 " ||
+/// label || 0x01)`. The secret serves as the pseudorandom key: it is at least
+/// [`MIN_SECRET_BYTES`] random bytes by policy ([`check_secret`]), so the extract step adds
+/// nothing. Keys of different labels are independent: holding one tells nothing of another,
+/// nor of the secret.
+pub fn derive_key(secret: &[u8], label: &str) -> [u8; KEY_BYTES] {
+    let mut out = [0u8; KEY_BYTES];
+    if let Some(mut m) = mac(secret, b"llm-router v1 ") {
+        m.update(label.as_bytes());
+        m.update(&[1]);
+        out.copy_from_slice(&m.finalize().into_bytes());
+    }
+    out
+}
+
+/// The key of `role` derived from the hub secret.
+pub fn role_key(hub_secret: &[u8], role: KeyRole) -> [u8; KEY_BYTES] {
+    derive_key(hub_secret, role.label())
+}
+
+/// Replica `replica`'s tally key, derived from the hub's tally master ([`KeyRole::Tally`]):
+/// the hub derives it to verify, the replica is given it, and no replica can derive another's.
+pub fn replica_key(tally_master: &[u8], replica: u64) -> [u8; KEY_BYTES] {
+    derive_key(tally_master, &format!("tally/replica/{replica}"))
+}
+
+/// Hex of `bytes` (lower case), as keys are written to credential files.
+pub fn to_hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        s.push(hex_char(b >> 4));
+        s.push(hex_char(b & 0xF));
+    }
+    s
+}
+
+/// The bytes of hex text (either case); `None` for an odd length or a non-hex digit.
+pub fn from_hex(text: &str) -> Option<Vec<u8>> {
+    let t = text.as_bytes();
+    if t.len() % 2 != 0 {
+        return None;
+    }
+    t.chunks_exact(2)
+        .map(|p| Some((hex_digit(*p.first()?)? << 4) | hex_digit(*p.get(1)?)?))
+        .collect()
+}
+
 /// The shortest secret accepted, in bytes: an HMAC-SHA256 key shorter than its 32-byte output
 /// is weaker than the tag it makes.
 pub const MIN_SECRET_BYTES: usize = 32;
@@ -152,8 +225,35 @@ pub fn check_secret(secret: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod secret_tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+
+    #[test]
+    fn role_and_replica_keys_are_independent_and_stable() {
+        let s = b"0123456789abcdef0123456789abcdef";
+        let roles = [KeyRole::Subscribe, KeyRole::Frame, KeyRole::Tally];
+        let keys: Vec<[u8; KEY_BYTES]> = roles.iter().map(|r| role_key(s, *r)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            assert_ne!(&a[..], &s[..], "a role key is never the secret");
+            for b in keys.iter().skip(i + 1) {
+                assert_ne!(a, b);
+            }
+        }
+        // Stable: HKDF-Expand with the label, checked against an independent computation.
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(s).unwrap();
+        m.update(b"llm-router v1 hub/frame\x01");
+        assert_eq!(keys[1][..], m.finalize().into_bytes()[..]);
+        let master = role_key(s, KeyRole::Tally);
+        assert_ne!(replica_key(&master, 1), replica_key(&master, 2));
+        assert_eq!(replica_key(&master, 7), replica_key(&master, 7));
+        // A tally signed with replica 1's key does not verify as replica 2's.
+        let sig = sign(&replica_key(&master, 1), b"tally");
+        assert!(verify(&replica_key(&master, 2), b"tally", Some(&sig)).is_err());
+        assert!(verify(&replica_key(&master, 1), b"tally", Some(&sig)).is_ok());
+        assert_eq!(from_hex(&to_hex(&master)).unwrap(), master.to_vec());
+        assert_eq!(from_hex("0g"), None);
+        assert_eq!(from_hex("abc"), None);
+    }
 
     #[test]
     fn placeholders_and_short_secrets_are_refused() {

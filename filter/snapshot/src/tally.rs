@@ -8,9 +8,10 @@
 //! snapshot it pushes ([`merge_peers`] → [`crate::Pod::peers`]); its own it leaves out, since
 //! its filter counts its own requests itself.
 //!
-//! # Wire format, version 1 (integers little-endian, strings as in the snapshot)
+//! # Wire format, version 2 (integers little-endian, strings as in the snapshot)
 //! ```text
-//! tally    magic "LRTL" (4) | version u16 = 1 | replica u64 | taken_ms u64 | pool_count u16
+//! tally    magic "LRTL" (4) | version u16 = 2 | replica u64 | seq u64 | taken_ms u64
+//!          | pool_count u16                     (version 1: no seq; read as seq 0)
 //! pool     name str16 | pod_count u16 | pod * pod_count
 //! pod      address str8 | in_flight u32 | pending_tokens u32
 //! (pool)   context_count u16 | (key u64 | pod u32 | blocks u32) * context_count
@@ -20,7 +21,18 @@
 //! placed most recently as new copies (on pods that held none it or the others knew of) ([`TallyContext`], a bounded ring in
 //! the filter); the hub passes them on and each receiving sidecar merges the others' into
 //! [`crate::Pool::peer_contexts`], so a context one replica placed is found by all. `replica` is the sender's random id (0 in what the
-//! filter serves: the sidecar stamps its own); `taken_ms` when the filter's counts were read.
+//! filter serves: the sidecar stamps its own); `seq` the sender's sequence number, strictly
+//! increasing per replica (0 in what the filter serves; a hub refuses a tally whose `seq` is not
+//! above the last it took from that replica, so a captured tally cannot be replayed); `taken_ms`
+//! when the filter's counts were read. A hub takes a tally only signed with its replica's own key
+//! ([`crate::auth::replica_key`]).
+//!
+//! # What peer work can claim
+//! [`merge_peers`] caps the others' work on a pod at what its engine reports (running + waiting,
+//! less this replica's own requests there) plus [`PEER_SLACK`] requests, and their pending
+//! prompt tokens at [`PEER_MAX_TOKENS_PER_REQUEST`] per request counted: whatever a tally says,
+//! a pod never looks fuller to the filter than its engine says by more than the slack (the
+//! filter's load floor is `max(reported, own + peers)`).
 
 use std::collections::HashMap;
 
@@ -31,8 +43,17 @@ use crate::{
 
 /// First bytes of every tally.
 pub const TALLY_MAGIC: [u8; 4] = *b"LRTL";
-/// The tally format version this crate writes and reads.
-pub const TALLY_VERSION: u16 = 1;
+/// The tally format version this crate writes (it reads version 1 too, as `seq` 0).
+pub const TALLY_VERSION: u16 = 2;
+/// Other replicas' requests a pod may carry beyond what its engine reports (running + waiting,
+/// less this replica's own there): requests sent since the last scrape, which is what the
+/// tallies are for (at 20 scrapes a second, eight requests per pod in 50 ms).
+pub const PEER_SLACK: u32 = 8;
+/// How far a tally's `taken_ms` (or a hub frame's `created_ms`) may run ahead of the receiver's
+/// clock: clocks in NTP sync disagree by far less; a timestamp further ahead is refused.
+pub const MAX_CLOCK_SKEW_MS: u64 = 2_000;
+/// Pending prompt tokens counted per peer request at most (a 32 Ki-token prompt).
+pub const PEER_MAX_TOKENS_PER_REQUEST: u32 = 32_768;
 /// Most tallies in one list (gateway replicas a hub merges).
 pub const MAX_TALLIES: usize = 256;
 
@@ -61,8 +82,10 @@ pub struct TallyPool {
 /// What one gateway replica has in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Tally {
-    /// The sending sidecar's id (random per process; 0 before it is stamped).
+    /// The sending sidecar's id (0 before it is stamped).
     pub replica: u64,
+    /// The sender's sequence number, strictly increasing per replica (0 before it is stamped).
+    pub seq: u64,
     /// Unix time (ms) when the counts were read from the proxy.
     pub taken_ms: u64,
     pub pools: Vec<TallyPool>,
@@ -88,6 +111,7 @@ impl Tally {
         w.out.extend_from_slice(&TALLY_MAGIC);
         w.u16(TALLY_VERSION);
         w.u64(self.replica);
+        w.u64(self.seq);
         w.u64(self.taken_ms);
         w.len16(self.pools.len(), "tally pools")?;
         for pool in &self.pools {
@@ -125,10 +149,11 @@ impl Tally {
             ));
         }
         let version = r.u16("tally version")?;
-        if version != TALLY_VERSION {
+        if version != TALLY_VERSION && version != 1 {
             return Err(DecodeError::UnsupportedVersion(version));
         }
         let replica = r.u64("replica")?;
+        let seq = if version == 1 { 0 } else { r.u64("seq")? };
         let taken_ms = r.u64("taken_ms")?;
         let pool_count = r.count("tally pools", MAX_POOLS)?;
         let mut pools = Vec::with_capacity(pool_count);
@@ -152,6 +177,7 @@ impl Tally {
         }
         Ok(Tally {
             replica,
+            seq,
             taken_ms,
             pools,
         })
@@ -197,8 +223,10 @@ impl Tally {
 /// Pods or pools a tally names that the snapshot does not hold are ignored. The others'
 /// contexts become each pool's [`crate::Pool::peer_contexts`] (pods named by id: the filter
 /// ignores ids of pods it does not have), once per key and pod (the most blocks), by key, at most [`MAX_PEER_CONTEXTS`] (the newest
-/// tallies' first). Returns the oldest `taken_ms` among the tallies merged (`None` when none
-/// was).
+/// tallies' first). The others' work on a pod is capped (module doc, "What peer work can
+/// claim"): at most the pod's running + waiting, less `own`'s requests there, plus
+/// [`PEER_SLACK`]; their tokens at [`PEER_MAX_TOKENS_PER_REQUEST`] per request so counted.
+/// Returns the oldest `taken_ms` among the tallies merged (`None` when none was).
 pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u64> {
     for pool in &mut snap.pools {
         pool.peer_contexts.clear();
@@ -218,6 +246,19 @@ pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u
             .map(|(i, p)| (p.address.as_str(), i))
             .collect();
         let mut add: Vec<(usize, u32, u32)> = Vec::new();
+        let mut mine: Vec<u32> = vec![0; pool.pods.len()];
+        for t in tallies.iter().filter(|t| t.replica == own) {
+            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
+                for pod in &tp.pods {
+                    if let Some(m) = index
+                        .get(pod.address.as_str())
+                        .and_then(|&i| mine.get_mut(i))
+                    {
+                        *m = m.saturating_add(pod.in_flight);
+                    }
+                }
+            }
+        }
         for t in &others {
             for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
                 for pod in &tp.pods {
@@ -232,6 +273,16 @@ pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u
                 p.peers.in_flight = p.peers.in_flight.saturating_add(n);
                 p.peers.pending_tokens = p.peers.pending_tokens.saturating_add(tokens);
             }
+        }
+        for (p, mine) in pool.pods.iter_mut().zip(mine) {
+            let reported = p.running.saturating_add(p.waiting);
+            let cap = reported.saturating_sub(mine).saturating_add(PEER_SLACK);
+            p.peers.in_flight = p.peers.in_flight.min(cap);
+            p.peers.pending_tokens = p.peers.pending_tokens.min(
+                p.peers
+                    .in_flight
+                    .saturating_mul(PEER_MAX_TOKENS_PER_REQUEST),
+            );
         }
         let mut newest_first: Vec<&Tally> = others.clone();
         newest_first.sort_by_key(|t| std::cmp::Reverse(t.taken_ms));
@@ -267,6 +318,7 @@ mod tests {
     fn tally(replica: u64, taken_ms: u64, pods: &[(&str, u32, u32)]) -> Tally {
         Tally {
             replica,
+            seq: taken_ms,
             taken_ms,
             pools: vec![TallyPool {
                 name: "p".into(),
@@ -354,6 +406,57 @@ mod tests {
             None
         );
         assert!(s.pools[0].pods.iter().all(|p| p.peers.is_none()));
+    }
+
+    /// A forged or leaking tally claiming huge work makes a pod look fuller than its engine
+    /// says by at most the slack (with this replica's own requests there not counted twice).
+    #[test]
+    fn peer_work_is_capped_at_what_the_engine_reports_plus_the_slack() {
+        let mut s = snap();
+        s.pools[0].pods[0].running = 10;
+        s.pools[0].pods[0].waiting = 2;
+        merge_peers(
+            &mut s,
+            &[
+                tally(1, 500, &[("10.0.0.1:8000", 4, 0)]), // ours: 4 of the engine's 12
+                tally(2, 480, &[("10.0.0.1:8000", u32::MAX, u32::MAX)]),
+                tally(3, 490, &[("10.0.0.2:8000", 1_000, 1_000)]),
+            ],
+            1,
+        );
+        let pods = &s.pools[0].pods;
+        assert_eq!(pods[0].peers.in_flight, 12 - 4 + PEER_SLACK);
+        assert_eq!(
+            pods[0].peers.pending_tokens,
+            (12 - 4 + PEER_SLACK) * PEER_MAX_TOKENS_PER_REQUEST
+        );
+        // An idle pod (its engine reports nothing): the slack only.
+        assert_eq!(pods[1].peers.in_flight, PEER_SLACK);
+        assert_eq!(pods[1].peers.pending_tokens, 1_000);
+        // Honest work within the bound is untouched.
+        let mut s = snap();
+        s.pools[0].pods[0].running = 3;
+        merge_peers(&mut s, &[tally(2, 480, &[("10.0.0.1:8000", 3, 900)])], 1);
+        assert_eq!(s.pools[0].pods[0].peers.in_flight, 3);
+        assert_eq!(s.pools[0].pods[0].peers.pending_tokens, 900);
+    }
+
+    #[test]
+    fn the_sequence_is_signed_data_and_version_1_still_reads() {
+        let mut a = tally(7, 1_000, &[("10.0.0.1:8000", 3, 4_096)]);
+        a.seq = 123_456;
+        let bytes = a.encode().unwrap();
+        assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), TALLY_VERSION);
+        assert_eq!(Tally::decode(&bytes).unwrap().seq, 123_456);
+        // Version 1 (what an older filter serves): no seq, read as 0.
+        let mut v1 = bytes[..14].to_vec();
+        v1[4] = 1;
+        v1.extend_from_slice(&bytes[22..]);
+        let old = Tally::decode(&v1).unwrap();
+        assert_eq!((old.replica, old.seq, old.taken_ms), (7, 0, 1_000));
+        let mut v3 = bytes.clone();
+        v3[4] = 3;
+        assert!(Tally::decode(&v3).is_err());
     }
 
     fn placed(replica: u64, taken_ms: u64, contexts: &[(u64, u32, u32)]) -> Tally {

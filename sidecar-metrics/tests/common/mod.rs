@@ -313,6 +313,7 @@ impl FakeProxy {
             .unwrap_or(0);
         *self.tally.lock().expect("lock") = llm_router_snapshot::Tally {
             replica: 0,
+            seq: 0,
             taken_ms: now,
             pools,
         };

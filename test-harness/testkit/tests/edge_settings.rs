@@ -214,6 +214,7 @@ fn assert_edge_hcm(origin: &str, hcm: &Value) {
     ] {
         assert!(hcm[key].is_string(), "{origin}: {key} not set");
     }
+    assert_above_flow_ttl(origin, &hcm["request_timeout"]);
     assert!(
         hcm["http2_protocol_options"]["max_concurrent_streams"]
             .as_u64()
@@ -223,6 +224,23 @@ fn assert_edge_hcm(origin: &str, hcm: &Value) {
     assert_eq!(
         hcm["common_http_protocol_options"]["headers_with_underscores_action"], "REJECT_REQUEST",
         "{origin}"
+    );
+}
+
+/// The longest time to live of a flow-control band (the filter's default and the shipped
+/// examples' longest, 60 s): a held request must meet the filter's 429 with `retry-after`, not
+/// Envoy's 408, whose timer (`request_timeout`) runs until the request is sent upstream.
+const LONGEST_FLOW_TTL_S: u64 = 60;
+
+fn assert_above_flow_ttl(origin: &str, timeout: &Value) {
+    let secs = timeout
+        .as_str()
+        .and_then(|t| t.strip_suffix('s'))
+        .and_then(|t| t.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{origin}: request timeout {timeout} is not whole seconds"));
+    assert!(
+        secs > LONGEST_FLOW_TTL_S,
+        "{origin}: the request timeout ({secs} s) must exceed flow control's longest time to live ({LONGEST_FLOW_TTL_S} s)"
     );
 }
 
@@ -282,6 +300,10 @@ fn public_connection_managers_have_the_edge_settings() {
             "envoy-gateway: {key}"
         );
     }
+    assert_above_flow_ttl(
+        "envoy-gateway",
+        &ctp["timeout"]["http"]["requestReceivedTimeout"],
+    );
     assert!(ctp["connection"]["connectionLimit"]["value"].is_u64());
     assert!(ctp["connection"]["bufferLimit"].is_string());
     assert!(ctp["http2"]["maxConcurrentStreams"].is_u64());
@@ -313,6 +335,18 @@ fn assert_overload_manager(origin: &str, om: &Value) {
         actions.contains(&"envoy.overload_actions.stop_accepting_requests"),
         "{origin}: {actions:?}"
     );
+    // Resetting the streams that buffer the most reaches only streams whose buffers are
+    // tracked (2^N bytes and more): the request bodies the filter holds (up to its default
+    // max_body_bytes, 1,000,000) must be among them.
+    if actions.contains(&"envoy.overload_actions.reset_high_memory_stream") {
+        let n = om["buffer_factory_config"]["minimum_account_to_track_power_of_two"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{origin}: reset_high_memory_stream without tracking"));
+        assert!(
+            1u64 << n <= 1_000_000 / 4,
+            "{origin}: tracking starts at 2^{n} bytes, above the bodies the filter holds"
+        );
+    }
 }
 
 #[test]
@@ -736,4 +770,43 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
             );
         }
     }
+}
+
+/// The metrics hubs: the stream and the tallies (9465) from the gateway pods only, their own
+/// /metrics (9464) from the monitoring namespace only; no other port, no other source.
+#[test]
+fn network_policies_wall_the_metrics_hub() {
+    let docs = example_docs();
+    let p = of_kind(&docs, "NetworkPolicy")
+        .into_iter()
+        .find(|p| p.value["spec"]["podSelector"]["matchLabels"]["app"] == "llm-router-hub")
+        .expect("a NetworkPolicy selecting the hub pods (app: llm-router-hub)");
+    let rules = p.value["spec"]["ingress"].as_array().unwrap();
+    let mut ports = BTreeSet::new();
+    for rule in rules {
+        let rule_ports: Vec<u64> = rule["ports"]
+            .as_array()
+            .expect("ports listed")
+            .iter()
+            .filter_map(|p| p["port"].as_u64())
+            .collect();
+        let from = rule["from"].as_array().expect("a rule with sources");
+        assert!(!from.is_empty());
+        for f in from {
+            let labels = &f["podSelector"]["matchLabels"];
+            let gateway = labels["app"] == "llm-gateway"
+                || labels["gateway.networking.k8s.io/gateway-name"] == "llm-gateway"
+                || labels["gateway.envoyproxy.io/owning-gateway-name"] == "llm-gateway";
+            let monitoring = f["podSelector"].is_null()
+                && f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                    == "monitoring";
+            match rule_ports.as_slice() {
+                [9465] => assert!(gateway, "{}: the stream open to {f}", p.origin),
+                [9464] => assert!(monitoring, "{}: /metrics open to {f}", p.origin),
+                other => panic!("{}: hub ports {other:?} opened", p.origin),
+            }
+        }
+        ports.extend(rule_ports);
+    }
+    assert_eq!(ports, BTreeSet::from([9464, 9465]));
 }
