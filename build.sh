@@ -12,6 +12,8 @@
 #                           static sidecar), prometheus (the dashboard's end-to-end test), and
 #                           the peer routers smg (SGLang's gateway) and vllm-router (PyPI, each
 #                           in its own venv under .venv-peers/; the benchmark's peers and tests)
+#   ./build.sh check        the fast loop (<= 2 min warm): fmt check, clippy of the filter crates
+#                           and the sidecar (host + wasm), the core and snapshot tests
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
 #                           tests (nextest if installed) incl. `envoy --mode validate` of envoy/
 #                           + the CI-sized soak + the scale bench's smallest sizes (wasmtime only)
@@ -329,6 +331,23 @@ cmd_build() {
   build_wasm
 }
 
+# The fast loop before a commit (issue 42: <= 2 minutes warm): format, clippy of the crates a
+# change usually touches (host and wasm), and the pure crates' tests (the decision and the
+# snapshot format, native). `./build.sh test` is the whole suite CI runs.
+cmd_check() {
+  step "cargo fmt --all --check"
+  cargo fmt --all --check
+  ensure_wasm_target
+  step "cargo clippy (filter crates, sidecar; host and wasm) -- -D warnings"
+  cargo clippy --release --all-targets -p llm-router-snapshot -p llm-router-core \
+    -p llm-router-filter -p sidecar-metrics -- -D warnings
+  cargo clippy --profile wasm --target "$WASM_TARGET" \
+    -p llm-router-filter -p llm-router-core -p llm-router-snapshot -- -D warnings
+  step "cargo test --release -p llm-router-snapshot -p llm-router-core"
+  cargo test --release -p llm-router-snapshot -p llm-router-core
+  step "check passed (the whole suite: ./build.sh test)"
+}
+
 cmd_clippy() {
   ensure_wasm_target
   step "cargo clippy --release --workspace --all-targets -- -D warnings"
@@ -498,6 +517,7 @@ main() {
     build) cmd_build ;;
     setup) cmd_setup ;;
     test) cmd_test ;;
+    check) cmd_check ;;
     bench | demo | soak) run_bench "$cmd" "$@" ;;
     fuzz) cmd_fuzz "$@" ;;
     fmt) cargo fmt --all ;;
