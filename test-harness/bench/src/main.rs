@@ -42,7 +42,7 @@ enum Cmd {
         /// First workload seed (seeds are SEED, SEED+1, ...).
         #[arg(long, default_value_t = 42)]
         seed: u64,
-        /// Seeds per (scenario, router). Default: 1 quick, 5 full.
+        /// Seeds per (scenario, router). Default: 1 quick, 10 full (a verdict needs ten: confidence.rs).
         #[arg(long)]
         seeds: Option<usize>,
         /// Goodput sweep for these scenarios (repeatable). Default: none quick; mixed_gpu full.
