@@ -16,7 +16,7 @@
 //! - **canary** (`flow_canary`): the share served by the canary within ±1 percentage point of
 //!   its weight.
 //!
-//! Ratios come with paired bootstrap intervals over the seeds ([`ratio_cis`]).
+//! Ratios come with per-seed log-ratio t intervals over the seeds ([`ratio_cis`]).
 
 use crate::confidence::{pooled, ratio_cis, RunData, Stat};
 use crate::loadgen::Sample;

@@ -1,7 +1,7 @@
 //! The benchmark report: the JSON contract, the Markdown tables and the targets check.
 //!
 //! Figures come only from [`Summary`]s computed from measured samples. Ratios are
-//! router / baseline for the same scenario and the same seeds, each with a bootstrap 95 %
+//! router / baseline for the same scenario and the same seeds, each with a Student-t 95 %
 //! interval (see `confidence.rs`); a target counts as met only when the interval's worse end
 //! meets it. The targets are the anchors' results from the issue, checked as they are, never
 //! adjusted to the filter.
@@ -195,7 +195,7 @@ pub struct CiWidth {
     pub widest: f64,
 }
 
-/// A ratio router ÷ baseline of one metric in one scenario, with its bootstrap interval.
+/// A ratio router ÷ baseline of one metric in one scenario, with its interval over the seeds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RatioRow {
     /// Scenario.
@@ -328,7 +328,7 @@ pub struct Report {
     pub machine: Machine,
     /// `quick` or `full`.
     pub mode: String,
-    /// How runs were measured (warm-up, windows, speed-up, seeds, bootstrap).
+    /// How runs were measured (warm-up, windows, speed-up, seeds, intervals).
     pub protocol: String,
     /// Workload seeds of the fixed-load runs.
     pub seeds: Vec<u64>,
@@ -1107,7 +1107,7 @@ pub fn markdown(rep: &Report) -> String {
     goodput_table(&mut out, rep);
     let _ = writeln!(
         out,
-        "### Ratios vs round robin (router / round_robin [bootstrap 95 % interval]; latency < 1 is better, throughput > 1 is better)\n"
+        "### Ratios vs round robin (router / round_robin [95 % interval: Student t on per-seed log-ratios]; latency < 1 is better, throughput > 1 is better)\n"
     );
     ratio_table(&mut out, rep, "round_robin", None);
     best_other_table(&mut out, rep);

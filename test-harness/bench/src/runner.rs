@@ -164,7 +164,7 @@ pub struct RunOutcome {
     pub seed: u64,
     /// Figures of the window's requests (pod shares keyed `pod<i> (<profile>)`).
     pub summary: Summary,
-    /// The window's requests for the bootstrap.
+    /// The window's requests for the per-seed ratios.
     pub data: RunData,
     /// Each pod's window figures, fleet order.
     pub pods: Vec<(String, PodWindow)>,
