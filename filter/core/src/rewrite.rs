@@ -130,6 +130,16 @@ impl Rewrites {
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
+
+    /// `model` is some rule's target. A target the configuration does not also list in a pool's
+    /// `models` is reachable only through its rule: a canary pool declared without `models`
+    /// keeps its served name private, so clients cannot aim at it by name (a drained weight-0
+    /// canary included), even once the snapshot reports the pods serving it.
+    pub fn is_target(&self, model: &str) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.targets.iter().any(|t| t.model == model))
+    }
 }
 
 #[cfg(test)]

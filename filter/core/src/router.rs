@@ -317,6 +317,10 @@ impl Router {
                 served_model: None,
             });
         }
+        // A rewrite target that no pool's `models` lists is served only through its rule.
+        if self.config.rewrites.is_target(model) {
+            return None;
+        }
         let fleet = fleet?;
         let &(i, adapter) = fleet.models.get(model)?;
         let sp = fleet.snapshot.pools.get(i)?;

@@ -669,9 +669,10 @@ pub fn edge_hcm_settings() -> Value {
         "path_with_escaped_slashes_action": "REJECT_REQUEST",
         "use_remote_address": true,
         "request_headers_timeout": "10s",
-        // The whole request (headers and a body of up to max_body_bytes) within 60 s; the
-        // response (a long stream) is not bounded here but by the route's idle timeouts.
-        "request_timeout": "60s",
+        // The whole request within 75 s, as the shipped listeners: above flow control's longest
+        // time to live (60 s), so a held request meets the filter's 429, not Envoy's 408. The
+        // response (a long stream) is bounded by the route's idle timeouts, not here.
+        "request_timeout": "75s",
         "stream_idle_timeout": "300s",
         "common_http_protocol_options": {
             "idle_timeout": "3600s",

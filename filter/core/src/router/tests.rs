@@ -1445,3 +1445,52 @@ fn a_rewrite_rule_splits_a_model_name_over_its_targets_and_pools() {
     // A rule naming a model that is not configured otherwise is not a 404.
     assert!(!r.config.models.contains_key("llama"));
 }
+
+/// A canary pool declared without `models` serves its target only through the rule: a client
+/// naming the target directly gets 404, even with the snapshot reporting the pods that serve it
+/// and even while the canary is drained to weight 0; the rule still reaches it.
+#[test]
+fn a_canary_target_is_reachable_only_through_its_rule() {
+    let config = |canary_weight: u32| {
+        format!(
+            r#"{{
+  "pools": [
+    {{"name": "llama", "cluster": "pool_llama", "models": ["meta-llama/Llama-3.1-8B-Instruct"]}},
+    {{"name": "discovered", "cluster": "pool_discovered"}}
+  ],
+  "rewrites": [{{"model": "llama", "targets": [
+    {{"model": "meta-llama/Llama-3.1-8B-Instruct", "weight": {stable}}},
+    {{"model": "mistral-7b", "pool": "discovered", "weight": {canary_weight}}}]}}],
+  "snapshot": {{"secret": "router-test-secret-0123456789abcdef", "stale_after_ms": 1000}}
+}}"#,
+            stable = 100 - canary_weight
+        )
+    };
+    for weight in [0, 100] {
+        let r = router(&config(weight));
+        let s = MemoryStore::new();
+        let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+        let e = go(&r, &s, Some(&fleet), &chat("mistral-7b", "hi"), ctx(1100)).unwrap_err();
+        assert_eq!(
+            (e.status, e.code),
+            (404, "model_not_found"),
+            "weight {weight}"
+        );
+        let stable = go(
+            &r,
+            &s,
+            Some(&fleet),
+            &chat("meta-llama/Llama-3.1-8B-Instruct", "hi"),
+            ctx(1100),
+        )
+        .unwrap();
+        assert_eq!(stable.cluster, "pool_llama");
+        let via_rule = go(&r, &s, Some(&fleet), &chat("llama", "hi"), ctx(1100)).unwrap();
+        let want = if weight == 0 {
+            "pool_llama"
+        } else {
+            "pool_discovered"
+        };
+        assert_eq!(via_rule.cluster, want, "weight {weight}");
+    }
+}
