@@ -425,6 +425,7 @@ fn rewrites(
             model: r.model.clone(),
             targets,
             sticky,
+            salt: 0,
         });
     }
     Ok(Rewrites { rules })
@@ -1113,6 +1114,11 @@ impl Config {
                  is true",
             );
         }
+        let mut rewrites = rewrites;
+        let salt = crate::rewrite::sticky_salt(&secret);
+        for rule in &mut rewrites.rules {
+            rule.salt = salt;
+        }
         let snapshot = SnapshotConfig {
             push_path,
             state_path,
@@ -1259,6 +1265,12 @@ mod tests {
         let c = c.unwrap();
         assert!(c.flow.enabled);
         assert_eq!(c.rewrites.rules.len(), 1);
+        // The sticky draw is keyed by the snapshot secret the environment gave.
+        assert_eq!(
+            c.rewrites.rules[0].salt,
+            crate::rewrite::sticky_salt("reference-secret-0123456789abcdef")
+        );
+        assert_ne!(c.rewrites.rules[0].salt, 0);
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub struct Rule {
     pub model: String,
     pub targets: Vec<Target>,
     pub sticky: Sticky,
+    /// Keys the sticky draw ([`conversation_key`]): derived from the snapshot secret that every
+    /// replica shares ([`sticky_salt`]), so replicas agree while a client, who cannot know it,
+    /// cannot compute offline which prompt lands on which target. 0 without a secret.
+    pub salt: u64,
 }
 
 /// A salt so the rewrite's draw is independent of the pod tie-break drawn from the same
@@ -61,11 +65,25 @@ pub fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// The sticky draw's salt from the snapshot secret: the first 8 bytes of its derived key for
+/// this use (HKDF-Expand, as every key derived from it), 0 when no secret is configured (the
+/// draw then depends on public constants only, and the documentation says so).
+pub fn sticky_salt(secret: &str) -> u64 {
+    if secret.is_empty() {
+        return 0;
+    }
+    let key = llm_router_snapshot::auth::derive_key(secret.as_bytes(), "rewrite/sticky");
+    let mut first = [0u8; 8];
+    first.copy_from_slice(key.get(..8).unwrap_or(&[0; 8]));
+    u64::from_le_bytes(first)
+}
+
 /// A conversation's key: the hash of the prompt's pieces through the first user message
-/// ([`ParsedRequest::key_pieces`]); `None` when the body has no role-tagged messages.
-pub fn conversation_key(req: &ParsedRequest<'_>) -> Option<u64> {
+/// ([`ParsedRequest::key_pieces`]), seeded with `salt`; `None` when the body has no role-tagged
+/// messages.
+pub fn conversation_key(req: &ParsedRequest<'_>, salt: u64) -> Option<u64> {
     let n = req.key_pieces?;
-    let mut h = Xxh64::new(SALT);
+    let mut h = Xxh64::new(SALT ^ salt);
     h.update(req.model.as_bytes());
     for piece in req.pieces.iter().take(n) {
         h.update(&[0x1E]);
@@ -108,7 +126,7 @@ impl Rule {
     /// one, otherwise by `tie` (the request's own entropy).
     pub fn choose(&self, req: &ParsedRequest<'_>, tie: u64) -> Option<&Target> {
         let draw = match self.sticky {
-            Sticky::Conversation => conversation_key(req).unwrap_or(tie),
+            Sticky::Conversation => conversation_key(req, self.salt).unwrap_or(tie),
             Sticky::None => tie,
         };
         self.pick(draw)
@@ -162,6 +180,7 @@ mod tests {
                 })
                 .collect(),
             sticky,
+            salt: 0,
         }
     }
 
@@ -275,10 +294,42 @@ mod tests {
         let r = rule(&[50, 50], Sticky::Conversation);
         let body = br#"{"model":"llama","prompt":"the same prompt"}"#;
         let req = parse(ApiKind::Completions, body).unwrap();
-        assert_eq!(conversation_key(&req), None);
+        assert_eq!(conversation_key(&req, 0), None);
         let v2 = (0..100u64)
             .filter(|&i| r.choose(&req, i).unwrap().model == "llama-v2")
             .count();
         assert!((20..=80).contains(&v2), "{v2}");
+    }
+
+    /// The sticky draw is keyed by the shared secret: two replicas with the same secret send a
+    /// conversation to the same target, while a different secret (what a client who computes
+    /// the draw offline has to guess) reassigns about half of the conversations of a 50/50 rule.
+    #[test]
+    fn the_sticky_draw_is_keyed_by_the_secret() {
+        let salted = |secret: &str| Rule {
+            salt: sticky_salt(secret),
+            ..rule(&[50, 50], Sticky::Conversation)
+        };
+        assert_eq!(sticky_salt(""), 0);
+        let a = sticky_salt("replica-secret-0123456789abcdef-0123");
+        assert_ne!(a, 0);
+        assert_eq!(a, sticky_salt("replica-secret-0123456789abcdef-0123"));
+        let (one, other) = (
+            salted("replica-secret-0123456789abcdef-0123"),
+            salted("another-secret-0123456789abcdef-0123"),
+        );
+        let public = rule(&[50, 50], Sticky::Conversation);
+        let (mut vs_other, mut vs_public) = (0, 0);
+        for c in 0..400 {
+            let body = chat(&format!("conversation {c}"), &[]);
+            let req = parse(ApiKind::ChatCompletions, &body).unwrap();
+            let mine = &one.choose(&req, 1).unwrap().model;
+            let replica = salted("replica-secret-0123456789abcdef-0123");
+            assert_eq!(&replica.choose(&req, 99).unwrap().model, mine, "{c}");
+            vs_other += usize::from(&other.choose(&req, 1).unwrap().model != mine);
+            vs_public += usize::from(&public.choose(&req, 1).unwrap().model != mine);
+        }
+        assert!((140..=260).contains(&vs_other), "{vs_other} of 400 moved");
+        assert!((140..=260).contains(&vs_public), "{vs_public} of 400 moved");
     }
 }
