@@ -57,6 +57,7 @@ pub async fn capacity(
         speedup: 1.0,
         seed: 1,
         engine: PodEngine::ModelSim,
+        admission: None,
     };
     measure(&fleet, &[], reqs, concurrency, secs).await
 }
@@ -375,6 +376,7 @@ pub async fn fit(
         speedup: 1.0,
         seed: 1,
         engine,
+        admission: None,
     };
     let pods = start_pods(&fleet, &[]).await.map_err(|e| e.to_string())?;
     let addr = pods.addrs[0];

@@ -81,9 +81,12 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
             arm(RouterKind::Filter, "flow_tenants"),
             arm(RouterKind::Filter, "flow_tenants_alone"),
         ],
+        // Beside the unbounded routers, round robin with Envoy's admission (circuit breakers,
+        // overflow answered 429) at the scenario's bound ([`crate::scenarios::admission_for`]).
         "overload" => vec![
             arm(RouterKind::RoundRobin, "flow_overload"),
             arm(RouterKind::LeastRequest, "flow_overload"),
+            arm(RouterKind::RoundRobinAdmission, "flow_overload"),
             arm(RouterKind::Filter, "flow_overload"),
         ],
         "canary" => vec![arm(RouterKind::Filter, "flow_canary")],
@@ -91,20 +94,23 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
         "overload_vllm" => vec![
             arm(RouterKind::RoundRobin, "flow_overload_vllm"),
             arm(RouterKind::LeastRequest, "flow_overload_vllm"),
+            arm(RouterKind::RoundRobinAdmission, "flow_overload_vllm"),
             arm(RouterKind::Filter, "flow_overload_vllm"),
             arm(RouterKind::VllmRouterCacheAware, "flow_overload_vllm"),
         ],
         _ => vec![],
     };
     if peers && matches!(exp, "bands" | "overload" | "overload_vllm") {
-        v.push(arm(
-            peer,
-            match exp {
-                "bands" => "flow_bands",
-                "overload" => "flow_overload",
-                _ => "flow_overload_vllm",
-            },
-        ));
+        let scenario = match exp {
+            "bands" => "flow_bands",
+            "overload" => "flow_overload",
+            _ => "flow_overload_vllm",
+        };
+        v.push(arm(peer, scenario));
+        // And the peer with its own admission on, sized as Envoy's.
+        if exp != "bands" {
+            v.push(arm(RouterKind::SmgCacheAwareAdmission, scenario));
+        }
     }
     v
 }
@@ -118,6 +124,9 @@ pub struct Figures {
     pub served: usize,
     /// Refused with 429.
     pub refused: usize,
+    /// Of those, refused only after the TTFT SLO had passed: the client waited as long as a
+    /// failure costs it, so the overload checks count these as failures.
+    pub refused_late: usize,
     /// Neither: an error other than 429, a cut stream, a timeout.
     pub lost: usize,
     /// TTFT percentiles, emulated ms, failures (refusals included) +∞.
@@ -257,6 +266,7 @@ fn figures(
             f.served += 1;
         } else if s.outcome.status == 429 {
             f.refused += 1;
+            f.refused_late += usize::from(s.outcome.e2e_ms > slo_ms);
         } else {
             f.lost += 1;
         }
@@ -413,15 +423,35 @@ fn info(what: &str, about: &str, value: Option<f64>, ci95: Option<[f64; 2]>) -> 
     }
 }
 
-/// Nothing lost: each request served or refused with 429.
+/// Nothing lost: each request served or refused with 429 (a 429 after the SLO counts as lost:
+/// the client waited as long as a failure costs it).
 fn lost(f: &ArmResult) -> Check {
     check(
-        &format!("{}: requests lost (neither served nor 429)", f.router),
+        &format!(
+            "{}: requests lost (neither served nor 429 within the SLO; {} late 429)",
+            f.router, f.all.refused_late
+        ),
         "0",
-        Some(f.all.lost as f64),
+        Some((f.all.lost + f.all.refused_late) as f64),
         None,
         |n| n == 0.0,
     )
+}
+
+/// A check of a ratio met only if the worse end of its interval meets it (the point estimate
+/// when there is no interval): `at_least` targets, so the worse end is the lower one.
+fn check_at_least(what: &str, target: f64, value: Option<f64>, ci95: Option<[f64; 2]>) -> Check {
+    let mut c = check(
+        what,
+        &format!("≥ {target} (worse end)"),
+        value,
+        ci95,
+        |x| x >= target,
+    );
+    if let (Some(ci), Some(_)) = (ci95, c.met) {
+        c.met = Some(ci[0] >= target);
+    }
+    c
 }
 
 fn find<'a>(arms: &'a [ArmResult], router: &str, scenario: &str) -> Option<&'a ArmResult> {
@@ -541,6 +571,34 @@ pub fn checks(exp: &str, arms: &[ArmResult], slo_ms: f64, floor_ms: Option<f64>)
                     v,
                     ci,
                     |x| x >= 1.0,
+                ));
+            }
+            // Like with like: the routers that bound what they hold (Envoy's circuit breakers,
+            // SMG's own admission), the best of them by goodput.
+            let admitting = arms.iter().filter(|a| {
+                a.router != "filter"
+                    && a.scenario == scenario
+                    && RouterKind::from_name(&a.router).is_some_and(RouterKind::admits)
+            });
+            if let Some(best) =
+                admitting.max_by(|a, b| a.all.goodput_rps.total_cmp(&b.all.goodput_rps))
+            {
+                let (v, ci) = ratio(f, best, None, Stat::WithinSlo(slo_ms));
+                out.push(check_at_least(
+                    &format!(
+                        "goodput, filter ÷ the best router with admission ({})",
+                        best.router
+                    ),
+                    1.2,
+                    v,
+                    ci,
+                ));
+                let (v, ci) = ratio(f, best, None, Stat::Throughput);
+                out.push(check_at_least(
+                    &format!("requests served, filter ÷ {}", best.router),
+                    0.95,
+                    v,
+                    ci,
                 ));
             }
             out.push(lost(f));
@@ -746,7 +804,7 @@ pub fn markdown(rep: &FlowReport) -> String {
             );
         }
         md.push_str(
-            "| router | scenario | group | requests | served | 429 | lost | TTFT p50 | p95 | p99 | goodput/s | e2e p95 | tokens/s | preemptions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| router | scenario | group | requests | served | 429 (late) | lost | TTFT p50 | p95 | p99 | goodput/s | e2e p95 | tokens/s | preemptions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for a in &e.arms {
             let pre = a.preemptions.map_or("–".to_string(), num);
@@ -755,12 +813,13 @@ pub fn markdown(rep: &FlowReport) -> String {
             for (g, f) in groups {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {g} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {g} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
                     a.router,
                     a.scenario,
                     f.requests,
                     f.served,
                     f.refused,
+                    f.refused_late,
                     f.lost,
                     num(f.ttft_p50_ms),
                     num(f.ttft_p95_ms),
@@ -1017,6 +1076,65 @@ mod tests {
         assert_eq!(worse.lost_by_cause.values().sum::<usize>(), worse.all.lost);
         let cs = checks("overload", &[rr, worse], 3000.0, None);
         assert_eq!(met(&cs, "goodput"), Some(false));
+        assert_eq!(met(&cs, "filter: requests lost"), Some(false));
+    }
+
+    /// Overload like with like: the filter is judged against the best router with admission
+    /// (goodput ≥ 1.2×, served ≥ 0.95×, on the worse end), and a 429 after the SLO is a loss.
+    #[test]
+    fn overload_is_judged_against_the_best_router_with_admission() {
+        // `ok` within the SLO, `slow` served late, `refused` answered 429 at `refused_at` ms.
+        let arm = |router: &str, seeds: &[u64], ok: usize, refused: usize, refused_at: f64| {
+            let runs = seeds
+                .iter()
+                .map(|&seed| {
+                    let reqs: Vec<(&'static str, Option<f64>, u16)> = (0..100)
+                        .map(|i| match i {
+                            i if i < ok => ("", Some(500.0 + seed as f64), 200),
+                            i if i < ok + refused => ("", None, 429),
+                            _ => ("", Some(9000.0), 200),
+                        })
+                        .collect();
+                    let (d, mut samples) = run(seed, &reqs);
+                    for s in samples.iter_mut().filter(|s| s.outcome.status == 429) {
+                        s.outcome.e2e_ms = refused_at;
+                    }
+                    (d, samples)
+                })
+                .collect();
+            arm_from(router, "flow_overload", runs, 3000.0)
+        };
+        let seeds = [1, 2, 3];
+        let rr = arm("round_robin", &seeds, 30, 0, 0.0);
+        let rr_adm = arm("round_robin_admission", &seeds, 40, 30, 5.0);
+        let smg_adm = arm("smg_cache_aware_admission", &seeds, 45, 30, 5.0);
+        // The filter: 60 within the SLO, 30 refused at once, 10 served late.
+        let f = arm("filter", &seeds, 60, 30, 5.0);
+        let cs = checks(
+            "overload",
+            &[rr.clone(), rr_adm.clone(), smg_adm.clone(), f],
+            3000.0,
+            None,
+        );
+        let c = cs
+            .iter()
+            .find(|c| c.what.contains("best router with admission"))
+            .unwrap();
+        assert!(c.what.contains("smg_cache_aware_admission"), "{c:?}");
+        assert!((c.value.unwrap() - 60.0 / 45.0).abs() < 1e-9, "{c:?}");
+        assert_eq!(c.met, Some(true));
+        // Served: 70 of 100 against its 70: 1.
+        assert_eq!(met(&cs, "requests served, filter"), Some(true), "{cs:?}");
+        assert_eq!(met(&cs, "filter: requests lost"), Some(true));
+        // Goodput only 1.1x the best with admission: missed; refusals after the SLO: lost.
+        let late = arm("filter", &seeds, 50, 30, 4000.0);
+        assert_eq!(late.all.refused_late, 90);
+        let cs = checks("overload", &[rr, rr_adm, smg_adm, late], 3000.0, None);
+        assert_eq!(
+            met(&cs, "goodput, filter ÷ the best"),
+            Some(false),
+            "{cs:?}"
+        );
         assert_eq!(met(&cs, "filter: requests lost"), Some(false));
     }
 

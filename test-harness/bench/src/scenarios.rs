@@ -720,6 +720,7 @@ fn build(name: &str, mode: Mode, rate_rps: f64) -> Option<Scenario> {
         speedup: s,
         seed: mode.seed,
         engine: d.engine,
+        admission: None,
     };
     let warmup = Duration::from_secs_f64(warmup);
     let floor_ms = floor_ms(&fleet, &generate(&workload), warmup);
@@ -797,6 +798,55 @@ fn drain_past_time_to_live(s: &mut Scenario) {
     s.drain = s.drain.max(ttl + Duration::from_secs(5));
 }
 
+/// The admission bound an operator gives a router that has one, for `s`'s fleet and requests
+/// ([`crate::stack::AdmissionBound`]), so routers with admission are compared like with like:
+///
+/// - in flight: per pod, as many requests as fit in its KV cache at their longest (prompt plus
+///   `max_tokens`, the workload's mean), at most its `max_num_seqs`: admitted requests never
+///   preempt one another; summed over the pods;
+/// - queue: 100, SMG's documented default (`--queue-size`);
+/// - time in the queue: the filter's longest band time to live in wall time, so a router's
+///   queue may hold a request as long as the filter may.
+///
+/// No figure of a run enters it: it is a rule an operator can apply to any fleet.
+pub fn admission_for(s: &Scenario) -> crate::stack::AdmissionBound {
+    let reqs = generate(&s.workload);
+    let mean_tokens = if reqs.is_empty() {
+        1.0
+    } else {
+        reqs.iter()
+            .map(|r| {
+                r.prompt_chars as f64 / f64::from(crate::workload::CHARS_PER_TOKEN)
+                    + f64::from(r.max_tokens)
+            })
+            .sum::<f64>()
+            / reqs.len() as f64
+    };
+    let in_flight: u32 = s
+        .fleet
+        .pods
+        .iter()
+        .map(|p| {
+            let Ok(mut prof) = Profile::by_name(p.profile) else {
+                return 1;
+            };
+            if let Some(n) = p.kv_blocks {
+                prof.num_gpu_blocks = n;
+            }
+            let seqs = p.max_num_seqs.unwrap_or(prof.max_num_seqs);
+            let fit = (prof.kv_tokens() as f64 / mean_tokens.max(1.0)).floor() as u32;
+            fit.clamp(1, seqs.max(1))
+        })
+        .sum();
+    let flow = llm_router_core::flow::FlowConfig::default();
+    let ttl_ms = flow.bands.iter().map(|b| b.ttl_ms).max().unwrap_or(0);
+    crate::stack::AdmissionBound {
+        in_flight,
+        queue: 100,
+        queue_timeout: Duration::from_secs_f64(ttl_ms as f64 / 1000.0 / s.fleet.speedup.max(1.0)),
+    }
+}
+
 /// Build a flow scenario ([`FLOW_NAMES`]) by name.
 ///
 /// - `flow_bands`: `bursty` as it is, each request critical (20 %), standard (50 %) or
@@ -859,6 +909,7 @@ pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
             s.warmup = Duration::ZERO;
             s.workload.horizon = Duration::from_secs_f64(60.0 / mode.speedup.max(0.01));
             drain_past_time_to_live(&mut s);
+            s.fleet.admission = Some(admission_for(&s));
             s.about = "bursty's fleet offered 1.5x its capacity for 60 s";
             s
         }
@@ -870,6 +921,7 @@ pub fn flow_scenario(name: &str, mode: Mode) -> Option<Scenario> {
             s.warmup = Duration::ZERO;
             s.workload.horizon = Duration::from_secs(60);
             drain_past_time_to_live(&mut s);
+            s.fleet.admission = Some(admission_for(&s));
             s.about = "vllm_uneven's real fleet offered 1.5x its capacity for 60 s";
             s
         }
@@ -1066,6 +1118,24 @@ mod tests {
         assert_eq!(real.fleet.speedup, 1.0);
         assert!(past(&real, 1.0), "{:?}", real.drain);
         assert!(!past(&bursty, 1.0), "other scenarios keep their drain");
+        // Routers with admission get the operator's bound for the fleet: what fits in KV at
+        // the requests' longest, far below max_num_seqs (4 × 1,024); SMG's queue; the filter's
+        // time to live. Less KV, a smaller bound; other scenarios size none.
+        let a = o.fleet.admission.unwrap();
+        assert_eq!(a, admission_for(&o));
+        assert!((4..=400).contains(&a.in_flight), "{a:?}");
+        assert_eq!(a.queue, 100);
+        assert_eq!(
+            a.queue_timeout,
+            Duration::from_secs_f64(ttl / m.speedup.max(1.0))
+        );
+        let mut small = o.clone();
+        for p in &mut small.fleet.pods {
+            p.kv_blocks = Some(900);
+        }
+        assert!(admission_for(&small).in_flight < a.in_flight);
+        assert!(real.fleet.admission.is_some());
+        assert!(bursty.fleet.admission.is_none());
         // Canary: clients ask for one name; a 90/10 rule splits it.
         let c = flow_scenario("flow_canary", Mode::full(1)).unwrap();
         let n = generate(&c.workload).len();

@@ -73,6 +73,28 @@ pub enum RouterKind {
     VllmRouterCacheAware,
     /// vllm-router 0.1.17, `power_of_two`: `GET /get_load` every 5 s, else its own counts.
     VllmRouterPowerOfTwo,
+    /// Envoy `ROUND_ROBIN` with admission: the cluster's circuit breakers bound the requests in
+    /// flight and waiting at the scenario's [`AdmissionBound`], and an overflow is answered 429
+    /// with `retry-after` (Envoy's local reply mapper), as an operator deploys it for overload.
+    RoundRobinAdmission,
+    /// SMG 1.13 `cache_aware` with its own admission on: `--max-concurrent-requests`,
+    /// `--queue-size` and `--queue-timeout-secs` at the scenario's [`AdmissionBound`] (its
+    /// default bound, 1,024 per core and at least 4,096, never binds on a bench fleet).
+    SmgCacheAwareAdmission,
+}
+
+/// What a router with admission control may hold, sized by the scenario for its fleet the way
+/// an operator sizes it ([`crate::scenarios::admission_for`]), the same for every router that
+/// admits ([`RouterKind::ADMISSION`]). The filter's flow control is not sized by it: it holds
+/// on the engines' state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdmissionBound {
+    /// Requests in flight through the router to the pool.
+    pub in_flight: u32,
+    /// Requests waiting at the router for one of those places.
+    pub queue: u32,
+    /// How long one may wait there (wall time), where the router has such a bound (SMG).
+    pub queue_timeout: Duration,
 }
 
 impl RouterKind {
@@ -105,6 +127,13 @@ impl RouterKind {
         RouterKind::VllmRouterPowerOfTwo,
     ];
 
+    /// The routers with an admission bound of their own ([`AdmissionBound`]): run beside the
+    /// unbounded ones where overload is judged, only when named elsewhere.
+    pub const ADMISSION: [RouterKind; 2] = [
+        RouterKind::RoundRobinAdmission,
+        RouterKind::SmgCacheAwareAdmission,
+    ];
+
     /// The peers a quick run includes by default: SMG's `cache_aware` (the default policy of
     /// both peers, and the best SMG policy on the uneven fleets and shared prefixes). Each peer
     /// adds one run per scenario (≈ 22 s each in quick); one keeps quick within its 10-minute
@@ -129,13 +158,17 @@ impl RouterKind {
             RouterKind::SmgPrefixHash => "smg_prefix_hash",
             RouterKind::VllmRouterCacheAware => "vllm_router_cache_aware",
             RouterKind::VllmRouterPowerOfTwo => "vllm_router_power_of_two",
+            RouterKind::RoundRobinAdmission => "round_robin_admission",
+            RouterKind::SmgCacheAwareAdmission => "smg_cache_aware_admission",
         }
     }
 
     /// The peer router and its policy, for the field's routers.
     pub fn peer(self) -> Option<(PeerRouter, &'static str)> {
         match self {
-            RouterKind::SmgCacheAware => Some((PeerRouter::Smg, "cache_aware")),
+            RouterKind::SmgCacheAware | RouterKind::SmgCacheAwareAdmission => {
+                Some((PeerRouter::Smg, "cache_aware"))
+            }
             RouterKind::SmgLeastLoad => Some((PeerRouter::Smg, "least_load")),
             RouterKind::SmgPowerOfTwo => Some((PeerRouter::Smg, "power_of_two")),
             RouterKind::SmgPrefixHash => Some((PeerRouter::Smg, "prefix_hash")),
@@ -147,7 +180,11 @@ impl RouterKind {
 
     /// Every router: the default set, the extras, the peers.
     pub fn every() -> impl Iterator<Item = RouterKind> {
-        Self::ALL.into_iter().chain(Self::EXTRA).chain(Self::PEERS)
+        Self::ALL
+            .into_iter()
+            .chain(Self::EXTRA)
+            .chain(Self::PEERS)
+            .chain(Self::ADMISSION)
     }
 
     /// Parse a router name (default set and extras).
@@ -179,6 +216,11 @@ impl RouterKind {
             RouterKind::FilterReplicas4 => 4,
             _ => 1,
         }
+    }
+
+    /// Whether it bounds what it holds at the scenario's [`AdmissionBound`].
+    pub fn admits(self) -> bool {
+        Self::ADMISSION.contains(&self)
     }
 
     /// Whether its sidecars follow a metrics hub (started with the stack) instead of scraping.
@@ -224,7 +266,9 @@ pub fn envoy_spec(
     scenario_config: &Value,
 ) -> EnvoySpec {
     let envoy_router = match router {
-        RouterKind::RoundRobin | RouterKind::WeightedRr => EnvoyRouter::RoundRobin,
+        RouterKind::RoundRobin | RouterKind::WeightedRr | RouterKind::RoundRobinAdmission => {
+            EnvoyRouter::RoundRobin
+        }
         RouterKind::LeastRequest | RouterKind::LeastRequestFull => EnvoyRouter::LeastRequest,
         RouterKind::Filter
         | RouterKind::FilterGaieWeights
@@ -237,7 +281,8 @@ pub fn envoy_spec(
         | RouterKind::SmgPowerOfTwo
         | RouterKind::SmgPrefixHash
         | RouterKind::VllmRouterCacheAware
-        | RouterKind::VllmRouterPowerOfTwo => EnvoyRouter::RoundRobin,
+        | RouterKind::VllmRouterPowerOfTwo
+        | RouterKind::SmgCacheAwareAdmission => EnvoyRouter::RoundRobin,
     };
     let mut spec = EnvoySpec::new(envoy_router)
         .pool(POOL, CLUSTER, pods.to_vec())
@@ -267,9 +312,33 @@ pub fn envoy_spec(
             in_emulated_time(&mut config, fleet.speedup);
             spec = spec.plugin_config(config);
         }
+        RouterKind::RoundRobinAdmission => {
+            spec.admission = fleet.admission.map(|a| testkit::Admission {
+                max_in_flight: a.in_flight,
+                max_pending: a.queue,
+            });
+        }
         _ => {}
     }
     spec
+}
+
+/// SMG's admission flags for `bound` (the documented ones: `--max-concurrent-requests`,
+/// `--queue-size`, `--queue-timeout-secs`, whole seconds, at least 1).
+pub fn smg_admission_args(bound: &AdmissionBound) -> Vec<String> {
+    vec![
+        "--max-concurrent-requests".into(),
+        bound.in_flight.to_string(),
+        "--queue-size".into(),
+        bound.queue.to_string(),
+        "--queue-timeout-secs".into(),
+        bound
+            .queue_timeout
+            .as_secs_f64()
+            .ceil()
+            .max(1.0)
+            .to_string(),
+    ]
 }
 
 /// One pod: emulated (model-sim) or, in a [`PodEngine::Vllm`] fleet, a real vLLM instance.
@@ -327,6 +396,9 @@ pub struct FleetSpec {
     pub seed: u64,
     /// Emulated or real pods.
     pub engine: PodEngine,
+    /// The admission bound of the routers that have one ([`RouterKind::admits`]); `None` where
+    /// the scenario judges no overload (such a router then refuses to start).
+    pub admission: Option<AdmissionBound>,
 }
 
 /// Errors starting the stack.
@@ -350,6 +422,9 @@ pub enum StackError {
         /// Its log file.
         log: String,
     },
+    /// A router with admission asked for on a fleet whose scenario sizes none.
+    #[error("{0}: the scenario sets no admission bound (only overload scenarios size one)")]
+    NoAdmission(&'static str),
     /// The real vLLM fleet could not be started or reset.
     #[error("real vLLM pods: {0} (logs: <target>/testlogs/bench-vllm*/vllm.log)")]
     RealPods(String),
@@ -872,8 +947,15 @@ async fn start_gateway_following(
     listen_port: Option<u16>,
     hub: Option<SocketAddr>,
 ) -> Result<Gateway, StackError> {
+    if router.admits() && fleet.admission.is_none() {
+        return Err(StackError::NoAdmission(router.name()));
+    }
     if let Some((kind, policy)) = router.peer() {
-        let p = testkit::peers::start(kind, policy, pods)
+        let extra = match (router, &fleet.admission) {
+            (RouterKind::SmgCacheAwareAdmission, Some(a)) => smg_admission_args(a),
+            _ => Vec::new(),
+        };
+        let p = testkit::peers::start_with(kind, policy, pods, &extra)
             .await
             .map_err(tk(format!("start {} ({policy})", kind.package())))?;
         return Ok(Gateway::Peer(p));
@@ -1255,6 +1337,7 @@ mod tests {
             speedup: 1.0,
             seed: 1,
             engine: PodEngine::ModelSim,
+            admission: None,
         }
     }
 
@@ -1295,19 +1378,79 @@ mod tests {
         );
     }
 
+    /// The routers with admission carry the scenario's bound: Envoy's circuit breakers at it
+    /// with overflow answered 429, SMG's documented flags; the unbounded ones stay unbounded.
+    #[test]
+    fn admission_routers_carry_the_scenarios_bound() {
+        let mut f = fleet(&["h100", "h100"]);
+        let pods = [
+            SocketAddr::from(([127, 0, 0, 1], 9001)),
+            SocketAddr::from(([127, 0, 0, 1], 9002)),
+        ];
+        let bound = AdmissionBound {
+            in_flight: 24,
+            queue: 100,
+            queue_timeout: Duration::from_millis(20_500),
+        };
+        f.admission = Some(bound);
+        let doc = |r: RouterKind| {
+            envoy_spec(r, &f, &pods, &[], &Value::Null)
+                .bootstrap(std::path::Path::new("/x"), std::path::Path::new("/y"))
+                .unwrap()
+        };
+        let d = doc(RouterKind::RoundRobinAdmission);
+        let cluster = &d["static_resources"]["clusters"][0];
+        let limits = &cluster["circuit_breakers"]["thresholds"][0];
+        assert_eq!(cluster["lb_policy"], "ROUND_ROBIN");
+        assert_eq!(
+            (
+                &limits["max_requests"],
+                &limits["max_connections"],
+                &limits["max_pending_requests"]
+            ),
+            (&json!(24), &json!(24), &json!(100))
+        );
+        assert!(d.to_string().contains("\"status_code\":429"));
+        let plain = doc(RouterKind::RoundRobin);
+        assert_eq!(
+            plain["static_resources"]["clusters"][0]["circuit_breakers"]["thresholds"][0]
+                ["max_requests"],
+            100_000
+        );
+        assert!(!plain.to_string().contains("\"status_code\":429"));
+        assert_eq!(
+            smg_admission_args(&bound),
+            [
+                "--max-concurrent-requests",
+                "24",
+                "--queue-size",
+                "100",
+                "--queue-timeout-secs",
+                "21"
+            ]
+        );
+    }
+
     #[test]
     fn router_names_round_trip() {
         for r in RouterKind::every() {
             assert_eq!(RouterKind::from_name(r.name()), Some(r));
         }
-        assert_eq!(RouterKind::names().len(), 15);
+        assert_eq!(RouterKind::names().len(), 17);
         for r in RouterKind::PEERS {
             let (_, policy) = r.peer().unwrap();
             assert!(r.name().ends_with(policy) && !r.uses_filter() && r.replicas() == 1);
         }
         assert!(RouterKind::every()
-            .filter(|r| !RouterKind::PEERS.contains(r))
+            .filter(|r| !RouterKind::PEERS.contains(r) && !r.admits())
             .all(|r| r.peer().is_none()));
+        assert_eq!(
+            RouterKind::SmgCacheAwareAdmission.peer(),
+            RouterKind::SmgCacheAware.peer()
+        );
+        assert!(RouterKind::every()
+            .filter(|r| r.admits())
+            .all(|r| !r.uses_filter() && r.name().ends_with("_admission")));
         assert_eq!(RouterKind::from_name("random"), None);
         assert!(RouterKind::Filter.uses_filter() && !RouterKind::LeastRequest.uses_filter());
     }

@@ -40,6 +40,7 @@ async fn start(n: usize, speedup: f64, idle: Duration) -> (Pods, EnvoyProcess) {
         speedup,
         seed: 7,
         engine: Default::default(),
+        admission: None,
     };
     let pods = stack::start_pods(&fleet, &[]).await.unwrap();
     let mut spec = stack::envoy_spec(

@@ -41,6 +41,7 @@ async fn one_lying_pod_gets_a_bounded_share_and_the_pool_still_sheds() {
         speedup: 4.0,
         seed: 11,
         engine: Default::default(),
+        admission: None,
     };
     let started = stack::start_pods(&fleet, &[]).await.unwrap();
     let mut spec = stack::envoy_spec(
