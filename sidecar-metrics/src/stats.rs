@@ -185,263 +185,306 @@ struct Exposition {
 impl Collector for Exposition {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let i = lock(&self.inner);
+        encode_scrapes(&mut enc, &i)?;
+        encode_snapshots(&mut enc, &i, self.now_ms)?;
+        encode_hub_frames(&mut enc, &i)?;
+        encode_hub_tallies(&mut enc, &i)
+    }
+}
 
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_scrape_duration_seconds",
-            "Time to fetch and read one pod's /metrics.",
-            None,
-            MetricType::Histogram,
-        )?;
-        for ((pool, pod), s) in i.iter() {
-            s.latency
-                .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
-        }
+type Encoded = Result<(), std::fmt::Error>;
 
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_scrape_failures",
-            "Failed scrapes by pod and kind (request, timeout, status, too_large, body, not_utf8, unusable).",
-            None,
-            MetricType::Counter,
-        )?;
-        for ((pool, pod), s) in i.iter() {
-            for (kind, n) in &s.failures_by_kind {
-                ConstCounter::new(*n).encode(m.encode_family(&[
-                    ("pool", pool),
-                    ("pod", pod),
-                    ("kind", kind),
-                ])?)?;
-            }
-        }
+/// One family of one unlabelled sample.
+fn single<M: EncodeMetric + ?Sized>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &M,
+) -> Encoded {
+    metric.encode(enc.encode_descriptor(name, help, None, metric.metric_type())?)
+}
 
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_pod_consecutive_failures",
-            "Failed scrapes in a row per pod.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for ((pool, pod), s) in i.iter() {
-            ConstGauge::new(i64::from(s.failures))
-                .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
-        }
+/// One family with one sample per value of `label`.
+fn by_label<'a, M: EncodeMetric>(
+    enc: &mut DescriptorEncoder,
+    (name, help, kind): (&str, &str, MetricType),
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, M)>,
+) -> Encoded {
+    let mut m = enc.encode_descriptor(name, help, None, kind)?;
+    for (value, metric) in samples {
+        metric.encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
 
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_pods",
-            "Pods by pool and state (ok, failing, stale; unknown before the first round) in the last snapshot.",
-            None,
-            MetricType::Gauge,
-        )?;
-        let mut by: BTreeMap<(&str, &str), i64> = BTreeMap::new();
-        for ((pool, _), s) in i.iter() {
-            let state = if s.health.is_empty() {
-                "unknown"
-            } else {
-                s.health
-            };
-            *by.entry((pool, state)).or_default() += 1;
-        }
-        for ((pool, state), n) in by {
-            ConstGauge::new(n).encode(m.encode_family(&[("pool", pool), ("state", state)])?)?;
-        }
+/// Counters of `keys` from `counts` (0 for a key not counted yet, so rates exist from the start).
+fn counts_of<'a>(
+    counts: &'a BTreeMap<&'static str, u64>,
+    keys: &'a [&'a str],
+) -> impl Iterator<Item = (&'a str, ConstCounter)> + 'a {
+    keys.iter()
+        .map(|k| (*k, ConstCounter::new(counts.get(k).copied().unwrap_or(0))))
+}
 
-        let mut m = enc.encode_descriptor(
+/// Per pod: scrape latency, failures by kind, failures in a row; pods by pool and state.
+fn encode_scrapes(enc: &mut DescriptorEncoder, i: &Inner) -> Encoded {
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_scrape_duration_seconds",
+        "Time to fetch and read one pod's /metrics.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for ((pool, pod), s) in i.iter() {
+        s.latency
+            .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
+    }
+
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_scrape_failures",
+        "Failed scrapes by pod and kind (request, timeout, status, too_large, body, not_utf8, unusable).",
+        None,
+        MetricType::Counter,
+    )?;
+    for ((pool, pod), s) in i.iter() {
+        for (kind, n) in &s.failures_by_kind {
+            ConstCounter::new(*n).encode(m.encode_family(&[
+                ("pool", pool),
+                ("pod", pod),
+                ("kind", kind),
+            ])?)?;
+        }
+    }
+
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_pod_consecutive_failures",
+        "Failed scrapes in a row per pod.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for ((pool, pod), s) in i.iter() {
+        ConstGauge::new(i64::from(s.failures))
+            .encode(m.encode_family(&[("pool", pool), ("pod", pod)])?)?;
+    }
+
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_pods",
+        "Pods by pool and state (ok, failing, stale; unknown before the first round) in the last snapshot.",
+        None,
+        MetricType::Gauge,
+    )?;
+    let mut by: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+    for ((pool, _), s) in i.iter() {
+        let state = if s.health.is_empty() {
+            "unknown"
+        } else {
+            s.health
+        };
+        *by.entry((pool, state)).or_default() += 1;
+    }
+    for ((pool, state), n) in by {
+        ConstGauge::new(n).encode(m.encode_family(&[("pool", pool), ("state", state)])?)?;
+    }
+    Ok(())
+}
+
+/// Pushes, the snapshot's size, budget, trims, age and generation, scrape rounds.
+fn encode_snapshots(enc: &mut DescriptorEncoder, i: &Inner, now_ms: u64) -> Encoded {
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_pushes",
             "Snapshot pushes by result.",
-            None,
             MetricType::Counter,
-        )?;
-        for r in PUSH_RESULTS {
-            let n = i.pushes.get(r).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
-        }
+        ),
+        "result",
+        counts_of(&i.pushes, &PUSH_RESULTS),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_snapshot_bytes",
+        "Size of the last encoded snapshot (bytes).",
+        &ConstGauge::new(i.snapshot_bytes as f64),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_snapshot_budget_bytes",
+        "Byte budget of a pushed snapshot in force: snapshot.max_bytes, or less after the proxy answered 413.",
+        &ConstGauge::new(i.budget_bytes as f64),
+    )?;
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_snapshot_adapters_dropped",
+        "LoRA adapter names dropped from pushed snapshots: budget=pod to keep a pod within snapshot.max_pod_bytes, budget=total to keep the snapshot within snapshot.max_bytes; list=running|waiting.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (b, l) in TRIM_LABELS {
+        let n = i.adapters_dropped.get(&(b, l)).copied().unwrap_or(0);
+        ConstCounter::new(n).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
+    }
+    let mut m = enc.encode_descriptor(
+        "llm_router_sidecar_snapshot_adapters_trimmed",
+        "LoRA adapter names missing from the last pushed snapshot because of the budgets.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (b, l) in TRIM_LABELS {
+        let n = i.adapters_trimmed.get(&(b, l)).copied().unwrap_or(0);
+        ConstGauge::new(n as i64).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
+    }
+    single(
+        enc,
+        "llm_router_sidecar_snapshots_over_budget",
+        "Snapshots not pushed because even without adapter names they exceed the byte budget.",
+        &ConstCounter::new(i.over_budget),
+    )?;
+    let age = if i.last_accepted_created_ms == 0 {
+        -1.0
+    } else {
+        now_ms.saturating_sub(i.last_accepted_created_ms) as f64 / 1000.0
+    };
+    single(
+        enc,
+        "llm_router_sidecar_snapshot_age_seconds",
+        "Age of the last snapshot the proxy accepted (-1: none yet).",
+        &ConstGauge::new(age),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_snapshot_generation",
+        "Generation of the last accepted snapshot.",
+        &ConstGauge::new(i.last_accepted_generation as f64),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_scrape_rounds",
+        "Scrape rounds completed.",
+        &ConstCounter::new(i.rounds),
+    )
+}
 
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_bytes",
-            "Size of the last encoded snapshot (bytes).",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(i.snapshot_bytes as f64).encode(m)?;
-
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_budget_bytes",
-            "Byte budget of a pushed snapshot in force: snapshot.max_bytes, or less after the proxy answered 413.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(i.budget_bytes as f64).encode(m)?;
-
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_adapters_dropped",
-            "LoRA adapter names dropped from pushed snapshots: budget=pod to keep a pod within snapshot.max_pod_bytes, budget=total to keep the snapshot within snapshot.max_bytes; list=running|waiting.",
-            None,
-            MetricType::Counter,
-        )?;
-        for (b, l) in TRIM_LABELS {
-            let n = i.adapters_dropped.get(&(b, l)).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
-        }
-
-        let mut m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_adapters_trimmed",
-            "LoRA adapter names missing from the last pushed snapshot because of the budgets.",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (b, l) in TRIM_LABELS {
-            let n = i.adapters_trimmed.get(&(b, l)).copied().unwrap_or(0);
-            ConstGauge::new(n as i64).encode(m.encode_family(&[("budget", b), ("list", l)])?)?;
-        }
-
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshots_over_budget",
-            "Snapshots not pushed because even without adapter names they exceed the byte budget.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(i.over_budget).encode(m)?;
-
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_age_seconds",
-            "Age of the last snapshot the proxy accepted (-1: none yet).",
-            None,
-            MetricType::Gauge,
-        )?;
-        let age = if i.last_accepted_created_ms == 0 {
-            -1.0
-        } else {
-            self.now_ms.saturating_sub(i.last_accepted_created_ms) as f64 / 1000.0
-        };
-        ConstGauge::new(age).encode(m)?;
-
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_snapshot_generation",
-            "Generation of the last accepted snapshot.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(i.last_accepted_generation as f64).encode(m)?;
-
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_scrape_rounds",
-            "Scrape rounds completed.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(i.rounds).encode(m)?;
-
-        let h = &i.hub;
-        let mut m = enc.encode_descriptor(
+/// Hub frames: where a gateway sidecar's snapshots come from, frames received and refused,
+/// fallbacks to its own scraping; the hub's subscribers and what it published.
+fn encode_hub_frames(enc: &mut DescriptorEncoder, i: &Inner) -> Encoded {
+    let h = &i.hub;
+    let sources: &[&str] = if h.source.is_empty() {
+        &[]
+    } else {
+        &["hub", "scrape"]
+    };
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_hub_source",
             "1 for where the pushed snapshots come from now: the hub, or the sidecar's own scraping (a sidecar subscribed to hubs only).",
-            None,
             MetricType::Gauge,
-        )?;
-        if !h.source.is_empty() {
-            for src in ["hub", "scrape"] {
-                ConstGauge::new(i64::from(h.source == src))
-                    .encode(m.encode_family(&[("source", src)])?)?;
-            }
-        }
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_frames_received",
-            "Snapshot frames received from hubs, signature verified.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(h.frames_received).encode(m)?;
-        let mut m = enc.encode_descriptor(
+        ),
+        "source",
+        sources
+            .iter()
+            .map(|src| (*src, ConstGauge::new(i64::from(h.source == *src)))),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_frames_received",
+        "Snapshot frames received from hubs, signature verified.",
+        &ConstCounter::new(h.frames_received),
+    )?;
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_hub_frames_refused",
             "Hub frames refused, by reason (signature: not signed with our secret, the connection is dropped; invalid: not a snapshot; old: not newer than the last one used).",
-            None,
             MetricType::Counter,
-        )?;
-        for r in ["signature", "invalid", "old"] {
-            let n = h.frames_refused.get(r).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("reason", r)])?)?;
-        }
-        let mut m = enc.encode_descriptor(
+        ),
+        "reason",
+        counts_of(&h.frames_refused, &["signature", "invalid", "old"]),
+    )?;
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_hub_fallbacks",
             "Switches from the hubs to the sidecar's own scraping, by reason (closed: every hub's connection ended; silent: no frame for hub.fallback_after_ms).",
-            None,
             MetricType::Counter,
-        )?;
-        for r in ["closed", "silent"] {
-            let n = h.fallbacks.get(r).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("reason", r)])?)?;
-        }
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_subscribers",
-            "Hub: gateway sidecars subscribed now.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(h.subscribers).encode(m)?;
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_subscribes_refused",
-            "Hub: subscribe requests refused for want of a valid signature.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(h.subscribes_refused).encode(m)?;
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_published",
-            "Hub: snapshots published to the subscribers' streams.",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(h.published).encode(m)?;
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_tally_frames",
-            "Hub: of the published snapshots, frames sent between scrape rounds because a replica's tally changed (hub.tally_frame_ms).",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(h.tally_frames).encode(m)?;
-        let mut m = enc.encode_descriptor(
+        ),
+        "reason",
+        counts_of(&h.fallbacks, &["closed", "silent"]),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_subscribers",
+        "Hub: gateway sidecars subscribed now.",
+        &ConstGauge::new(h.subscribers),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_subscribes_refused",
+        "Hub: subscribe requests refused for want of a valid signature.",
+        &ConstCounter::new(h.subscribes_refused),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_published",
+        "Hub: snapshots published to the subscribers' streams.",
+        &ConstCounter::new(h.published),
+    )?;
+    Ok(())
+}
+
+/// Tallies: the hub's tally frames, tallies received and replicas carried; a gateway
+/// sidecar's tallies shared and the age of the other replicas' work.
+fn encode_hub_tallies(enc: &mut DescriptorEncoder, i: &Inner) -> Encoded {
+    let h = &i.hub;
+    single(
+        enc,
+        "llm_router_sidecar_hub_tally_frames",
+        "Hub: of the published snapshots, frames sent between scrape rounds because a replica's tally changed (hub.tally_frame_ms).",
+        &ConstCounter::new(h.tally_frames),
+    )?;
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_hub_tallies",
             "Hub: gateway replicas' tallies received, by result (accepted; forbidden: not signed with the key of the replica it names; invalid: not a tally, or its body too slow; refused: a replayed or older seq, dated in the future or too old, or the board is full; too_large: over the size limit, refused unread).",
-            None,
             MetricType::Counter,
-        )?;
-        for r in ["accepted", "forbidden", "invalid", "refused", "too_large"] {
-            let n = h.tallies.get(r).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
-        }
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_frames_unsent",
-            "Hub: frames not published because they exceeded the stream's frame limit (logged as errors).",
-            None,
-            MetricType::Counter,
-        )?;
-        ConstCounter::new(h.frames_unsent).encode(m)?;
-        let m = enc.encode_descriptor(
-            "llm_router_sidecar_hub_replicas",
-            "Hub: gateway replicas whose tallies the last published frame carried.",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(h.replicas as i64).encode(m)?;
-        let mut m = enc.encode_descriptor(
+        ),
+        "result",
+        counts_of(
+            &h.tallies,
+            &["accepted", "forbidden", "invalid", "refused", "too_large"],
+        ),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_frames_unsent",
+        "Hub: frames not published because they exceeded the stream's frame limit (logged as errors).",
+        &ConstCounter::new(h.frames_unsent),
+    )?;
+    single(
+        enc,
+        "llm_router_sidecar_hub_replicas",
+        "Hub: gateway replicas whose tallies the last published frame carried.",
+        &ConstGauge::new(h.replicas as i64),
+    )?;
+    by_label(
+        enc,
+        (
             "llm_router_sidecar_tallies_shared",
             "This replica's tallies sent to hubs, by result (sent and hub_error count per hub; proxy_error: the proxy's tally could not be read).",
-            None,
             MetricType::Counter,
+        ),
+        "result",
+        counts_of(&h.shared, &["sent", "hub_error", "proxy_error"]),
+    )?;
+    if let Some(hist) = &i.peer_age {
+        single(
+            enc,
+            "llm_router_sidecar_peer_work_age_seconds",
+            "Age of the oldest other replica's tally in each hub frame applied (read by its sidecar → merged here), i.e. how old the others' work is when this proxy gets it, before the push.",
+            hist,
         )?;
-        for r in ["sent", "hub_error", "proxy_error"] {
-            let n = h.shared.get(r).copied().unwrap_or(0);
-            ConstCounter::new(n).encode(m.encode_family(&[("result", r)])?)?;
-        }
-        if let Some(hist) = &i.peer_age {
-            let m = enc.encode_descriptor(
-                "llm_router_sidecar_peer_work_age_seconds",
-                "Age of the oldest other replica's tally in each hub frame applied (read by its sidecar → merged here), i.e. how old the others' work is when this proxy gets it, before the push.",
-                None,
-                MetricType::Histogram,
-            )?;
-            hist.encode(m)?;
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Stats {
