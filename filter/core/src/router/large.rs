@@ -7,11 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
 
 use super::*;
-use crate::inflight::PodLoad;
+use crate::inflight::{PodLoad, Table};
 use crate::predict::Fit;
 use crate::request::{parse, ApiKind};
+use crate::score;
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, LoraState, PeerWork, Pod, Pool};
+use llm_router_snapshot::{Engine, Health, LoraState, PeerWork, Pod, Pool, Snapshot};
 use std::sync::atomic::Ordering::Relaxed;
 
 const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";

@@ -8,7 +8,7 @@
 use super::*;
 use crate::request::{parse, ApiKind};
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, Pod, Pool};
+use llm_router_snapshot::{Engine, Pod, Pool, Snapshot};
 use std::collections::VecDeque;
 
 const POOL: &str = "llama";

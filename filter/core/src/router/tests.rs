@@ -8,9 +8,10 @@
 )]
 
 use super::*;
+use crate::prefix;
 use crate::request::{parse, ApiKind};
 use crate::store::MemoryStore;
-use llm_router_snapshot::{Engine, LoraState, PeerWork, Pod, Pool};
+use llm_router_snapshot::{Engine, Health, LoraState, PeerWork, Pod, Pool, Snapshot};
 
 const CONFIG: &str = r#"{
   "pools": [

@@ -1,0 +1,124 @@
+use super::candidates::Candidates;
+use super::view::PoolView;
+use super::{RouteMode, Routed};
+use crate::inflight::{self};
+use crate::lora::{self};
+use crate::prefix::PrefixIndex;
+use crate::prior;
+use crate::score::{self, Candidate, Features, Mode};
+use crate::store::SharedStore;
+use llm_router_snapshot::PeerContext;
+
+/// Stage 7: the decision, accounted: the chosen pod's in-flight count and pending work go up
+/// in the shared load table, the prompt's blocks are recorded for it in the prefix index, an
+/// adapter is noted as used there.
+pub(super) fn account<S: SharedStore>(
+    store: &S,
+    view: PoolView<'_>,
+    c: &Candidates<'_>,
+    features: &Features<'_>,
+    ranked: &[score::Scored],
+    top_k: usize,
+) -> Routed {
+    let pool = &view.pool;
+    let endpoints: Vec<String> = ranked
+        .iter()
+        .take(top_k)
+        .filter_map(|s| c.cands.get(s.index))
+        .map(|c| c.address.to_string())
+        .collect();
+    let scores = ranked
+        .iter()
+        .filter_map(|s| {
+            c.cands
+                .get(s.index)
+                .map(|c| (c.address.to_string(), s.score))
+        })
+        .collect();
+    let best = ranked.first().map(|s| s.index);
+    let chosen = best.and_then(|i| c.cands.get(i).map(|c| (i, c)));
+    let recorded = |i: usize, cand: &Candidate<'_>| {
+        c.credited
+            .iter()
+            .find(|&&(j, _)| j == i)
+            .map_or(cand.prefix_blocks, |&(_, blocks)| blocks)
+    };
+    let (mut pending_tokens, mut work_tokens) = (0, 0.0);
+    let (mut prefix_hit, mut lora_hit) = (false, false);
+    if let Some((i, cand)) = chosen {
+        let known = recorded(i, cand);
+        prefix_hit = known > 0;
+        lora_hit = features.adapter.is_some() && (cand.lora.resident || cand.lora.home);
+        let uncached = features.uncached_tokens(known);
+        pending_tokens = uncached.min(f64::from(u32::MAX)) as u32;
+        // When the pod was credited with a guess of what it holds, its timing says nothing
+        // sure about its rate: no observation (NaN is ignored by the fit).
+        work_tokens = if known < cand.prefix_blocks {
+            f64::NAN
+        } else {
+            cand.queued_tokens(features, view.mode) + uncached
+        };
+        let index = PrefixIndex::new(
+            store,
+            &pool.name,
+            pool.prefix.index_slots,
+            pool.prefix.page_blocks,
+            pool.prefix.entries_per_page,
+        );
+        let id = c.ids.get(i).copied().unwrap_or(0);
+        index.record(&c.hashes.blocks, id, &c.found);
+        // A new copy of a long context (the pod held less of it than the anchor, by this
+        // replica's records and the others' notes), made while other replicas are at work in
+        // the pool: tell them where it went (through the tally), so they need not guess — the
+        // first copy, and every later one (a busy holder avoided), which the others would
+        // otherwise not know of and copy again.
+        if let Some((key, depth)) = c.anchor {
+            if view.derived.is_some_and(|d| d.peers)
+                && (known as usize) < depth
+                && !c.peer_placed.contains(&i)
+            {
+                let blocks = c.hashes.blocks.len() as u32;
+                prior::note_placed(
+                    store,
+                    &pool.name,
+                    PeerContext {
+                        key,
+                        pod: id,
+                        blocks,
+                    },
+                );
+            }
+        }
+        inflight::routed_after_read(
+            store,
+            &pool.name,
+            // Without a CAS token (no table yet) a blind write could overwrite another
+            // worker's first entry: read again instead.
+            view.live_cas.map(|cas| (view.live, Some(cas))),
+            cand.address,
+            pending_tokens,
+        );
+        if let Some(a) = features.adapter {
+            lora::note(store, &pool.name, cand.address, a, cand.in_flight == 0);
+        }
+    }
+    Routed {
+        pool: pool.name.clone(),
+        cluster: pool.cluster.clone(),
+        endpoints,
+        rewrite: view.rewrite.clone(),
+        served_model: view.served_model.clone(),
+        mode: if view.mode == Mode::Full {
+            RouteMode::Scored
+        } else {
+            RouteMode::LeastInflight
+        },
+        scores,
+        prefix_hit,
+        lora_hit,
+        inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
+        pending_tokens,
+        work_tokens,
+        adapter: chosen.and(features.adapter).map(str::to_string),
+    }
+}

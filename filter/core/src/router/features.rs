@@ -1,0 +1,100 @@
+use super::admit::base_features;
+use super::candidates::Candidates;
+use super::fleet::PoolIndex;
+use super::view::PoolView;
+use super::Context;
+use crate::config::PoolConfig;
+use crate::prefix::{self};
+use crate::prior;
+use crate::request::ParsedRequest;
+use crate::score::{Features, Mode};
+use llm_router_snapshot::PeerContext;
+
+/// The anchor of a long context ([`prior::anchor_depth`]): its chained block hash and depth.
+/// Other replicas may have put the context somewhere when this replica knows less of the prompt
+/// than the depth (`.filter(|&(_, depth)| known < depth)` at the callers).
+pub(super) fn anchor(
+    pool: &PoolConfig,
+    hashes: &prefix::Hashes,
+    prompt_chars: usize,
+) -> Option<(u64, usize)> {
+    let n = hashes.blocks.len();
+    let prompt_blocks = prompt_chars / pool.prefix.block_chars.max(1);
+    let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)?;
+    let key = hashes.blocks.get(depth.checked_sub(1)?).copied()?;
+    Some((key, depth))
+}
+
+/// The contexts other gateway replicas placed under `key` ([`prior::note_placed`]).
+pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &PeerContext> {
+    let from = d.peer_contexts.partition_point(|p| p.key < key);
+    d.peer_contexts
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(move |p| p.key == key)
+}
+
+/// Stage 5: the request's features, with the pods other gateway replicas probably warmed for
+/// it credited ([`prior`]). A prompt deeper than anything this replica knows may be on the pod
+/// where other replicas put it: credit that pod with the blocks it would save, weighed by the
+/// other replicas' share of the pool's traffic. Two places are expected: a long context's
+/// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
+/// The pods' own records are kept for the work accounting ([`Candidates::credited`]).
+pub(super) fn features<'r>(
+    view: &PoolView<'_>,
+    c: &mut Candidates<'_>,
+    req: &ParsedRequest<'_>,
+    model: &'r str,
+    ctx: Context,
+) -> Features<'r> {
+    let pool = &view.pool;
+    let full = view.mode == Mode::Full;
+    let key_home = c.home(c.hashes.key);
+    let prompt_chars = req.prompt_chars();
+    if full {
+        let known = c.cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
+        let block_chars = pool.prefix.block_chars.max(1);
+        let share = view.derived.map_or(1.0, |d| d.own_share);
+        let n = c.hashes.blocks.len();
+        c.anchor = anchor(pool, &c.hashes, prompt_chars);
+        let anchored = c.anchor.filter(|&(_, depth)| (known as usize) < depth);
+        // Where other replicas placed the context, when their rings say: a fact, in full.
+        let placed: Vec<(usize, u32)> = anchored
+            .zip(view.derived)
+            .map(|((key, _), d)| {
+                let ids = &c.ids;
+                peer_placed(d, key)
+                    .filter_map(|p| {
+                        let at = ids.iter().position(|&id| id == p.pod)?;
+                        Some((at, p.blocks.min(n as u32)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        c.peer_placed = placed.iter().map(|&(at, _)| at).collect();
+        // Otherwise where they probably put it: its home, believed by their share.
+        let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
+            let credit = prior::credit(n, known, share)?;
+            Some((c.home(key)?, credit))
+        });
+        let conversation = req.history_bytes().and_then(|bytes| {
+            let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
+            Some((key_home?, credit))
+        });
+        for (home, credit) in placed.into_iter().chain(context).chain(conversation) {
+            if let Some(cand) = c.cands.get_mut(home) {
+                if !c.credited.iter().any(|&(j, _)| j == home) {
+                    c.credited.push((home, cand.prefix_blocks));
+                }
+                cand.prefix_blocks = cand.prefix_blocks.max(credit);
+            }
+        }
+    }
+    Features {
+        prompt_blocks: c.hashes.blocks.len() as u32,
+        truncated: prompt_chars / pool.prefix.block_chars.max(1) > c.hashes.blocks.len(),
+        home: key_home,
+        ..base_features(view, req, model, ctx)
+    }
+}

@@ -1,0 +1,181 @@
+use crate::config::Config;
+use crate::inflight::{self, Table};
+use crate::lora::{self};
+use crate::prefix::{self};
+use crate::prior;
+use crate::shortlist::Shortlist;
+use crate::store::SharedStore;
+use llm_router_snapshot::Snapshot;
+use std::collections::HashMap;
+
+/// What is derived once per snapshot for one of its pools.
+#[derive(Debug, Clone, Default)]
+pub(super) struct PoolIndex {
+    /// Prefix-index id of each pod, in snapshot order.
+    pub(super) pod_ids: Vec<u32>,
+    /// Adapter → home pod (snapshot order), by bounded-load rendezvous.
+    pub(super) homes: HashMap<String, usize>,
+    /// [`lora::homes_key`] of what `homes` was solved from.
+    pub(super) homes_key: u64,
+    /// This proxy's share of the requests the pool's engines counted ([`prior::own_share`]).
+    pub(super) own_share: f64,
+    /// What a large pool's decisions shortlist from ([`crate::shortlist`]); `None` for a
+    /// pool scored whole.
+    pub(super) shortlist: Option<Shortlist>,
+    /// Long contexts other gateway replicas placed on the pool's pods, by key
+    /// ([`prior::note_placed`]).
+    pub(super) peer_contexts: Vec<llm_router_snapshot::PeerContext>,
+    /// The snapshot shows other gateway replicas at work in the pool (their requests or
+    /// their placed contexts): this proxy's own placements are then worth sharing.
+    pub(super) peers: bool,
+}
+
+/// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    pub snapshot: Snapshot,
+    /// When this proxy accepted the snapshot (ms, proxy clock).
+    pub accepted_ms: u64,
+    /// In-flight counts per snapshot pool when the snapshot was accepted.
+    pub(super) baselines: Vec<Table>,
+    /// Model or adapter name → (snapshot pool index, is an adapter).
+    pub(super) models: HashMap<String, (usize, bool)>,
+    /// Per snapshot pool.
+    pub(super) pools: Vec<PoolIndex>,
+}
+
+impl Fleet {
+    /// Indexes a snapshot. `baselines[i]` belongs to `snapshot.pools[i]` (missing = empty).
+    /// Adapter homes cover the adapters `config` lists for the pool, or, for a pool the
+    /// configuration does not list adapters for, the ones the pods report.
+    pub fn new(
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        baselines: Vec<Table>,
+        config: &Config,
+    ) -> Fleet {
+        Fleet::new_after(snapshot, accepted_ms, baselines, config, None)
+    }
+
+    /// As [`Fleet::new`], reusing `prev`'s adapter homes for every pool whose pods, slots and
+    /// adapters are unchanged (the common case: a snapshot every 50 ms of the same fleet).
+    pub fn new_after(
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        baselines: Vec<Table>,
+        config: &Config,
+        prev: Option<&Fleet>,
+    ) -> Fleet {
+        let mut models = HashMap::new();
+        for (i, pool) in snapshot.pools.iter().enumerate() {
+            for m in &pool.models {
+                models.entry(m.clone()).or_insert((i, false));
+            }
+        }
+        for (i, pool) in snapshot.pools.iter().enumerate() {
+            for pod in &pool.pods {
+                if let Some(l) = &pod.lora {
+                    for a in l.running.iter().chain(&l.waiting) {
+                        models.entry(a.clone()).or_insert((i, true));
+                    }
+                }
+            }
+        }
+        let pools = snapshot
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(i, pool)| {
+                let addrs: Vec<&str> = pool.pods.iter().map(|p| p.address.as_str()).collect();
+                let slots: Vec<u16> = pool
+                    .pods
+                    .iter()
+                    .map(|p| p.lora.as_ref().map_or(0, |l| l.max_loras))
+                    .collect();
+                let mut adapters = config.adapters_of(&pool.name);
+                if adapters.is_empty() {
+                    adapters = pool
+                        .pods
+                        .iter()
+                        .filter_map(|p| p.lora.as_ref())
+                        .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
+                        .collect();
+                }
+                let own_share = baselines.get(i).map_or(1.0, |b| prior::own_share(pool, b));
+                let homes_key = lora::homes_key(&adapters, &addrs, &slots);
+                let pod_ids: Vec<u32> = addrs.iter().map(|a| prefix::pod_id(a)).collect();
+                let empty = Table::default();
+                let pool_config = config.pool(&pool.name).unwrap_or(&config.default_pool);
+                let shortlist = Shortlist::new(
+                    pool,
+                    baselines.get(i).unwrap_or(&empty),
+                    &pod_ids,
+                    pool_config,
+                );
+                let reused = prev.and_then(|f| {
+                    let j = f.snapshot.pools.iter().position(|p| p.name == pool.name)?;
+                    let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
+                    Some(old.homes.clone())
+                });
+                let mut peer_contexts = pool.peer_contexts.clone();
+                peer_contexts.sort_unstable();
+                let peers =
+                    !peer_contexts.is_empty() || pool.pods.iter().any(|p| !p.peers.is_none());
+                PoolIndex {
+                    pod_ids,
+                    homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
+                    homes_key,
+                    own_share,
+                    shortlist,
+                    peer_contexts,
+                    peers,
+                }
+            })
+            .collect();
+        Fleet {
+            snapshot,
+            accepted_ms,
+            baselines,
+            models,
+            pools,
+        }
+    }
+
+    /// Reads the baselines of every pool of `snapshot` from the store.
+    pub fn load(
+        store: &impl SharedStore,
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        config: &Config,
+    ) -> Fleet {
+        Fleet::load_after(store, snapshot, accepted_ms, config, None)
+    }
+
+    /// As [`Fleet::load`], reusing what `prev` derived where it still holds
+    /// ([`Fleet::new_after`]).
+    pub fn load_after(
+        store: &impl SharedStore,
+        snapshot: Snapshot,
+        accepted_ms: u64,
+        config: &Config,
+        prev: Option<&Fleet>,
+    ) -> Fleet {
+        let baselines = snapshot
+            .pools
+            .iter()
+            .map(|p| inflight::read_baseline(store, &p.name))
+            .collect();
+        Fleet::new_after(snapshot, accepted_ms, baselines, config, prev)
+    }
+
+    /// This proxy's share of the requests the engines of pool `pool` reported, when the
+    /// snapshot was accepted ([`prior::own_share`]).
+    pub fn own_share(&self, pool: &str) -> Option<f64> {
+        let i = self.snapshot.pools.iter().position(|p| p.name == pool)?;
+        self.pools.get(i).map(|d| d.own_share)
+    }
+
+    pub(super) fn is_stale(&self, now_ms: u64, stale_after_ms: u64) -> bool {
+        now_ms.saturating_sub(self.accepted_ms) > stale_after_ms
+    }
+}
