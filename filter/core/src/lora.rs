@@ -321,6 +321,29 @@ pub struct Placement {
     pub drain: u16,
 }
 
+/// What an adapter request costs on a pod with `placement`, in ms: a load where the adapter is
+/// not resident, the price of leaving its home (an eviction and a reload later) elsewhere, and
+/// the wait for a slot on a pod whose slots are all taken. A blocked pod frees a slot when one
+/// batch adapter's requests there have all ended while its new ones keep joining ahead: sooner
+/// for an adapter with few requests there than for one that keeps its slot busy
+/// ([`drain_lives`]); then one request life (`life_ms`, the pod's, else the pool's) more for
+/// each adapter already waiting for a slot (the engine gives freed slots first come first
+/// served).
+pub fn price(placement: &Placement, costs: &crate::config::LoraConfig, life_ms: f64) -> f64 {
+    let load = if placement.resident {
+        0.0
+    } else {
+        costs.load_ms
+    };
+    let stray = if placement.home { 0.0 } else { costs.stray_ms };
+    let slot_wait = if placement.blocked {
+        life_ms * (drain_lives(placement.drain) + f64::from(placement.slot_queue))
+    } else {
+        0.0
+    };
+    load + stray + slot_wait
+}
+
 /// Residency of `adapter` on a pod from the engine's report and the routing history.
 /// `in_flight`: this proxy's requests in flight there.
 ///

@@ -23,7 +23,7 @@ mod shortlisted;
 mod view;
 
 use account::account;
-use admit::admit_or_wait;
+use admit::{admit_or_wait, Admitted};
 use candidates::candidates;
 use features::features;
 pub use fleet::Fleet;
@@ -171,26 +171,28 @@ impl Router {
         // fits: the pool's best pods are on it, so they fit, and ranking the fitting pods of
         // the pool gives the same best `top_k`. Otherwise a pod left off may be the best that
         // fits, or the only one with room: the whole pool is judged.
-        if !cands.positions.is_empty() && !matches!(admitted, Ok(Some(None))) {
+        if !cands.positions.is_empty() && !matches!(admitted, Ok(Admitted::Any)) {
             #[cfg(test)]
             REJUDGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             cands = candidates(store, &view, req, ctx, None)?;
             admitted = admit_or_wait(&view, &cands, req, ctx, hold, kv_threshold, retry);
         }
-        let Some(fits) = admitted? else {
+        let admitted = admitted?;
+        if admitted == Admitted::Wait {
             return Ok(Decision::Wait {
                 pool: view.pool.name,
             });
-        };
+        }
         // Owned here: the features borrow it while `view` moves into the accounting.
         let served = view.served_model.clone();
         let model = served.as_deref().unwrap_or(req.model.as_ref());
-        let features = features(&view, &mut cands, req, model, ctx);
-        let ranked = self.rank(&view, &cands, &features, fits.as_deref())?;
+        let (features, credits) = features(&view, &mut cands, req, model, ctx);
+        let ranked = self.rank(&view, &cands, &features, admitted.fits())?;
         Ok(Decision::Routed(account(
             store,
             view,
             &cands,
+            &credits,
             &features,
             &ranked,
             self.config.top_k,

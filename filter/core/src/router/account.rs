@@ -1,8 +1,9 @@
 use super::candidates::Candidates;
+use super::features::Credits;
 use super::view::PoolView;
 use super::{RouteMode, Routed};
-use crate::inflight::{self};
-use crate::lora::{self};
+use crate::inflight;
+use crate::lora;
 use crate::prefix::PrefixIndex;
 use crate::prior;
 use crate::score::{self, Candidate, Features, Mode};
@@ -16,6 +17,7 @@ pub(super) fn account<S: SharedStore>(
     store: &S,
     view: PoolView<'_>,
     c: &Candidates<'_>,
+    credits: &Credits,
     features: &Features<'_>,
     ranked: &[score::Scored],
     top_k: usize,
@@ -38,7 +40,8 @@ pub(super) fn account<S: SharedStore>(
     let best = ranked.first().map(|s| s.index);
     let chosen = best.and_then(|i| c.cands.get(i).map(|c| (i, c)));
     let recorded = |i: usize, cand: &Candidate<'_>| {
-        c.credited
+        credits
+            .credited
             .iter()
             .find(|&&(j, _)| j == i)
             .map_or(cand.prefix_blocks, |&(_, blocks)| blocks)
@@ -72,10 +75,10 @@ pub(super) fn account<S: SharedStore>(
         // the pool: tell them where it went (through the tally), so they need not guess — the
         // first copy, and every later one (a busy holder avoided), which the others would
         // otherwise not know of and copy again.
-        if let Some((key, depth)) = c.anchor {
+        if let Some((key, depth)) = credits.anchor {
             if view.derived.is_some_and(|d| d.peers)
                 && (known as usize) < depth
-                && !c.peer_placed.contains(&i)
+                && !credits.peer_placed.contains(&i)
             {
                 let blocks = c.hashes.blocks.len() as u32;
                 prior::note_placed(

@@ -34,15 +34,33 @@ pub(super) fn base_features<'r>(
     }
 }
 
-/// Stage 4: admit or wait ([`flow::admit`]): `Ok(None)` when the request waits; else
-/// `Ok(Some(None))` when any pod may be picked, `Ok(Some(Some(fits)))` when only the pods
-/// marked keep their KV bound. A request the ranking would shed (sheddable in a saturated pool,
+/// What admission came to for a request it does not refuse ([`admit_or_wait`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Admitted {
+    /// No pod can take it now: it waits.
+    Wait,
+    /// Any pod may be picked.
+    Any,
+    /// Only the pods marked (per candidate) keep their KV bound: they are picked first.
+    Fitting(Vec<bool>),
+}
+
+impl Admitted {
+    /// The pods that keep their KV bound, when not every pod does.
+    pub(super) fn fits(&self) -> Option<&[bool]> {
+        match self {
+            Admitted::Fitting(fits) => Some(fits),
+            Admitted::Wait | Admitted::Any => None,
+        }
+    }
+}
+
+/// Stage 4: admit or wait ([`flow::admit`]). A request the ranking would shed (sheddable in a saturated pool,
 /// standard far past it) is refused instead. A pod past the *queue* bound may still be picked
 /// when some pod has room: a busy pod holding the prompt's prefix may still answer first, and
 /// the ranking weighs that (restricting the pick to pods with room sent shared-prefix requests
 /// to cold pods: TTFT p95 591 against 160 ms, results/flow-v1-bursty.md). A pod past the *KV*
 /// bound may not: the engine would preempt what runs there.
-#[allow(clippy::type_complexity)]
 pub(super) fn admit_or_wait(
     view: &PoolView<'_>,
     c: &Candidates<'_>,
@@ -51,9 +69,9 @@ pub(super) fn admit_or_wait(
     hold: Hold,
     kv_threshold: f64,
     retry_after: (u32, u32),
-) -> Result<Option<Option<Vec<bool>>>, Rejection> {
+) -> Result<Admitted, Rejection> {
     if hold == Hold::Never {
-        return Ok(Some(None));
+        return Ok(Admitted::Any);
     }
     let f = base_features(view, req, view.model(req), ctx);
     let budget_ms = ctx.deadline_ms.map(|d| d.saturating_sub(ctx.now_ms) as f64);
@@ -70,8 +88,8 @@ pub(super) fn admit_or_wait(
         ),
     };
     match admission {
-        Admission::Admit(fits) if fits.iter().all(|&f| f) => Ok(Some(None)),
-        Admission::Admit(fits) => Ok(Some(Some(fits))),
+        Admission::Admit(fits) if fits.iter().all(|&f| f) => Ok(Admitted::Any),
+        Admission::Admit(fits) => Ok(Admitted::Fitting(fits)),
         Admission::Late => Err(Rejection::not_queued(
             &view.pool.name,
             flow::Refusal::Late.reason(),
@@ -82,7 +100,7 @@ pub(super) fn admit_or_wait(
             // saturated pool refuses a sheddable request now, and a pool `critical_factor`
             // times past saturation a standard one, rather than hold what would time out.
             score::rank(&view.pool, &c.cands, &f, view.mode, 1, retry_after)?;
-            Ok(None)
+            Ok(Admitted::Wait)
         }
     }
 }

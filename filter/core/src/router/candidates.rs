@@ -2,7 +2,7 @@ use super::shortlisted::shortlisted;
 use super::view::PoolView;
 use super::Context;
 use crate::flow::PodRoom;
-use crate::inflight::Table;
+use crate::inflight::{PodLoad, Table};
 use crate::lora::{self, Placement};
 use crate::predict::{self, Rate};
 use crate::prefix::{self, PrefixIndex};
@@ -24,15 +24,6 @@ pub(super) struct Candidates<'f> {
     pub(super) rooms: Vec<PodRoom>,
     pub(super) hashes: prefix::Hashes,
     pub(super) found: prefix::PrefixMatch,
-    /// `(candidate, its own prefix record)` for candidates credited by [`features`].
-    pub(super) credited: Vec<(usize, u32)>,
-    /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
-    /// holds less of it than the anchor depth (a new copy: no record of this replica's and
-    /// no other replica's note puts it there), [`account`] shares where it went
-    /// ([`prior::note_placed`]).
-    pub(super) anchor: Option<(u64, usize)>,
-    /// Candidates other replicas' notes put the anchor on (not a new copy there).
-    pub(super) peer_placed: Vec<usize>,
     /// Each candidate's position among the pool's candidates when they are a large pool's
     /// shortlist (ascending); empty when they are the whole pool.
     pub(super) positions: Vec<u32>,
@@ -78,15 +69,8 @@ pub(super) fn candidates<'f, S: SharedStore>(
     ctx: Context,
     shortlist: Option<usize>,
 ) -> Result<Candidates<'f>, Rejection> {
-    let (pool, sp, live) = (&view.pool, view.sp, &view.live);
+    let pool = &view.pool;
     let model = view.model(req);
-    let empty = Table::default();
-    let baseline = view.baseline.unwrap_or(&empty);
-    let pod_id = |i: usize| {
-        view.derived
-            .and_then(|d| d.pod_ids.get(i).copied())
-            .unwrap_or(0)
-    };
     let hashes = prefix::block_hashes(
         model,
         &req.pieces,
@@ -119,9 +103,6 @@ pub(super) fn candidates<'f, S: SharedStore>(
                 rooms: s.rooms,
                 hashes,
                 found,
-                credited: Vec::new(),
-                anchor: None,
-                peer_placed: Vec::new(),
                 positions: s.positions,
                 pool_pods: sl.len(),
                 homes: Some(s.homes),
@@ -130,54 +111,31 @@ pub(super) fn candidates<'f, S: SharedStore>(
             });
         }
     }
+    whole_pool(store, view, req, ctx, hashes, found, prior)
+}
+
+/// Every pod of the pool that is not failing, as [`candidates`] describes them.
+fn whole_pool<'f, S: SharedStore>(
+    store: &S,
+    view: &PoolView<'f>,
+    req: &ParsedRequest<'_>,
+    ctx: Context,
+    hashes: prefix::Hashes,
+    found: prefix::PrefixMatch,
+    prior: Rate,
+) -> Result<Candidates<'f>, Rejection> {
+    let (pool, sp, live) = (&view.pool, view.sp, &view.live);
+    let empty = Table::default();
+    let baseline = view.baseline.unwrap_or(&empty);
     let addrs = || sp.pods.iter().map(|p| p.address.as_str());
     let loads = live.get_all(addrs());
     let baselines = baseline.get_all(addrs());
     // Each pod's fit is solved once per decision; no pod is believed much faster than the
-    // pool's median pod (`trust::cost_floor`: a pod answering before it did the work).
+    // pool's median pod.
     let rates: Vec<Option<Rate>> = loads.iter().map(|l| l.fit.rate()).collect();
     let pool_rate = predict::pool_rate(rates.iter().flatten().copied(), prior);
     let floor = trust::cost_floor(pool_rate.cost_ms_per_token);
-    let rates: Vec<Option<Rate>> = rates
-        .into_iter()
-        .map(|r| {
-            r.map(|r| Rate {
-                cost_ms_per_token: r.cost_ms_per_token.max(floor),
-                ..r
-            })
-        })
-        .collect();
-
-    let adapter_name = view.adapter.then_some(model);
-    let recent = match adapter_name {
-        Some(_) => lora::read(store, &pool.name),
-        None => lora::Recent::default(),
-    };
-    let home_of_adapter = adapter_name.and_then(|a| {
-        view.derived
-            .and_then(|d| d.homes.get(a).copied())
-            .or_else(|| {
-                let addrs: Vec<&str> = sp.pods.iter().map(|p| p.address.as_str()).collect();
-                lora::rendezvous_home(a, &addrs)
-            })
-    });
-
-    // The pool's mean request life, for a pod that has answered nothing yet (adapter requests
-    // only: nothing else prices a slot wait).
-    let pool_life_ms = match adapter_name {
-        None => 0.0,
-        Some(_) => {
-            let (sum, n) = loads
-                .iter()
-                .filter(|l| l.life_ms > 0.0)
-                .fold((0.0, 0u32), |(s, n), l| (s + f64::from(l.life_ms), n + 1));
-            if n == 0 {
-                0.0
-            } else {
-                sum / f64::from(n)
-            }
-        }
-    };
+    let adapter = AdapterView::of(store, view, view.model(req), &loads);
     let full = view.mode == Mode::Full;
     let mut ids = Vec::with_capacity(sp.pods.len());
     let mut rooms = Vec::with_capacity(sp.pods.len());
@@ -192,53 +150,12 @@ pub(super) fn candidates<'f, S: SharedStore>(
         if p.health == Health::Failing {
             continue;
         }
-        let id = pod_id(i);
+        let id = view.pod_id(i);
         ids.push(id);
-        rooms.push(PodRoom {
-            kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
-            adapter_slots: p.lora.as_ref().is_some_and(|l| l.max_loras > 0),
-        });
-        let placement = match adapter_name {
-            Some(a) => lora::placement(
-                a,
-                p.lora.as_ref(),
-                recent.of(&p.address),
-                home_of_adapter == Some(i),
-                l.in_flight,
-            ),
-            None => Placement::default(),
-        };
-        let adapter_ms = match adapter_name {
-            None => 0.0,
-            Some(_) => {
-                let load = if placement.resident {
-                    0.0
-                } else {
-                    pool.lora.load_ms
-                };
-                let stray = if placement.home {
-                    0.0
-                } else {
-                    pool.lora.stray_ms
-                };
-                // A blocked pod frees a slot when one batch adapter's requests there have all
-                // ended while its new ones keep joining ahead: sooner for an adapter with few
-                // requests there than for one that keeps its slot busy
-                // ([`lora::drain_lives`]); then one request life more for each adapter already
-                // waiting for a slot (the engine gives freed slots first come first served).
-                let slot_wait = if placement.blocked {
-                    let life = if l.life_ms > 0.0 {
-                        f64::from(l.life_ms)
-                    } else {
-                        pool_life_ms
-                    };
-                    life * (lora::drain_lives(placement.drain) + f64::from(placement.slot_queue))
-                } else {
-                    0.0
-                };
-                load + stray + slot_wait
-            }
-        };
+        rooms.push(room_of(p));
+        let (placement, adapter_ms) = adapter
+            .as_ref()
+            .map_or((Placement::default(), 0.0), |a| a.price(pool, p, l, i));
         cands.push(Candidate {
             address: &p.address,
             stale: p.health == Health::Stale,
@@ -250,7 +167,7 @@ pub(super) fn candidates<'f, S: SharedStore>(
             pending_tokens: l.pending_tokens,
             peer_in_flight: if full { p.peers.in_flight } else { 0 },
             peer_pending_tokens: if full { p.peers.pending_tokens } else { 0 },
-            rate: r.unwrap_or(pool_rate),
+            rate: r.map_or(pool_rate, |r| floored(r, floor)),
             prefix_blocks: found.blocks_for(id),
             lora: placement,
             adapter_ms,
@@ -258,23 +175,8 @@ pub(super) fn candidates<'f, S: SharedStore>(
             ejected: l.ejected(ctx.now_ms),
         });
     }
-    // Pods answering server errors go behind the others, at most half of the pool (the
-    // longest error runs first), as Envoy's outlier detection bounds its ejections.
-    let ejected = cands.iter().filter(|c| c.ejected).count();
-    if ejected > cands.len() / 2 {
-        let mut runs: Vec<(u16, usize)> = cands
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.ejected)
-            .map(|(i, c)| (live.get(c.address).errors, i))
-            .collect();
-        runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for &(_, i) in runs.iter().skip(cands.len() / 2) {
-            if let Some(c) = cands.get_mut(i) {
-                c.ejected = false;
-            }
-        }
-    }
+    let half = cands.len() / 2;
+    put_errors_behind(&mut cands, half, live);
     if full {
         trust::distrust(&mut cands);
     }
@@ -293,13 +195,114 @@ pub(super) fn candidates<'f, S: SharedStore>(
         rooms,
         hashes,
         found,
-        credited: Vec::new(),
-        anchor: None,
-        peer_placed: Vec::new(),
         positions: Vec::new(),
         pool_pods,
         homes: None,
         unscored: None,
         index: view.derived.and_then(|d| d.shortlist.as_ref()),
     })
+}
+
+/// What admission needs of a pod's capacity.
+pub(super) fn room_of(p: &llm_router_snapshot::Pod) -> PodRoom {
+    PodRoom {
+        kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
+        adapter_slots: p.lora.as_ref().is_some_and(|l| l.max_loras > 0),
+    }
+}
+
+/// A pod's learned rate, no faster than the pool's floor ([`trust::cost_floor`]: a pod
+/// answering before it did the work is not believed faster than the pool's median pod).
+pub(super) fn floored(rate: Rate, floor: f64) -> Rate {
+    Rate {
+        cost_ms_per_token: rate.cost_ms_per_token.max(floor),
+        ..rate
+    }
+}
+
+/// Pods answering server errors go behind the others, at most `half` of the pool (the longest
+/// error runs first), as Envoy's outlier detection bounds its ejections.
+pub(super) fn put_errors_behind(cands: &mut [Candidate<'_>], half: usize, live: &Table) {
+    if cands.iter().filter(|c| c.ejected).count() <= half {
+        return;
+    }
+    let mut runs: Vec<(u16, usize)> = cands
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.ejected)
+        .map(|(i, c)| (live.get(c.address).errors, i))
+        .collect();
+    runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in runs.iter().skip(half) {
+        if let Some(c) = cands.get_mut(i) {
+            c.ejected = false;
+        }
+    }
+}
+
+/// What pricing an adapter request's placement needs of the pool, read once per decision.
+struct AdapterView<'a> {
+    name: &'a str,
+    /// Adapters recently used per pod ([`lora::read`]).
+    recent: lora::Recent,
+    /// The adapter's home: the snapshot's bounded-load rendezvous, else the plain one.
+    home: Option<usize>,
+    /// The pool's mean request life, for a pod that has answered nothing yet.
+    pool_life_ms: f64,
+}
+
+impl<'a> AdapterView<'a> {
+    /// `None` for a request that names no adapter.
+    fn of<S: SharedStore>(
+        store: &S,
+        view: &PoolView<'_>,
+        model: &'a str,
+        loads: &[PodLoad],
+    ) -> Option<Self> {
+        if !view.adapter {
+            return None;
+        }
+        let sp = view.sp;
+        let home = view
+            .derived
+            .and_then(|d| d.homes.get(model).copied())
+            .or_else(|| {
+                let addrs: Vec<&str> = sp.pods.iter().map(|p| p.address.as_str()).collect();
+                lora::rendezvous_home(model, &addrs)
+            });
+        let (sum, n) = loads
+            .iter()
+            .filter(|l| l.life_ms > 0.0)
+            .fold((0.0, 0u32), |(s, n), l| (s + f64::from(l.life_ms), n + 1));
+        Some(AdapterView {
+            name: model,
+            recent: lora::read(store, &view.pool.name),
+            home,
+            pool_life_ms: if n == 0 { 0.0 } else { sum / f64::from(n) },
+        })
+    }
+
+    /// Pod `i`'s placement of the adapter and what it costs there ([`lora::price`]).
+    fn price(
+        &self,
+        pool: &crate::config::PoolConfig,
+        p: &llm_router_snapshot::Pod,
+        l: &PodLoad,
+        i: usize,
+    ) -> (Placement, f64) {
+        let placement = lora::placement(
+            self.name,
+            p.lora.as_ref(),
+            self.recent.of(&p.address),
+            self.home == Some(i),
+            l.in_flight,
+        );
+        let life_ms = if l.life_ms > 0.0 {
+            f64::from(l.life_ms)
+        } else {
+            self.pool_life_ms
+        };
+        let ms = lora::price(&placement, &pool.lora, life_ms);
+        (placement, ms)
+    }
 }

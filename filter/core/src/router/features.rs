@@ -4,7 +4,7 @@ use super::fleet::PoolIndex;
 use super::view::PoolView;
 use super::Context;
 use crate::config::PoolConfig;
-use crate::prefix::{self};
+use crate::prefix;
 use crate::prior;
 use crate::request::ParsedRequest;
 use crate::score::{Features, Mode};
@@ -35,20 +35,37 @@ pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &Peer
         .take_while(move |p| p.key == key)
 }
 
+/// What [`features`] credited, for [`super::account::account`] to read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Credits {
+    /// `(candidate, its own prefix record)` for the candidates credited: the work accounting
+    /// counts what the pod itself is known to hold, not the guess.
+    pub(super) credited: Vec<(usize, u32)>,
+    /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
+    /// holds less of it than the anchor depth (a new copy: no record of this replica's and
+    /// no other replica's note puts it there), the accounting shares where it went
+    /// ([`prior::note_placed`]).
+    pub(super) anchor: Option<(u64, usize)>,
+    /// Candidates other replicas' notes put the anchor on (not a new copy there).
+    pub(super) peer_placed: Vec<usize>,
+}
+
 /// Stage 5: the request's features, with the pods other gateway replicas probably warmed for
 /// it credited ([`prior`]). A prompt deeper than anything this replica knows may be on the pod
 /// where other replicas put it: credit that pod with the blocks it would save, weighed by the
 /// other replicas' share of the pool's traffic. Two places are expected: a long context's
 /// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
-/// The pods' own records are kept for the work accounting ([`Candidates::credited`]).
+/// The credits raise the candidates' `prefix_blocks`; what they replaced comes back in
+/// [`Credits`].
 pub(super) fn features<'r>(
     view: &PoolView<'_>,
     c: &mut Candidates<'_>,
     req: &ParsedRequest<'_>,
     model: &'r str,
     ctx: Context,
-) -> Features<'r> {
+) -> (Features<'r>, Credits) {
     let pool = &view.pool;
+    let mut credits = Credits::default();
     let full = view.mode == Mode::Full;
     let key_home = c.home(c.hashes.key);
     let prompt_chars = req.prompt_chars();
@@ -57,8 +74,10 @@ pub(super) fn features<'r>(
         let block_chars = pool.prefix.block_chars.max(1);
         let share = view.derived.map_or(1.0, |d| d.own_share);
         let n = c.hashes.blocks.len();
-        c.anchor = anchor(pool, &c.hashes, prompt_chars);
-        let anchored = c.anchor.filter(|&(_, depth)| (known as usize) < depth);
+        credits.anchor = anchor(pool, &c.hashes, prompt_chars);
+        let anchored = credits
+            .anchor
+            .filter(|&(_, depth)| (known as usize) < depth);
         // Where other replicas placed the context, when their rings say: a fact, in full.
         let placed: Vec<(usize, u32)> = anchored
             .zip(view.derived)
@@ -72,7 +91,7 @@ pub(super) fn features<'r>(
                     .collect()
             })
             .unwrap_or_default();
-        c.peer_placed = placed.iter().map(|&(at, _)| at).collect();
+        credits.peer_placed = placed.iter().map(|&(at, _)| at).collect();
         // Otherwise where they probably put it: its home, believed by their share.
         let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
             let credit = prior::credit(n, known, share)?;
@@ -84,17 +103,18 @@ pub(super) fn features<'r>(
         });
         for (home, credit) in placed.into_iter().chain(context).chain(conversation) {
             if let Some(cand) = c.cands.get_mut(home) {
-                if !c.credited.iter().any(|&(j, _)| j == home) {
-                    c.credited.push((home, cand.prefix_blocks));
+                if !credits.credited.iter().any(|&(j, _)| j == home) {
+                    credits.credited.push((home, cand.prefix_blocks));
                 }
                 cand.prefix_blocks = cand.prefix_blocks.max(credit);
             }
         }
     }
-    Features {
+    let features = Features {
         prompt_blocks: c.hashes.blocks.len() as u32,
         truncated: prompt_chars / pool.prefix.block_chars.max(1) > c.hashes.blocks.len(),
         home: key_home,
         ..base_features(view, req, model, ctx)
-    }
+    };
+    (features, credits)
 }

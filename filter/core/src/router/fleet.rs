@@ -1,7 +1,7 @@
 use crate::config::Config;
 use crate::inflight::{self, Table};
-use crate::lora::{self};
-use crate::prefix::{self};
+use crate::lora;
+use crate::prefix;
 use crate::prior;
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;

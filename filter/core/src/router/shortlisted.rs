@@ -1,3 +1,4 @@
+use super::candidates::{floored, put_errors_behind, room_of};
 use super::features::{anchor, peer_placed};
 use super::view::PoolView;
 use super::Context;
@@ -5,7 +6,7 @@ use crate::flow::PodRoom;
 use crate::inflight::PodLoad;
 use crate::lora::Placement;
 use crate::predict::{self, Rate};
-use crate::prefix::{self};
+use crate::prefix;
 use crate::prior;
 use crate::request::ParsedRequest;
 use crate::score::{Candidate, Unscored};
@@ -111,20 +112,14 @@ pub(super) fn shortlisted<'f>(
         let i = *sl.pods.get(at as usize)? as usize;
         let (p, g) = (sp.pods.get(i)?, sl.gauges.get(at as usize)?);
         let l = load_of(i);
-        let rate = l.fit.rate().map_or(pool_rate, |r| Rate {
-            cost_ms_per_token: r.cost_ms_per_token.max(floor),
-            ..r
-        });
+        let rate = l.fit.rate().map_or(pool_rate, |r| floored(r, floor));
         scored.extend(sl.saturation_of(pool, at));
         ids.push(
             view.derived
                 .and_then(|d| d.pod_ids.get(i).copied())
                 .unwrap_or(0),
         );
-        rooms.push(PodRoom {
-            kv_capacity_tokens: u64::from(p.block_size) * u64::from(p.num_blocks),
-            adapter_slots: p.lora.as_ref().is_some_and(|l| l.max_loras > 0),
-        });
+        rooms.push(room_of(p));
         cands.push(Candidate {
             address: &p.address,
             stale: g.stale,
@@ -146,21 +141,7 @@ pub(super) fn shortlisted<'f>(
         });
     }
     // As over the whole pool: at most half of it is put behind for its errors.
-    let half = sl.len() / 2;
-    if cands.iter().filter(|c| c.ejected).count() > half {
-        let mut runs: Vec<(u16, usize)> = cands
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.ejected)
-            .map(|(i, c)| (live.get(c.address).errors, i))
-            .collect();
-        runs.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for &(_, i) in runs.iter().skip(half) {
-            if let Some(c) = cands.get_mut(i) {
-                c.ejected = false;
-            }
-        }
-    }
+    put_errors_behind(&mut cands, sl.len() / 2, live);
     #[cfg(test)]
     SHORTLISTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unscored = Unscored {

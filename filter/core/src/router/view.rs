@@ -26,6 +26,13 @@ pub(super) struct PoolView<'f> {
 
 impl PoolView<'_> {
     /// The model name the request is served as (a rewrite rule's target, else its own).
+    /// The prefix-index id of snapshot pod `i` (0 without the snapshot's index).
+    pub(super) fn pod_id(&self, i: usize) -> u32 {
+        self.derived
+            .and_then(|d| d.pod_ids.get(i).copied())
+            .unwrap_or(0)
+    }
+
     pub(super) fn model<'a>(&'a self, req: &'a ParsedRequest<'_>) -> &'a str {
         self.served_model.as_deref().unwrap_or(req.model.as_ref())
     }
