@@ -23,20 +23,7 @@ pub(super) fn account<S: SharedStore>(
     top_k: usize,
 ) -> Routed {
     let pool = &view.pool;
-    let endpoints: Vec<String> = ranked
-        .iter()
-        .take(top_k)
-        .filter_map(|s| c.cands.get(s.index))
-        .map(|c| c.address.to_string())
-        .collect();
-    let scores = ranked
-        .iter()
-        .filter_map(|s| {
-            c.cands
-                .get(s.index)
-                .map(|c| (c.address.to_string(), s.score))
-        })
-        .collect();
+    let (endpoints, scores) = listed(c, ranked, top_k);
     let best = ranked.first().map(|s| s.index);
     let chosen = best.and_then(|i| c.cands.get(i).map(|c| (i, c)));
     let recorded = |i: usize, cand: &Candidate<'_>| {
@@ -61,37 +48,7 @@ pub(super) fn account<S: SharedStore>(
         } else {
             cand.queued_tokens(features, view.mode) + uncached
         };
-        let index = PrefixIndex::new(
-            store,
-            &pool.name,
-            pool.prefix.index_slots,
-            pool.prefix.page_blocks,
-            pool.prefix.entries_per_page,
-        );
-        let id = c.ids.get(i).copied().unwrap_or(0);
-        index.record(&c.hashes.blocks, id, &c.found);
-        // A new copy of a long context (the pod held less of it than the anchor, by this
-        // replica's records and the others' notes), made while other replicas are at work in
-        // the pool: tell them where it went (through the tally), so they need not guess — the
-        // first copy, and every later one (a busy holder avoided), which the others would
-        // otherwise not know of and copy again.
-        if let Some((key, depth)) = credits.anchor {
-            if view.derived.is_some_and(|d| d.peers)
-                && (known as usize) < depth
-                && !credits.peer_placed.contains(&i)
-            {
-                let blocks = c.hashes.blocks.len() as u32;
-                prior::note_placed(
-                    store,
-                    &pool.name,
-                    PeerContext {
-                        key,
-                        pod: id,
-                        blocks,
-                    },
-                );
-            }
-        }
+        record_prompt(store, &view, c, credits, i, known);
         inflight::routed_after_read(
             store,
             &pool.name,
@@ -123,5 +80,71 @@ pub(super) fn account<S: SharedStore>(
         pending_tokens,
         work_tokens,
         adapter: chosen.and(features.adapter).map(str::to_string),
+    }
+}
+
+/// The best `top_k` endpoints, and every ranked candidate's `(address, score)`, best first.
+#[allow(clippy::type_complexity)]
+fn listed(
+    c: &Candidates<'_>,
+    ranked: &[score::Scored],
+    top_k: usize,
+) -> (Vec<String>, Vec<(String, f64)>) {
+    let endpoints = ranked
+        .iter()
+        .take(top_k)
+        .filter_map(|s| c.cands.get(s.index))
+        .map(|c| c.address.to_string())
+        .collect();
+    let scores = ranked
+        .iter()
+        .filter_map(|s| {
+            c.cands
+                .get(s.index)
+                .map(|c| (c.address.to_string(), s.score))
+        })
+        .collect();
+    (endpoints, scores)
+}
+
+/// The prompt's blocks recorded for candidate `i` in the prefix index; a new copy of a long
+/// context (the pod held `known` blocks, less than the anchor, by this replica's records and
+/// the others' notes), made while other replicas are at work in the pool, noted for them
+/// (through the tally), so they need not guess — the first copy, and every later one (a busy
+/// holder avoided), which the others would otherwise not know of and copy again.
+fn record_prompt<S: SharedStore>(
+    store: &S,
+    view: &PoolView<'_>,
+    c: &Candidates<'_>,
+    credits: &Credits,
+    i: usize,
+    known: u32,
+) {
+    let pool = &view.pool;
+    let index = PrefixIndex::new(
+        store,
+        &pool.name,
+        pool.prefix.index_slots,
+        pool.prefix.page_blocks,
+        pool.prefix.entries_per_page,
+    );
+    let id = c.ids.get(i).copied().unwrap_or(0);
+    index.record(&c.hashes.blocks, id, &c.found);
+    if let Some((key, depth)) = credits.anchor {
+        if view.derived.is_some_and(|d| d.peers)
+            && (known as usize) < depth
+            && !credits.peer_placed.contains(&i)
+        {
+            let blocks = c.hashes.blocks.len() as u32;
+            prior::note_placed(
+                store,
+                &pool.name,
+                PeerContext {
+                    key,
+                    pod: id,
+                    blocks,
+                },
+            );
+        }
     }
 }

@@ -39,7 +39,30 @@ pub(super) struct Candidates<'f> {
     pub(super) index: Option<&'f Shortlist>,
 }
 
-impl Candidates<'_> {
+impl<'f> Candidates<'f> {
+    /// The whole pool's candidates (not a shortlist), with their ids, rooms and the prompt's
+    /// hashes and prefix match; `index`, a large pool's index for the generation.
+    fn whole(
+        cands: Vec<Candidate<'f>>,
+        ids: Vec<u32>,
+        rooms: Vec<PodRoom>,
+        (hashes, found): (prefix::Hashes, prefix::PrefixMatch),
+        index: Option<&'f Shortlist>,
+    ) -> Self {
+        Candidates {
+            pool_pods: cands.len(),
+            cands,
+            ids,
+            rooms,
+            hashes,
+            found,
+            positions: Vec::new(),
+            homes: None,
+            unscored: None,
+            index,
+        }
+    }
+
     /// The candidate every gateway replica takes as the home of `key`: the rendezvous choice
     /// among the pool's candidates ([`prior::rendezvous`]; over the addresses' hashes in a
     /// large pool, [`prior::Rendezvous`]).
@@ -181,26 +204,20 @@ fn whole_pool<'f, S: SharedStore>(
         trust::distrust(&mut cands);
     }
     if cands.is_empty() {
-        let why = if sp.pods.is_empty() {
-            "the pool has no pods"
-        } else {
-            "every pod is failing its metrics scrapes"
-        };
-        return Err(Rejection::no_endpoints(&pool.name, why));
+        return Err(no_candidates(view));
     }
-    let pool_pods = cands.len();
-    Ok(Candidates {
-        cands,
-        ids,
-        rooms,
-        hashes,
-        found,
-        positions: Vec::new(),
-        pool_pods,
-        homes: None,
-        unscored: None,
-        index: view.derived.and_then(|d| d.shortlist.as_ref()),
-    })
+    let index = view.derived.and_then(|d| d.shortlist.as_ref());
+    Ok(Candidates::whole(cands, ids, rooms, (hashes, found), index))
+}
+
+/// Why a pool has no candidate: no pods, or every one failing its scrapes.
+fn no_candidates(view: &PoolView<'_>) -> Rejection {
+    let why = if view.sp.pods.is_empty() {
+        "the pool has no pods"
+    } else {
+        "every pod is failing its metrics scrapes"
+    };
+    Rejection::no_endpoints(&view.pool.name, why)
 }
 
 /// What admission needs of a pod's capacity.

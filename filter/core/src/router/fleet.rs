@@ -30,6 +30,57 @@ pub(super) struct PoolIndex {
     pub(super) peers: bool,
 }
 
+impl PoolIndex {
+    /// What one decision needs derived from snapshot pool `pool` (with `baseline`, the
+    /// in-flight counts when it was accepted), reusing `prev`'s adapter homes when the pool's
+    /// pods, slots and adapters are unchanged.
+    fn new(
+        pool: &llm_router_snapshot::Pool,
+        baseline: Option<&Table>,
+        config: &Config,
+        prev: Option<&Fleet>,
+    ) -> PoolIndex {
+        let addrs: Vec<&str> = pool.pods.iter().map(|p| p.address.as_str()).collect();
+        let slots: Vec<u16> = pool
+            .pods
+            .iter()
+            .map(|p| p.lora.as_ref().map_or(0, |l| l.max_loras))
+            .collect();
+        let mut adapters = config.adapters_of(&pool.name);
+        if adapters.is_empty() {
+            adapters = pool
+                .pods
+                .iter()
+                .filter_map(|p| p.lora.as_ref())
+                .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
+                .collect();
+        }
+        let own_share = baseline.map_or(1.0, |b| prior::own_share(pool, b));
+        let homes_key = lora::homes_key(&adapters, &addrs, &slots);
+        let pod_ids: Vec<u32> = addrs.iter().map(|a| prefix::pod_id(a)).collect();
+        let empty = Table::default();
+        let pool_config = config.pool(&pool.name).unwrap_or(&config.default_pool);
+        let shortlist = Shortlist::new(pool, baseline.unwrap_or(&empty), &pod_ids, pool_config);
+        let reused = prev.and_then(|f| {
+            let j = f.snapshot.pools.iter().position(|p| p.name == pool.name)?;
+            let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
+            Some(old.homes.clone())
+        });
+        let mut peer_contexts = pool.peer_contexts.clone();
+        peer_contexts.sort_unstable();
+        let peers = !peer_contexts.is_empty() || pool.pods.iter().any(|p| !p.peers.is_none());
+        PoolIndex {
+            pod_ids,
+            homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
+            homes_key,
+            own_share,
+            shortlist,
+            peer_contexts,
+            peers,
+        }
+    }
+}
+
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
 #[derive(Debug, Clone)]
 pub struct Fleet {
@@ -85,52 +136,7 @@ impl Fleet {
             .pools
             .iter()
             .enumerate()
-            .map(|(i, pool)| {
-                let addrs: Vec<&str> = pool.pods.iter().map(|p| p.address.as_str()).collect();
-                let slots: Vec<u16> = pool
-                    .pods
-                    .iter()
-                    .map(|p| p.lora.as_ref().map_or(0, |l| l.max_loras))
-                    .collect();
-                let mut adapters = config.adapters_of(&pool.name);
-                if adapters.is_empty() {
-                    adapters = pool
-                        .pods
-                        .iter()
-                        .filter_map(|p| p.lora.as_ref())
-                        .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
-                        .collect();
-                }
-                let own_share = baselines.get(i).map_or(1.0, |b| prior::own_share(pool, b));
-                let homes_key = lora::homes_key(&adapters, &addrs, &slots);
-                let pod_ids: Vec<u32> = addrs.iter().map(|a| prefix::pod_id(a)).collect();
-                let empty = Table::default();
-                let pool_config = config.pool(&pool.name).unwrap_or(&config.default_pool);
-                let shortlist = Shortlist::new(
-                    pool,
-                    baselines.get(i).unwrap_or(&empty),
-                    &pod_ids,
-                    pool_config,
-                );
-                let reused = prev.and_then(|f| {
-                    let j = f.snapshot.pools.iter().position(|p| p.name == pool.name)?;
-                    let old = f.pools.get(j).filter(|d| d.homes_key == homes_key)?;
-                    Some(old.homes.clone())
-                });
-                let mut peer_contexts = pool.peer_contexts.clone();
-                peer_contexts.sort_unstable();
-                let peers =
-                    !peer_contexts.is_empty() || pool.pods.iter().any(|p| !p.peers.is_none());
-                PoolIndex {
-                    pod_ids,
-                    homes: reused.unwrap_or_else(|| lora::homes(&adapters, &addrs, &slots)),
-                    homes_key,
-                    own_share,
-                    shortlist,
-                    peer_contexts,
-                    peers,
-                }
-            })
+            .map(|(i, pool)| PoolIndex::new(pool, baselines.get(i), config, prev))
             .collect();
         Fleet {
             snapshot,
