@@ -145,55 +145,10 @@ impl Shortlist {
             return None;
         }
         let mut s = Shortlist::default();
-        let counts = baseline.get_all(pool.pods.iter().map(|p| p.address.as_str()));
-        let mut cands = Vec::new();
-        let mut hashes = Vec::new();
-        for (i, (p, b)) in pool.pods.iter().zip(&counts).enumerate() {
-            let i = u32::try_from(i).ok()?;
-            if s.by_address.insert(p.address.clone(), i).is_some() {
-                return None;
-            }
-            if p.kv_usage.is_some_and(|kv| !kv.is_finite()) {
-                return None;
-            }
-            if p.health == Health::Failing {
-                s.positions.push(u32::MAX);
-                continue;
-            }
-            let at = u32::try_from(s.pods.len()).ok()?;
-            s.positions.push(at);
-            s.pods.push(i);
-            let id = ids.get(i as usize).copied()?;
-            if s.by_id.insert(id, at).is_some() {
-                return None;
-            }
-            hashes.push(prior::address_hash(&p.address));
-            cands.push(Candidate {
-                address: &p.address,
-                stale: p.health == Health::Stale,
-                waiting: p.waiting,
-                running: p.running,
-                kv_usage: p.kv_usage,
-                in_flight: 0,
-                in_flight_baseline: b.in_flight,
-                pending_tokens: 0,
-                peer_in_flight: p.peers.in_flight,
-                peer_pending_tokens: p.peers.pending_tokens,
-                rate: Rate {
-                    cost_ms_per_token: 0.0,
-                    base_ms: 0.0,
-                },
-                prefix_blocks: 0,
-                lora: Placement::default(),
-                adapter_ms: 0.0,
-                contradicted: false,
-                ejected: false,
-            });
-        }
+        let mut cands = s.index_pods(pool, baseline, ids)?;
         // What every decision's distrust does to these pods: it depends only on their reports
         // and the baseline, both fixed for the generation.
         trust::distrust(&mut cands);
-        s.homes = prior::Rendezvous::new(hashes.into_iter());
         s.gauges = cands
             .iter()
             .map(|c| Gauges {
@@ -230,54 +185,70 @@ impl Shortlist {
             .map(|g| score::saturation_of(config, f64::from(g.waiting), g.kv_usage))
             .collect();
         saturations.sort_by(f64::total_cmp);
-        // Groups in the order of their gauges: a dominator comes before what it dominates.
-        let mut sorted = statics;
-        sorted.sort_by(|a, b| {
-            let (ka, kb) = (gauges(a).map(|g| g.key()), gauges(b).map(|g| g.key()));
-            let (Some(ka), Some(kb)) = (ka, kb) else {
-                return a.cmp(b);
-            };
-            ka.0.cmp(&kb.0)
-                .then(ka.1.cmp(&kb.1))
-                .then(ka.2.total_cmp(&kb.2))
-                .then(ka.3.cmp(&kb.3))
-                .then(a.cmp(b))
-        });
-        let mut groups: Vec<Group> = Vec::new();
-        let mut i = 0;
-        while let Some(first) = sorted.get(i).and_then(gauges) {
-            let mut members = Vec::new();
-            while let Some(&at) = sorted.get(i) {
-                if gauges(&at).map(|g| g.key()) != Some(first.key()) {
-                    break;
-                }
-                members.push(at);
-                i += 1;
-            }
-            // Counted over the kept groups only: a dominator that was not kept has DEPTH
-            // dominators of its own, which dominate this group too.
-            let mut dominators = 0;
-            for g in &groups {
-                if g.gauges.dominates(&first) {
-                    dominators += g.members.len();
-                    if dominators >= DEPTH {
-                        break;
-                    }
-                }
-            }
-            if dominators < DEPTH {
-                groups.push(Group {
-                    gauges: first,
-                    dominators,
-                    members,
-                });
-            }
-        }
+        let groups = dominance_groups(statics, gauges);
         s.groups = groups;
         s.by_waiting = by_waiting;
         s.by_load = by_load;
         s.saturations = saturations;
         Some(s)
+    }
+
+    /// Indexes the pool's pods (addresses, positions, prefix-index ids, rendezvous homes) and
+    /// returns each serving pod as a candidate; `None` when addresses or ids repeat or a KV
+    /// gauge is not a number.
+    fn index_pods<'p>(
+        &mut self,
+        pool: &'p Pool,
+        baseline: &Table,
+        ids: &[u32],
+    ) -> Option<Vec<Candidate<'p>>> {
+        let counts = baseline.get_all(pool.pods.iter().map(|p| p.address.as_str()));
+        let mut cands = Vec::new();
+        let mut hashes = Vec::new();
+        for (i, (p, b)) in pool.pods.iter().zip(&counts).enumerate() {
+            let i = u32::try_from(i).ok()?;
+            if self.by_address.insert(p.address.clone(), i).is_some() {
+                return None;
+            }
+            if p.kv_usage.is_some_and(|kv| !kv.is_finite()) {
+                return None;
+            }
+            if p.health == Health::Failing {
+                self.positions.push(u32::MAX);
+                continue;
+            }
+            let at = u32::try_from(self.pods.len()).ok()?;
+            self.positions.push(at);
+            self.pods.push(i);
+            let id = ids.get(i as usize).copied()?;
+            if self.by_id.insert(id, at).is_some() {
+                return None;
+            }
+            hashes.push(prior::address_hash(&p.address));
+            cands.push(Candidate {
+                address: &p.address,
+                stale: p.health == Health::Stale,
+                waiting: p.waiting,
+                running: p.running,
+                kv_usage: p.kv_usage,
+                in_flight: 0,
+                in_flight_baseline: b.in_flight,
+                pending_tokens: 0,
+                peer_in_flight: p.peers.in_flight,
+                peer_pending_tokens: p.peers.pending_tokens,
+                rate: Rate {
+                    cost_ms_per_token: 0.0,
+                    base_ms: 0.0,
+                },
+                prefix_blocks: 0,
+                lora: Placement::default(),
+                adapter_ms: 0.0,
+                contradicted: false,
+                ejected: false,
+            });
+        }
+        self.homes = prior::Rendezvous::new(hashes.into_iter());
+        Some(cands)
     }
 
     /// Pods that are not failing.
@@ -384,6 +355,56 @@ impl Shortlist {
             homes,
         })
     }
+}
+
+/// The kept groups of static pods (positions `statics`): pods with equal gauges form a group,
+/// in the order of their gauges (a dominator comes before what it dominates); a group is kept
+/// while fewer than [`DEPTH`] pods of kept groups dominate it.
+fn dominance_groups(statics: Vec<u32>, gauges: impl Fn(&u32) -> Option<Gauges>) -> Vec<Group> {
+    // Groups in the order of their gauges: a dominator comes before what it dominates.
+    let mut sorted = statics;
+    sorted.sort_by(|a, b| {
+        let (ka, kb) = (gauges(a).map(|g| g.key()), gauges(b).map(|g| g.key()));
+        let (Some(ka), Some(kb)) = (ka, kb) else {
+            return a.cmp(b);
+        };
+        ka.0.cmp(&kb.0)
+            .then(ka.1.cmp(&kb.1))
+            .then(ka.2.total_cmp(&kb.2))
+            .then(ka.3.cmp(&kb.3))
+            .then(a.cmp(b))
+    });
+    let mut groups: Vec<Group> = Vec::new();
+    let mut i = 0;
+    while let Some(first) = sorted.get(i).and_then(&gauges) {
+        let mut members = Vec::new();
+        while let Some(&at) = sorted.get(i) {
+            if gauges(&at).map(|g| g.key()) != Some(first.key()) {
+                break;
+            }
+            members.push(at);
+            i += 1;
+        }
+        // Counted over the kept groups only: a dominator that was not kept has DEPTH
+        // dominators of its own, which dominate this group too.
+        let mut dominators = 0;
+        for g in &groups {
+            if g.gauges.dominates(&first) {
+                dominators += g.members.len();
+                if dominators >= DEPTH {
+                    break;
+                }
+            }
+        }
+        if dominators < DEPTH {
+            groups.push(Group {
+                gauges: first,
+                dominators,
+                members,
+            });
+        }
+    }
+    groups
 }
 
 #[cfg(test)]
