@@ -344,6 +344,57 @@ pub fn price(placement: &Placement, costs: &crate::config::LoraConfig, life_ms: 
     load + stray + slot_wait
 }
 
+/// The adapters in the engine's batch (its report's running ones, then this proxy's with
+/// requests in flight there, oldest first, while slots are left) and this proxy's adapters
+/// waiting for a slot, in the order they started waiting ([`placement`]).
+fn batch_and_waiters<'a>(
+    engine: Option<&'a LoraState>,
+    recent: &'a [Routed],
+    slots: usize,
+    in_flight: u32,
+) -> (Vec<&'a str>, Vec<&'a str>) {
+    let mut batch: Vec<&str> = engine
+        .map(|l| l.running.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let mut waiters: Vec<&str> = Vec::new();
+    if in_flight > 0 {
+        let ours = recent
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(i, r)| *i == 0 || r.in_flight > 0)
+            .map(|(_, r)| r.adapter.as_str());
+        for a in ours {
+            if batch.contains(&a) || waiters.contains(&a) {
+                continue;
+            }
+            if batch.len() < slots {
+                batch.push(a);
+            } else {
+                waiters.push(a);
+            }
+        }
+    }
+    (batch, waiters)
+}
+
+/// This proxy's requests on the pod for the batch adapter with the fewest (never more than it
+/// has there in all, `in_flight`: a count a lost update left behind does not outlive the pod's
+/// load).
+fn drain_of(batch: &[&str], recent: &[Routed], in_flight: u32) -> u16 {
+    let cap = u16::try_from(in_flight).unwrap_or(u16::MAX);
+    batch
+        .iter()
+        .map(|b| {
+            recent
+                .iter()
+                .find(|r| r.adapter == *b)
+                .map_or(0, |r| r.in_flight.min(cap))
+        })
+        .min()
+        .unwrap_or(0)
+}
+
 /// Residency of `adapter` on a pod from the engine's report and the routing history.
 /// `in_flight`: this proxy's requests in flight there.
 ///
@@ -377,28 +428,7 @@ pub fn placement(
             loaded.push(a);
         }
     }
-    let mut batch: Vec<&str> = engine
-        .map(|l| l.running.iter().map(String::as_str).collect())
-        .unwrap_or_default();
-    let mut waiters: Vec<&str> = Vec::new();
-    if in_flight > 0 {
-        let ours = recent
-            .iter()
-            .enumerate()
-            .rev()
-            .filter(|(i, r)| *i == 0 || r.in_flight > 0)
-            .map(|(_, r)| r.adapter.as_str());
-        for a in ours {
-            if batch.contains(&a) || waiters.contains(&a) {
-                continue;
-            }
-            if batch.len() < slots {
-                batch.push(a);
-            } else {
-                waiters.push(a);
-            }
-        }
-    }
+    let (batch, waiters) = batch_and_waiters(engine, recent, slots, in_flight);
     let blocked = slots > 0 && !batch.contains(&adapter) && batch.len() >= slots;
     // Ahead of this request for a slot: the adapters the engine reports waiting outside its
     // batch (engines whose lists tell them apart), and this proxy's waiting adapters that
@@ -420,20 +450,8 @@ pub fn placement(
     } else {
         0
     };
-    // This proxy's requests there for the batch adapter with the fewest (never more than it
-    // has there in all: a count a lost update left behind does not outlive the pod's load).
-    let cap = u16::try_from(in_flight).unwrap_or(u16::MAX);
     let drain = if blocked {
-        batch
-            .iter()
-            .map(|b| {
-                recent
-                    .iter()
-                    .find(|r| r.adapter == *b)
-                    .map_or(0, |r| r.in_flight.min(cap))
-            })
-            .min()
-            .unwrap_or(0)
+        drain_of(&batch, recent, in_flight)
     } else {
         0
     };

@@ -101,20 +101,7 @@ impl Scanner {
                         i += 1;
                         continue;
                     }
-                    if KEY.get(self.matched) == Some(&b) {
-                        self.matched += 1;
-                        if self.matched == KEY.len() {
-                            self.matched = 0;
-                            if !self.escaped {
-                                self.state = State::Colon;
-                            }
-                        }
-                    } else if b == b'"' {
-                        self.escaped = self.last == b'\\';
-                        self.matched = 1;
-                    } else {
-                        self.matched = 0;
-                    }
+                    self.key_byte(b);
                 }
                 State::Colon => match b {
                     b':' => self.state = State::Value,
@@ -135,40 +122,66 @@ impl Scanner {
                     // `null` and anything else: no counts here.
                     _ => self.state = State::Searching,
                 },
-                State::Object {
-                    depth,
-                    in_string,
-                    escape,
-                } => {
-                    if self.object.len() >= MAX_OBJECT {
-                        self.object.clear();
-                        self.state = State::Searching;
-                    } else {
-                        self.object.push(b);
-                        if *in_string {
-                            if *escape {
-                                *escape = false;
-                            } else if b == b'\\' {
-                                *escape = true;
-                            } else if b == b'"' {
-                                *in_string = false;
-                            }
-                        } else if b == b'"' {
-                            *in_string = true;
-                        } else if b == b'{' {
-                            *depth += 1;
-                        } else if b == b'}' {
-                            *depth -= 1;
-                            if *depth == 0 {
-                                self.read_object();
-                                self.state = State::Searching;
-                            }
-                        }
-                    }
-                }
+                State::Object { .. } => self.object_byte(b),
             }
             self.last = b;
             i += 1;
+        }
+    }
+
+    /// One byte after a quote while searching: the key goes on matching, or starts again.
+    fn key_byte(&mut self, b: u8) {
+        if KEY.get(self.matched) == Some(&b) {
+            self.matched += 1;
+            if self.matched == KEY.len() {
+                self.matched = 0;
+                if !self.escaped {
+                    self.state = State::Colon;
+                }
+            }
+        } else if b == b'"' {
+            self.escaped = self.last == b'\\';
+            self.matched = 1;
+        } else {
+            self.matched = 0;
+        }
+    }
+
+    /// One byte of the usage object: kept (up to [`MAX_OBJECT`]) until its braces close, then
+    /// read.
+    fn object_byte(&mut self, b: u8) {
+        let State::Object {
+            depth,
+            in_string,
+            escape,
+        } = &mut self.state
+        else {
+            return;
+        };
+        if self.object.len() >= MAX_OBJECT {
+            self.object.clear();
+            self.state = State::Searching;
+            return;
+        }
+        self.object.push(b);
+        if *in_string {
+            if *escape {
+                *escape = false;
+            } else if b == b'\\' {
+                *escape = true;
+            } else if b == b'"' {
+                *in_string = false;
+            }
+        } else if b == b'"' {
+            *in_string = true;
+        } else if b == b'{' {
+            *depth += 1;
+        } else if b == b'}' {
+            *depth -= 1;
+            if *depth == 0 {
+                self.read_object();
+                self.state = State::Searching;
+            }
         }
     }
 
