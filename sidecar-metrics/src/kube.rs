@@ -486,10 +486,10 @@ struct NamedPool {
 
 /// What matters of an InferencePool: the pod labels it selects and its target ports.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoolSpec {
-    pub match_labels: BTreeMap<String, String>,
+struct PoolSpec {
+    match_labels: BTreeMap<String, String>,
     /// Sorted, without duplicates or numbers outside 1..=65535.
-    pub target_ports: Vec<u16>,
+    target_ports: Vec<u16>,
 }
 
 #[derive(Deserialize)]
