@@ -373,7 +373,8 @@ impl PoolConfig {
 }
 
 /// Where a pool's pods come from. Written as a map with exactly one key:
-/// `discovery: {static: [...]}`, `{dns: {...}}` or `{kubernetes: {...}}`.
+/// `discovery: {static: [...]}`, `{dns: {...}}`, `{kubernetes: {...}}` or
+/// `{inference_pool: {...}}`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(try_from = "DiscoveryRaw")]
 pub enum Discovery {
@@ -383,6 +384,9 @@ pub enum Discovery {
     Dns(DnsConfig),
     /// EndpointSlices of a Service (or matching a label selector), watched via the API server.
     Kubernetes(KubeConfig),
+    /// The Pods a Gateway API Inference Extension InferencePool selects, on its target ports;
+    /// the pool object and the pods both watched via the API server.
+    InferencePool(InferencePoolConfig),
 }
 
 /// The file form of [`Discovery`] (serde_yaml 0.9 reads enums only from YAML tags).
@@ -395,17 +399,20 @@ struct DiscoveryRaw {
     dns: Option<DnsConfig>,
     #[serde(default)]
     kubernetes: Option<KubeConfig>,
+    #[serde(default)]
+    inference_pool: Option<InferencePoolConfig>,
 }
 
 impl TryFrom<DiscoveryRaw> for Discovery {
     type Error = String;
 
     fn try_from(r: DiscoveryRaw) -> Result<Self, String> {
-        match (r.static_, r.dns, r.kubernetes) {
-            (Some(s), None, None) => Ok(Discovery::Static(s)),
-            (None, Some(d), None) => Ok(Discovery::Dns(d)),
-            (None, None, Some(k)) => Ok(Discovery::Kubernetes(k)),
-            _ => Err("give exactly one of `static`, `dns`, `kubernetes`".into()),
+        match (r.static_, r.dns, r.kubernetes, r.inference_pool) {
+            (Some(s), None, None, None) => Ok(Discovery::Static(s)),
+            (None, Some(d), None, None) => Ok(Discovery::Dns(d)),
+            (None, None, Some(k), None) => Ok(Discovery::Kubernetes(k)),
+            (None, None, None, Some(p)) => Ok(Discovery::InferencePool(p)),
+            _ => Err("give exactly one of `static`, `dns`, `kubernetes`, `inference_pool`".into()),
         }
     }
 }
@@ -441,6 +448,26 @@ pub struct KubeConfig {
     /// The EndpointSlice port to use: a number or a port name; absent = the first port.
     #[serde(default)]
     pub port: Option<PortRef>,
+    /// API server access; absent = in-cluster service-account credentials.
+    #[serde(default)]
+    pub api: Option<KubeApi>,
+}
+
+/// An `inference.networking.k8s.io/v1` InferencePool: its `spec.selector.matchLabels` picks the
+/// Pods (Ready, not terminating, with an IP) in its namespace, each an endpoint on every
+/// `spec.targetPorts[].number`. `spec.endpointPickerRef` is ignored: the filter picks.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InferencePoolConfig {
+    /// The InferencePool's name.
+    pub name: String,
+    /// Its namespace (and the pods'); absent = the pod's own namespace (in-cluster), else
+    /// `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Use only this one of the pool's target ports; absent = all of them.
+    #[serde(default)]
+    pub port: Option<u16>,
     /// API server access; absent = in-cluster service-account credentials.
     #[serde(default)]
     pub api: Option<KubeApi>,
@@ -755,22 +782,23 @@ impl Config {
                             "give exactly one of service, label_selector",
                         ));
                     }
-                    if let Some(api) = &k.api {
-                        if !(api.server.starts_with("https://")
-                            || api.server.starts_with("http://"))
-                        {
-                            return Err(invalid(
-                                f("discovery.kubernetes.api.server"),
-                                "must start with https:// (or http:// for a local test server)",
-                            ));
-                        }
-                        if api.token.is_some() && api.token_file.is_some() {
-                            return Err(invalid(
-                                f("discovery.kubernetes.api"),
-                                "give at most one of token, token_file",
-                            ));
-                        }
+                    check_api(k.api.as_ref(), &|field| {
+                        f(&format!("discovery.kubernetes.{field}"))
+                    })?;
+                }
+                Discovery::InferencePool(ip) => {
+                    if ip.name.is_empty() {
+                        return Err(invalid(
+                            f("discovery.inference_pool.name"),
+                            "must not be empty",
+                        ));
                     }
+                    if ip.port == Some(0) {
+                        return Err(invalid(f("discovery.inference_pool.port"), "must be > 0"));
+                    }
+                    check_api(ip.api.as_ref(), &|field| {
+                        f(&format!("discovery.inference_pool.{field}"))
+                    })?;
                 }
             }
         }
@@ -803,6 +831,24 @@ impl Config {
                 .unwrap_or((self.scrape.interval_ms * 3).max(100)),
         )
     }
+}
+
+/// The `api` section of a Kubernetes source; `field` names `api.server` and `api` in errors.
+fn check_api(api: Option<&KubeApi>, field: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    let Some(api) = api else { return Ok(()) };
+    if !(api.server.starts_with("https://") || api.server.starts_with("http://")) {
+        return Err(invalid(
+            field("api.server"),
+            "must start with https:// (or http:// for a local test server)",
+        ));
+    }
+    if api.token.is_some() && api.token_file.is_some() {
+        return Err(invalid(
+            field("api"),
+            "give at most one of token, token_file",
+        ));
+    }
+    Ok(())
 }
 
 /// A secret from the first source given (inline, environment variable, file; a file's trailing
@@ -866,6 +912,10 @@ pools:
     cluster: pool_k
     discovery:
       kubernetes: {namespace: ns, service: vllm, port: http}
+  - name: ip
+    cluster: pool_ip
+    discovery:
+      inference_pool: {name: vllm-llama, namespace: llm}
 "#;
 
     #[test]
@@ -875,7 +925,16 @@ pools:
         assert_eq!(c.scrape.interval_ms, 50);
         assert_eq!(c.heartbeat_ms, 1000);
         assert_eq!(c.push.path, "/__llm_router/snapshot");
-        assert_eq!(c.pools.len(), 3);
+        assert_eq!(c.pools.len(), 4);
+        assert_eq!(
+            c.pools[3].discovery,
+            Discovery::InferencePool(InferencePoolConfig {
+                name: "vllm-llama".into(),
+                namespace: Some("llm".into()),
+                port: None,
+                api: None,
+            })
+        );
         assert_eq!(
             c.pools[0].discovery,
             Discovery::Static(vec!["127.0.0.1:9001".into(), "127.0.0.1:9002".into()])
@@ -917,12 +976,32 @@ cluster = "c"
 [pools.discovery.kubernetes]
 label_selector = "app=vllm"
 port = 8000
+[[pools]]
+name = "ip"
+cluster = "c2"
+[pools.discovery.inference_pool]
+name = "vllm-llama"
+port = 8001
+api = {server = "http://127.0.0.1:8080", token = "t"}
 "#;
         let c = Config::from_toml(t, "t.toml").expect("parses");
         c.validate().expect("valid");
         assert_eq!((c.heartbeat_ms, c.scrape.interval_ms), (500, 100));
         match &c.pools[1].discovery {
             Discovery::Kubernetes(k) => assert_eq!(k.port, Some(PortRef::Number(8000))),
+            other => panic!("{other:?}"),
+        }
+        match &c.pools[2].discovery {
+            Discovery::InferencePool(p) => {
+                assert_eq!(
+                    (p.name.as_str(), p.port, p.namespace.as_deref()),
+                    ("vllm-llama", Some(8001), None)
+                );
+                assert_eq!(
+                    p.api.as_ref().map(|a| a.server.as_str()),
+                    Some("http://127.0.0.1:8080")
+                );
+            }
             other => panic!("{other:?}"),
         }
         let e = c.resolve_secret().expect_err("env not set");
@@ -967,6 +1046,28 @@ port = 8000
         assert!(e.contains("pools[1].name") && e.contains("twice"), "{e}");
         let e = err_of(&YAML.replace("service: vllm", "service: vllm, label_selector: a=b"));
         assert!(e.contains("pools[2].discovery.kubernetes"), "{e}");
+        let e = err_of(&YAML.replace("name: vllm-llama,", "name: \"\","));
+        assert!(e.contains("pools[3].discovery.inference_pool.name"), "{e}");
+        let e = err_of(&YAML.replace("namespace: llm}", "namespace: llm, port: 0}"));
+        assert!(e.contains("pools[3].discovery.inference_pool.port"), "{e}");
+        let e = err_of(&YAML.replace("namespace: llm}", "namespace: llm, api: {server: x}}"));
+        assert!(
+            e.contains("pools[3].discovery.inference_pool.api.server"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace("namespace: llm}", "namespace: llm, selector: a}"));
+        assert!(
+            e.contains("pools[3].discovery") && e.contains("selector"),
+            "{e}"
+        );
+        let e = err_of(&YAML.replace(
+            "service: vllm, port: http}",
+            "service: vllm, port: http}\n      inference_pool: {name: x}",
+        ));
+        assert!(
+            e.contains("pools[2]") && e.contains("exactly one") && e.contains("inference_pool"),
+            "{e}"
+        );
         let e = err_of(&format!("{YAML}scrape: {{interval_ms: 0}}\n"));
         assert!(e.contains("scrape.interval_ms"), "{e}");
         let e = err_of("push: {address: 127.0.0.1:1, secret_env: X}\npools: []\n");

@@ -1,5 +1,6 @@
-//! Finds each pool's pods: a static list, DNS (a headless Service name, re-resolved), or
-//! Kubernetes EndpointSlices watched through the API server.
+//! Finds each pool's pods: a static list, DNS (a headless Service name, re-resolved),
+//! Kubernetes EndpointSlices, or the Pods of a Gateway API Inference Extension InferencePool
+//! (both watched through the API server).
 //!
 //! Every source publishes the pool's current endpoint set on a `watch` channel as a sorted,
 //! de-duplicated list; the scrape loop picks up changes at its next round, so a pod that appears
@@ -81,6 +82,21 @@ pub fn start(
             })?;
             let (tx, rx) = watch::channel(Arc::new(Vec::new()));
             tokio::spawn(kube::watch_loop(pool.to_owned(), client, tx, shutdown));
+            Ok(rx)
+        }
+        Discovery::InferencePool(p) => {
+            let client =
+                kube::PoolClient::from_config(p).map_err(|source| DiscoveryError::Kube {
+                    pool: pool.into(),
+                    source,
+                })?;
+            let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+            tokio::spawn(kube::inference_pool_loop(
+                pool.to_owned(),
+                client,
+                tx,
+                shutdown,
+            ));
             Ok(rx)
         }
     }

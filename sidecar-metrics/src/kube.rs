@@ -1,12 +1,24 @@
-//! Kubernetes discovery: list and watch `discovery.k8s.io/v1` EndpointSlices over plain hyper.
+//! Kubernetes discovery over plain hyper: `discovery.k8s.io/v1` EndpointSlices of a Service (or
+//! label selector), or the Pods a Gateway API Inference Extension `InferencePool`
+//! (`inference.networking.k8s.io/v1`) selects.
 //!
-//! Why hand-rolled rather than `kube` + `k8s-openapi`: the sidecar needs one resource, read-only,
-//! and those crates add a few hundred thousand lines to compile on a 2-core machine where every
-//! helper builds at once. This module is the classic list-then-watch loop: list (remember the
-//! `resourceVersion`), watch from it with bookmarks, apply ADDED / MODIFIED / DELETED to a map of
-//! slices, relist on `410 Gone` or any error (with backoff), keep the last set meanwhile.
+//! Why hand-rolled rather than `kube` + `k8s-openapi`: the sidecar needs a few resources,
+//! read-only, and those crates add a few hundred thousand lines to compile on a 2-core machine
+//! where every helper builds at once. One generic loop ([`Collection`], `informer`) serves every
+//! resource: list (remember the `resourceVersion`), watch from it with bookmarks, apply ADDED /
+//! MODIFIED / DELETED to a map of objects by name, relist on `410 Gone` or any error (with
+//! backoff), keep the last set meanwhile.
+//!
+//! An InferencePool runs two of them: one watches the pool object itself (by name, so a changed
+//! selector or target port applies live), the other the Pods matching the pool's
+//! `spec.selector.matchLabels` in its namespace, restarted whenever the pool changes. Each Ready
+//! pod's `status.podIP` (not terminating) on every `spec.targetPorts[].number` (or only the
+//! configured `port`) is an endpoint; `spec.endpointPickerRef` is ignored (the filter picks).
+//! A pool that does not exist gives no endpoints.
+//!
 //! Credentials: in-cluster service account by default, or `{server, token|token_file, ca_file}`.
-//! RBAC needed: `get`, `list`, `watch` on `endpointslices` in group `discovery.k8s.io` (see
+//! RBAC needed: `get`, `list`, `watch` on `endpointslices` in group `discovery.k8s.io`, or on
+//! `pods` (core group) and `inferencepools` in group `inference.networking.k8s.io` (see
 //! README.md).
 
 use std::collections::BTreeMap;
@@ -21,9 +33,10 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
+use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::config::{KubeConfig, PortRef};
+use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, PortRef};
 use crate::discovery::{normalise_set, Endpoints};
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -69,14 +82,25 @@ enum Token {
     File(PathBuf),
 }
 
-/// What is needed to list and watch one pool's slices.
-pub struct Client {
+/// Access to the API server: the HTTP client, its base URL and the credentials.
+struct Api {
     http: hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     server: String,
     token: Token,
-    namespace: String,
-    selector: String,
-    port: Option<PortRef>,
+}
+
+/// What is needed to list and watch one pool's EndpointSlices.
+pub struct Client {
+    api: Api,
+    slices: Slices,
+}
+
+/// What is needed to watch one pool's InferencePool and the Pods it selects.
+pub struct PoolClient {
+    api: Api,
+    pool: NamedPool,
+    /// Use only this one of the pool's target ports.
+    port: Option<u16>,
 }
 
 fn read(what: &'static str, path: &str) -> Result<String, KubeError> {
@@ -113,9 +137,19 @@ pub fn query_escape(s: &str) -> String {
     out
 }
 
-impl Client {
-    pub fn from_config(k: &KubeConfig) -> Result<Client, KubeError> {
-        let (server, token, ca) = match &k.api {
+/// The configured namespace, else the pod's own (in-cluster), else `default`.
+fn namespace_or_own(ns: Option<&String>) -> String {
+    match ns {
+        Some(ns) => ns.clone(),
+        None => std::fs::read_to_string(format!("{SA_DIR}/namespace"))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "default".into()),
+    }
+}
+
+impl Api {
+    fn connect(api: Option<&KubeApi>) -> Result<Api, KubeError> {
+        let (server, token, ca) = match api {
             Some(api) => {
                 let token = match (&api.token, &api.token_file) {
                     (Some(t), _) => Token::Inline(t.clone()),
@@ -144,12 +178,6 @@ impl Client {
                     Some(format!("{SA_DIR}/ca.crt")),
                 )
             }
-        };
-        let namespace = match &k.namespace {
-            Some(ns) => ns.clone(),
-            None => std::fs::read_to_string(format!("{SA_DIR}/namespace"))
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_else(|_| "default".into()),
         };
         let mut roots = rustls::RootCertStore::empty();
         match &ca {
@@ -185,28 +213,16 @@ impl Client {
             .wrap_connector(tcp);
         let http =
             hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector);
-        let selector = match (&k.service, &k.label_selector) {
-            (Some(svc), _) => format!("kubernetes.io/service-name={svc}"),
-            (None, Some(sel)) => sel.clone(),
-            (None, None) => String::new(),
-        };
-        Ok(Client {
+        Ok(Api {
             http,
             server,
             token,
-            namespace,
-            selector,
-            port: k.port.clone(),
         })
     }
 
-    fn url(&self, watch_from: Option<&str>) -> String {
-        let mut u = format!(
-            "{}/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices?labelSelector={}",
-            self.server,
-            query_escape(&self.namespace),
-            query_escape(&self.selector)
-        );
+    /// The collection's URL, or its watch from version `rv`.
+    fn url<C: Collection>(&self, c: &C, watch_from: Option<&str>) -> String {
+        let mut u = format!("{}{}", self.server, c.path());
         if let Some(rv) = watch_from {
             u.push_str("&watch=true&allowWatchBookmarks=true&timeoutSeconds=290&resourceVersion=");
             u.push_str(&query_escape(rv));
@@ -258,9 +274,13 @@ impl Client {
         Ok(resp)
     }
 
-    /// Lists the slices: their endpoints by slice name, and the list's `resourceVersion`.
-    pub async fn list(&self) -> Result<(String, BTreeMap<String, Vec<SocketAddr>>), KubeError> {
-        let url = self.url(None);
+    /// Lists the collection: what is kept of each object by name, and the list's
+    /// `resourceVersion`.
+    async fn list<C: Collection>(
+        &self,
+        c: &C,
+    ) -> Result<(String, BTreeMap<String, C::Item>), KubeError> {
+        let url = self.url(c, None);
         let resp = self.get(&url).await?;
         let body = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
             .await
@@ -273,19 +293,66 @@ impl Client {
                 reason: e.to_string(),
             })?
             .to_bytes();
-        let list: SliceList = serde_json::from_slice(&body).map_err(|e| KubeError::Json {
+        let json_err = |e: serde_json::Error| KubeError::Json {
             url: url.clone(),
             reason: e.to_string(),
-        })?;
+        };
+        let list: List = serde_json::from_slice(&body).map_err(json_err)?;
         let mut map = BTreeMap::new();
-        for s in &list.items {
-            map.insert(
-                s.metadata.name.clone(),
-                slice_endpoints(s, self.port.as_ref()),
-            );
+        for obj in list.items.unwrap_or_default() {
+            let meta = Meta::deserialize(&obj["metadata"]).map_err(json_err)?;
+            map.insert(meta.name, c.item(&obj).map_err(json_err)?);
         }
         Ok((list.metadata.resource_version, map))
     }
+}
+
+impl Client {
+    pub fn from_config(k: &KubeConfig) -> Result<Client, KubeError> {
+        let api = Api::connect(k.api.as_ref())?;
+        let selector = match (&k.service, &k.label_selector) {
+            (Some(svc), _) => format!("kubernetes.io/service-name={svc}"),
+            (None, Some(sel)) => sel.clone(),
+            (None, None) => String::new(),
+        };
+        Ok(Client {
+            api,
+            slices: Slices {
+                namespace: namespace_or_own(k.namespace.as_ref()),
+                selector,
+                port: k.port.clone(),
+            },
+        })
+    }
+
+    /// Lists the slices: their endpoints by slice name, and the list's `resourceVersion`.
+    pub async fn list(&self) -> Result<(String, BTreeMap<String, Vec<SocketAddr>>), KubeError> {
+        self.api.list(&self.slices).await
+    }
+}
+
+impl PoolClient {
+    pub fn from_config(p: &InferencePoolConfig) -> Result<PoolClient, KubeError> {
+        Ok(PoolClient {
+            api: Api::connect(p.api.as_ref())?,
+            pool: NamedPool {
+                namespace: namespace_or_own(p.namespace.as_ref()),
+                name: p.name.clone(),
+            },
+            port: p.port,
+        })
+    }
+}
+
+/// A collection of objects to list and watch, and what to keep of each one.
+trait Collection {
+    type Item: PartialEq;
+    /// What the logs call one object.
+    const KIND: &'static str;
+    /// The collection's path and query (with a selector, so the watch parameters follow `&`).
+    fn path(&self) -> String;
+    /// What to keep of one object.
+    fn item(&self, obj: &Value) -> Result<Self::Item, serde_json::Error>;
 }
 
 #[derive(Deserialize, Default)]
@@ -297,18 +364,54 @@ struct Meta {
 }
 
 #[derive(Deserialize)]
-struct SliceList {
+struct List {
     #[serde(default)]
     metadata: Meta,
     #[serde(default)]
-    items: Vec<EndpointSlice>,
+    items: Option<Vec<Value>>,
+}
+
+#[derive(Deserialize)]
+struct WatchEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    object: Value,
+}
+
+// ---- EndpointSlices ----
+
+/// The EndpointSlices matching a label selector; each kept as its ready endpoints.
+struct Slices {
+    namespace: String,
+    selector: String,
+    port: Option<PortRef>,
+}
+
+impl Collection for Slices {
+    type Item = Vec<SocketAddr>;
+    const KIND: &'static str = "EndpointSlice";
+
+    fn path(&self) -> String {
+        format!(
+            "/apis/discovery.k8s.io/v1/namespaces/{}/endpointslices?labelSelector={}",
+            query_escape(&self.namespace),
+            query_escape(&self.selector)
+        )
+    }
+
+    fn item(&self, obj: &Value) -> Result<Vec<SocketAddr>, serde_json::Error> {
+        Ok(slice_endpoints(
+            &EndpointSlice::deserialize(obj)?,
+            self.port.as_ref(),
+        ))
+    }
 }
 
 /// The fields of `discovery.k8s.io/v1` EndpointSlice that matter here.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 pub struct EndpointSlice {
-    metadata: Meta,
     #[serde(rename = "addressType")]
     address_type: String,
     endpoints: Option<Vec<Endpoint>>,
@@ -333,14 +436,6 @@ struct Conditions {
 struct EndpointPort {
     name: Option<String>,
     port: Option<i32>,
-}
-
-#[derive(Deserialize)]
-struct WatchEvent {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    object: serde_json::Value,
 }
 
 /// Ready endpoints of one slice on the configured port (absent `ready` counts as ready, as the
@@ -381,10 +476,188 @@ fn union(map: &BTreeMap<String, Vec<SocketAddr>>) -> Vec<SocketAddr> {
     normalise_set(map.values().flatten().copied().collect())
 }
 
-fn publish(pool: &str, tx: &watch::Sender<Endpoints>, map: &BTreeMap<String, Vec<SocketAddr>>) {
-    let set = union(map);
+// ---- InferencePool and its Pods ----
+
+/// One InferencePool, watched by name.
+struct NamedPool {
+    namespace: String,
+    name: String,
+}
+
+/// What matters of an InferencePool: the pod labels it selects and its target ports.
+#[derive(Debug, Clone, PartialEq)]
+struct PoolSpec {
+    match_labels: BTreeMap<String, String>,
+    /// Sorted, without duplicates or numbers outside 1..=65535.
+    target_ports: Vec<u16>,
+}
+
+#[derive(Deserialize)]
+struct InferencePool {
+    spec: InferencePoolSpec,
+}
+
+#[derive(Deserialize)]
+struct InferencePoolSpec {
+    selector: LabelSelector,
+    #[serde(rename = "targetPorts")]
+    target_ports: Vec<TargetPort>,
+}
+
+#[derive(Deserialize)]
+struct LabelSelector {
+    #[serde(rename = "matchLabels", default)]
+    match_labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct TargetPort {
+    number: i64,
+}
+
+impl Collection for NamedPool {
+    type Item = PoolSpec;
+    const KIND: &'static str = "InferencePool";
+
+    fn path(&self) -> String {
+        format!(
+            "/apis/inference.networking.k8s.io/v1/namespaces/{}/inferencepools?fieldSelector={}",
+            query_escape(&self.namespace),
+            query_escape(&format!("metadata.name={}", self.name))
+        )
+    }
+
+    fn item(&self, obj: &Value) -> Result<PoolSpec, serde_json::Error> {
+        let p = InferencePool::deserialize(obj)?;
+        let mut target_ports: Vec<u16> = p
+            .spec
+            .target_ports
+            .iter()
+            .filter_map(|t| u16::try_from(t.number).ok().filter(|n| *n != 0))
+            .collect();
+        target_ports.sort_unstable();
+        target_ports.dedup();
+        Ok(PoolSpec {
+            match_labels: p.spec.selector.match_labels,
+            target_ports,
+        })
+    }
+}
+
+/// `k1=v1,k2=v2` for the `labelSelector` query (equality on every label).
+pub fn label_selector(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The Pods matching a label selector; each kept as its IP when it serves.
+struct Pods {
+    namespace: String,
+    selector: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Pod {
+    metadata: PodMeta,
+    status: PodStatus,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PodMeta {
+    #[serde(rename = "deletionTimestamp")]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PodStatus {
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    conditions: Option<Vec<PodCondition>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct PodCondition {
+    #[serde(rename = "type")]
+    kind: String,
+    status: String,
+}
+
+impl Collection for Pods {
+    type Item = Option<IpAddr>;
+    const KIND: &'static str = "Pod";
+
+    fn path(&self) -> String {
+        format!(
+            "/api/v1/namespaces/{}/pods?labelSelector={}",
+            query_escape(&self.namespace),
+            query_escape(&self.selector)
+        )
+    }
+
+    fn item(&self, obj: &Value) -> Result<Option<IpAddr>, serde_json::Error> {
+        Ok(serving_ip(&Pod::deserialize(obj)?))
+    }
+}
+
+/// The pod's IP when it is Ready (condition `Ready` is `"True"`), not terminating
+/// (`metadata.deletionTimestamp` unset) and has one.
+fn serving_ip(p: &Pod) -> Option<IpAddr> {
+    if p.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let ready = p
+        .status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.kind == "Ready" && c.status == "True");
+    if !ready {
+        return None;
+    }
+    p.status.pod_ip.as_deref()?.parse().ok()
+}
+
+/// Every serving pod on every port.
+fn pod_endpoints(pods: &BTreeMap<String, Option<IpAddr>>, ports: &[u16]) -> Vec<SocketAddr> {
+    normalise_set(
+        pods.values()
+            .flatten()
+            .flat_map(|ip| ports.iter().map(|p| SocketAddr::new(*ip, *p)))
+            .collect(),
+    )
+}
+
+/// The ports to use of a pool's target ports: all of them, or only the configured one when the
+/// pool lists it (none when it does not).
+fn chosen_ports(target_ports: &[u16], want: Option<u16>) -> Vec<u16> {
+    match want {
+        Some(p) => target_ports.iter().copied().filter(|t| *t == p).collect(),
+        None => target_ports.to_vec(),
+    }
+}
+
+/// What is known of the InferencePool.
+#[derive(Debug, Clone, PartialEq)]
+enum PoolState {
+    /// Not listed yet (or the list keeps failing): keep the last set.
+    Unknown,
+    /// The API server says it does not exist: no endpoints.
+    Missing,
+    Found(PoolSpec),
+}
+
+// ---- The list/watch loop, for any collection ----
+
+fn publish(pool: &str, source: &str, tx: &watch::Sender<Endpoints>, set: Vec<SocketAddr>) {
     if **tx.borrow() != set {
-        tracing::info!(pool = %pool, pods = set.len(), "EndpointSlice endpoints changed");
+        tracing::info!(pool = %pool, pods = set.len(), "{source} endpoints changed");
         let _ = tx.send(Arc::new(set));
     }
 }
@@ -397,25 +670,149 @@ enum WatchEnd {
     Shutdown,
 }
 
-/// List, then watch, forever (until shutdown).
+/// List, then watch, forever (until shutdown): the EndpointSlices of one pool.
 pub async fn watch_loop(
     pool: String,
     client: Client,
     tx: watch::Sender<Endpoints>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    informer(
+        &pool,
+        &client.api,
+        &client.slices,
+        |map| publish(&pool, "EndpointSlice", &tx, union(map)),
+        &mut shutdown,
+    )
+    .await;
+}
+
+/// Watches one InferencePool and the Pods it selects, forever (until shutdown).
+pub async fn inference_pool_loop(
+    pool: String,
+    client: PoolClient,
+    tx: watch::Sender<Endpoints>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (state_tx, state_rx) = watch::channel(PoolState::Unknown);
+    let mut pool_shutdown = shutdown.clone();
+    let watch_pool = async {
+        informer(
+            &pool,
+            &client.api,
+            &client.pool,
+            |map| {
+                let state = match map.values().next() {
+                    Some(spec) => PoolState::Found(spec.clone()),
+                    None => PoolState::Missing,
+                };
+                state_tx.send_if_modified(|s| {
+                    let changed = *s != state;
+                    *s = state;
+                    changed
+                });
+            },
+            &mut pool_shutdown,
+        )
+        .await;
+        drop(state_tx);
+    };
+    tokio::join!(
+        watch_pool,
+        watch_pods(&pool, &client, state_rx, &tx, shutdown)
+    );
+}
+
+/// Follows the pool's state: lists and watches the Pods of its current selector (restarted on
+/// every change of the pool), or publishes an empty set while the pool does not exist.
+async fn watch_pods(
+    pool: &str,
+    client: &PoolClient,
+    mut state_rx: watch::Receiver<PoolState>,
+    tx: &watch::Sender<Endpoints>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let NamedPool { namespace, name } = &client.pool;
+    loop {
+        let state = state_rx.borrow_and_update().clone();
+        let pods = match state {
+            PoolState::Unknown => None,
+            PoolState::Missing => {
+                tracing::warn!(pool = %pool, inference_pool = %format!("{namespace}/{name}"),
+                    "InferencePool not found: the pool has no endpoints until it exists");
+                publish(pool, "InferencePool", tx, Vec::new());
+                None
+            }
+            PoolState::Found(spec) => {
+                let ports = chosen_ports(&spec.target_ports, client.port);
+                let selector = label_selector(&spec.match_labels);
+                tracing::info!(pool = %pool, inference_pool = %format!("{namespace}/{name}"),
+                    selector = %selector, ports = ?ports, "InferencePool read");
+                if spec.match_labels.is_empty() {
+                    // An empty selector would take every pod of the namespace.
+                    tracing::warn!(pool = %pool, inference_pool = %format!("{namespace}/{name}"),
+                        "InferencePool selects no labels: the pool has no endpoints");
+                    publish(pool, "InferencePool", tx, Vec::new());
+                    None
+                } else if ports.is_empty() {
+                    tracing::warn!(pool = %pool, inference_pool = %format!("{namespace}/{name}"),
+                        target_ports = ?spec.target_ports, configured = ?client.port,
+                        "the configured port is not among the InferencePool's target ports: the pool has no endpoints");
+                    publish(pool, "InferencePool", tx, Vec::new());
+                    None
+                } else {
+                    Some((
+                        Pods {
+                            namespace: namespace.clone(),
+                            selector,
+                        },
+                        ports,
+                    ))
+                }
+            }
+        };
+        match pods {
+            Some((pods, ports)) => {
+                tokio::select! {
+                    _ = informer(pool, &client.api, &pods,
+                            |map| publish(pool, "Pod", tx, pod_endpoints(map, &ports)),
+                            &mut shutdown) => return,
+                    r = state_rx.changed() => if r.is_err() { return },
+                }
+            }
+            None => {
+                tokio::select! {
+                    r = state_rx.changed() => if r.is_err() { return },
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+    }
+}
+
+/// List, then watch, forever (until shutdown); `changed` sees the objects by name after the list
+/// and after every event.
+async fn informer<C: Collection>(
+    pool: &str,
+    api: &Api,
+    c: &C,
+    mut changed: impl FnMut(&BTreeMap<String, C::Item>),
+    shutdown: &mut watch::Receiver<bool>,
+) {
+    let kind = C::KIND;
     let mut backoff = Duration::from_millis(250);
     loop {
         if *shutdown.borrow() {
             return;
         }
-        match client.list().await {
+        match api.list(c).await {
             Ok((mut rv, mut map)) => {
                 backoff = Duration::from_millis(250);
-                publish(&pool, &tx, &map);
+                changed(&map);
                 loop {
                     let began = std::time::Instant::now();
-                    match watch_once(&pool, &client, &mut rv, &mut map, &tx, &mut shutdown).await {
+                    match watch_once(pool, api, c, &mut rv, &mut map, &mut changed, shutdown).await
+                    {
                         Ok(WatchEnd::Expired) => {
                             // A server that closes watches at once must not make us spin.
                             if began.elapsed() < Duration::from_secs(1) {
@@ -429,14 +826,14 @@ pub async fn watch_loop(
                         Ok(WatchEnd::Relist) => break,
                         Ok(WatchEnd::Shutdown) => return,
                         Err(e) => {
-                            tracing::warn!(pool = %pool, error = %e, "EndpointSlice watch failed; relisting");
+                            tracing::warn!(pool = %pool, error = %e, "{kind} watch failed; relisting");
                             break;
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(pool = %pool, error = %e, "EndpointSlice list failed; keeping the last set")
+                tracing::warn!(pool = %pool, error = %e, "{kind} list failed; keeping the last set")
             }
         }
         tokio::select! {
@@ -447,17 +844,18 @@ pub async fn watch_loop(
     }
 }
 
-async fn watch_once(
+async fn watch_once<C: Collection>(
     pool: &str,
-    client: &Client,
+    api: &Api,
+    c: &C,
     rv: &mut String,
-    map: &mut BTreeMap<String, Vec<SocketAddr>>,
-    tx: &watch::Sender<Endpoints>,
+    map: &mut BTreeMap<String, C::Item>,
+    changed: &mut impl FnMut(&BTreeMap<String, C::Item>),
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<WatchEnd, KubeError> {
-    let url = client.url(Some(rv));
+    let url = api.url(c, Some(rv));
     let resp = tokio::select! {
-        r = client.get(&url) => r?,
+        r = api.get(&url) => r?,
         _ = shutdown.changed() => return Ok(WatchEnd::Shutdown),
     };
     let mut body = resp.into_body();
@@ -496,10 +894,10 @@ async fn watch_once(
                 url: url.clone(),
                 reason: e.to_string(),
             })?;
-            if let Some(end) = apply_event(pool, ev, client.port.as_ref(), rv, map) {
+            if let Some(end) = apply_event(pool, c, ev, rv, map) {
                 return Ok(end);
             }
-            publish(pool, tx, map);
+            changed(map);
         }
         if buf.len() > MAX_EVENT_BYTES {
             return Err(KubeError::Http {
@@ -510,31 +908,39 @@ async fn watch_once(
     }
 }
 
-fn apply_event(
+fn apply_event<C: Collection>(
     pool: &str,
+    c: &C,
     ev: WatchEvent,
-    port: Option<&PortRef>,
     rv: &mut String,
-    map: &mut BTreeMap<String, Vec<SocketAddr>>,
+    map: &mut BTreeMap<String, C::Item>,
 ) -> Option<WatchEnd> {
+    let kind = C::KIND;
     match ev.kind.as_str() {
         "ADDED" | "MODIFIED" | "DELETED" => {
-            let slice: EndpointSlice = match serde_json::from_value(ev.object) {
-                Ok(s) => s,
+            let deleted = ev.kind == "DELETED";
+            let read = Meta::deserialize(&ev.object["metadata"]).and_then(|meta| {
+                let item = if deleted {
+                    None
+                } else {
+                    Some(c.item(&ev.object)?)
+                };
+                Ok((meta, item))
+            });
+            let (meta, item) = match read {
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(pool = %pool, error = %e, "unreadable EndpointSlice in watch event; relisting");
+                    tracing::warn!(pool = %pool, error = %e, "unreadable {kind} in watch event; relisting");
                     return Some(WatchEnd::Relist);
                 }
             };
-            if !slice.metadata.resource_version.is_empty() {
-                rv.clone_from(&slice.metadata.resource_version);
+            if !meta.resource_version.is_empty() {
+                rv.clone_from(&meta.resource_version);
             }
-            if ev.kind == "DELETED" {
-                map.remove(&slice.metadata.name);
-            } else {
-                let eps = slice_endpoints(&slice, port);
-                map.insert(slice.metadata.name, eps);
-            }
+            match item {
+                Some(item) => map.insert(meta.name, item),
+                None => map.remove(&meta.name),
+            };
             None
         }
         "BOOKMARK" => {
@@ -550,7 +956,7 @@ fn apply_event(
         _ => {
             // ERROR: usually 410 Gone (our version is too old). Relist.
             let code = ev.object.get("code").and_then(|c| c.as_u64()).unwrap_or(0);
-            tracing::info!(pool = %pool, code, "EndpointSlice watch error event; relisting");
+            tracing::info!(pool = %pool, code, "{kind} watch error event; relisting");
             Some(WatchEnd::Relist)
         }
     }
@@ -606,34 +1012,177 @@ mod tests {
         assert!(slice_endpoints(&s, None).is_empty());
     }
 
+    fn slices(port: Option<PortRef>) -> Slices {
+        Slices {
+            namespace: "llm".into(),
+            selector: "kubernetes.io/service-name=vllm".into(),
+            port,
+        }
+    }
+
+    fn ev(kind: &str, obj: &str) -> WatchEvent {
+        WatchEvent {
+            kind: kind.into(),
+            object: serde_json::from_str(obj).expect("json"),
+        }
+    }
+
     #[test]
     fn events_update_the_map_and_version() {
         let mut map = BTreeMap::new();
         let mut rv = "1".to_owned();
-        let ev = |kind: &str, obj: &str| WatchEvent {
-            kind: kind.into(),
-            object: serde_json::from_str(obj).expect("json"),
-        };
-        assert!(apply_event(
-            "p",
-            ev("ADDED", SLICE),
-            Some(&PortRef::Number(8000)),
-            &mut rv,
-            &mut map
-        )
-        .is_none());
+        let c = slices(Some(PortRef::Number(8000)));
+        assert!(apply_event("p", &c, ev("ADDED", SLICE), &mut rv, &mut map).is_none());
         assert_eq!((rv.as_str(), union(&map).len()), ("4711", 2));
         let bm = r#"{"kind":"EndpointSlice","metadata":{"resourceVersion":"5000"}}"#;
-        assert!(apply_event("p", ev("BOOKMARK", bm), None, &mut rv, &mut map).is_none());
+        assert!(apply_event("p", &c, ev("BOOKMARK", bm), &mut rv, &mut map).is_none());
         assert_eq!(rv, "5000");
         let del = r#"{"metadata":{"name":"vllm-abc12","resourceVersion":"5001"}}"#;
-        assert!(apply_event("p", ev("DELETED", del), None, &mut rv, &mut map).is_none());
+        assert!(apply_event("p", &c, ev("DELETED", del), &mut rv, &mut map).is_none());
         assert!(union(&map).is_empty());
         let gone = r#"{"kind":"Status","code":410,"reason":"Expired"}"#;
         assert!(matches!(
-            apply_event("p", ev("ERROR", gone), None, &mut rv, &mut map),
+            apply_event("p", &c, ev("ERROR", gone), &mut rv, &mut map),
             Some(WatchEnd::Relist)
         ));
+    }
+
+    /// A real-shaped Pod (as `kubectl get pod -o json` shows one), with its phase, Ready
+    /// condition, IP and deletion time given.
+    fn pod(name: &str, ip: Option<&str>, ready: &str, deleting: bool) -> String {
+        let mut p = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "llm", "resourceVersion": "77",
+                         "labels": {"app": "vllm-llama", "pod-template-hash": "5d8f7"}},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                     "ports": [{"containerPort": 8000, "name": "http"}]}]},
+            "status": {"phase": "Running", "hostIP": "10.0.0.2",
+                       "conditions": [
+                           {"type": "PodScheduled", "status": "True"},
+                           {"type": "Initialized", "status": "True"},
+                           {"type": "ContainersReady", "status": ready},
+                           {"type": "Ready", "status": ready}]}
+        });
+        if let Some(ip) = ip {
+            p["status"]["podIP"] = serde_json::json!(ip);
+            p["status"]["podIPs"] = serde_json::json!([{"ip": ip}]);
+        }
+        if deleting {
+            p["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-05T10:00:00Z");
+            p["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(30);
+        }
+        p.to_string()
+    }
+
+    fn pods() -> Pods {
+        Pods {
+            namespace: "llm".into(),
+            selector: "app=vllm-llama".into(),
+        }
+    }
+
+    #[test]
+    fn only_ready_live_pods_with_an_ip_serve() {
+        let ip = |json: &str| {
+            pods()
+                .item(&serde_json::from_str(json).expect("json"))
+                .expect("pod")
+        };
+        let want: IpAddr = "10.1.0.5".parse().expect("ip");
+        assert_eq!(ip(&pod("a", Some("10.1.0.5"), "True", false)), Some(want));
+        assert_eq!(ip(&pod("a", Some("10.1.0.5"), "False", false)), None);
+        assert_eq!(ip(&pod("a", Some("10.1.0.5"), "True", true)), None);
+        assert_eq!(ip(&pod("a", None, "True", false)), None);
+        // Pending: no conditions, no IP yet.
+        assert_eq!(
+            ip(r#"{"metadata":{"name":"a"},"status":{"phase":"Pending"}}"#),
+            None
+        );
+        assert_eq!(
+            ip(&pod("a", Some("fd00::5"), "True", false)),
+            "fd00::5".parse().ok()
+        );
+    }
+
+    #[test]
+    fn pod_events_give_every_ready_pod_on_every_port() {
+        let mut map = BTreeMap::new();
+        let mut rv = String::new();
+        let c = pods();
+        for (kind, p) in [
+            ("ADDED", pod("a", Some("10.1.0.5"), "True", false)),
+            ("ADDED", pod("b", Some("10.1.0.6"), "False", false)),
+            ("ADDED", pod("c", None, "False", false)),
+        ] {
+            assert!(apply_event("p", &c, ev(kind, &p), &mut rv, &mut map).is_none());
+        }
+        assert_eq!(rv, "77");
+        let addrs = |map: &BTreeMap<String, Option<IpAddr>>, ports: &[u16]| {
+            pod_endpoints(map, ports)
+                .iter()
+                .map(SocketAddr::to_string)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(addrs(&map, &[8000]), ["10.1.0.5:8000"]);
+        assert_eq!(
+            addrs(&map, &[8000, 8001]),
+            ["10.1.0.5:8000", "10.1.0.5:8001"]
+        );
+        let b_ready = pod("b", Some("10.1.0.6"), "True", false);
+        assert!(apply_event("p", &c, ev("MODIFIED", &b_ready), &mut rv, &mut map).is_none());
+        assert_eq!(addrs(&map, &[8000]), ["10.1.0.5:8000", "10.1.0.6:8000"]);
+        let a_deleting = pod("a", Some("10.1.0.5"), "True", true);
+        assert!(apply_event("p", &c, ev("MODIFIED", &a_deleting), &mut rv, &mut map).is_none());
+        assert_eq!(addrs(&map, &[8000]), ["10.1.0.6:8000"]);
+        assert!(apply_event("p", &c, ev("DELETED", &b_ready), &mut rv, &mut map).is_none());
+        assert!(addrs(&map, &[8000]).is_empty());
+    }
+
+    const POOL: &str = r#"{
+      "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+      "metadata": {"name": "llama", "namespace": "llm", "resourceVersion": "9"},
+      "spec": {"selector": {"matchLabels": {"app": "vllm-llama", "tier": "gpu"}},
+               "targetPorts": [{"number": 8001}, {"number": 8000}],
+               "endpointPickerRef": {"name": "llama-epp", "port": {"number": 9002}}}
+    }"#;
+
+    #[test]
+    fn the_pool_gives_its_selector_and_ports() {
+        let c = NamedPool {
+            namespace: "llm".into(),
+            name: "llama".into(),
+        };
+        assert_eq!(
+            c.path(),
+            "/apis/inference.networking.k8s.io/v1/namespaces/llm/inferencepools?fieldSelector=metadata.name%3Dllama"
+        );
+        let spec = c
+            .item(&serde_json::from_str(POOL).expect("json"))
+            .expect("pool");
+        assert_eq!(spec.target_ports, [8000, 8001]);
+        assert_eq!(
+            label_selector(&spec.match_labels),
+            "app=vllm-llama,tier=gpu"
+        );
+        assert_eq!(
+            Pods {
+                namespace: "llm".into(),
+                selector: label_selector(&spec.match_labels)
+            }
+            .path(),
+            "/api/v1/namespaces/llm/pods?labelSelector=app%3Dvllm-llama%2Ctier%3Dgpu"
+        );
+        assert_eq!(chosen_ports(&spec.target_ports, None), [8000, 8001]);
+        assert_eq!(chosen_ports(&spec.target_ports, Some(8001)), [8001]);
+        assert!(chosen_ports(&spec.target_ports, Some(9000)).is_empty());
+        // Without targetPorts it is not an InferencePool: the event is refused (relist).
+        let mut map = BTreeMap::new();
+        let bad = r#"{"metadata":{"name":"llama"},"spec":{"selector":{"matchLabels":{"a":"b"}}}}"#;
+        assert!(matches!(
+            apply_event("p", &c, ev("ADDED", bad), &mut String::new(), &mut map),
+            Some(WatchEnd::Relist)
+        ));
+        assert!(map.is_empty());
     }
 
     #[test]

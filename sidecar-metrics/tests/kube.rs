@@ -21,7 +21,7 @@ use axum::routing::get;
 use axum::Router;
 use common::*;
 use serde_json::json;
-use sidecar_metrics::config::{Discovery, KubeApi, KubeConfig, PortRef};
+use sidecar_metrics::config::{Discovery, InferencePoolConfig, KubeApi, KubeConfig, PortRef};
 use sidecar_metrics::sidecar;
 use tokio::sync::broadcast;
 
@@ -520,4 +520,656 @@ async fn https_api_server_with_a_ca_file_and_a_token_file() {
     task.abort();
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(dir2);
+}
+
+// ---- InferencePool discovery: the pool object and the Pods it selects ----
+
+/// The query parameters of one request.
+type Params = BTreeMap<String, String>;
+
+/// A stand-in API server holding InferencePools and Pods, serving list and watch for both with
+/// the API server's filtering (`fieldSelector=metadata.name=...`, equality `labelSelector`).
+/// Every InferencePool it is given is first checked against the real CRD schema
+/// (`test-harness/fixtures/crds/gaie-inferencepools.yaml`).
+#[derive(Clone)]
+struct PoolApi {
+    /// (resource, name) → object.
+    objects: Arc<Mutex<BTreeMap<(&'static str, String), serde_json::Value>>>,
+    rv: Arc<Mutex<u64>>,
+    /// (resource, event line) to every open watch.
+    events: broadcast::Sender<(&'static str, serde_json::Value)>,
+    /// Resource and query of every request.
+    requests: Arc<Mutex<Vec<(&'static str, Params)>>>,
+    crds: Arc<testkit::crds::Crds>,
+}
+
+const POOLS: &str = "inferencepools";
+const PODS: &str = "pods";
+
+/// A real-shaped InferencePool (GAIE v1), with an endpoint picker the sidecar ignores.
+fn inference_pool(labels: serde_json::Value, ports: &[u16]) -> serde_json::Value {
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "llama-pool", "namespace": "llm", "uid": "pool-uid", "generation": 1,
+                     "creationTimestamp": "2026-12-01T08:00:00Z"},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "targetPorts": ports.iter().map(|p| json!({"number": p})).collect::<Vec<_>>(),
+            "appProtocol": "http",
+            "endpointPickerRef": {"name": "llama-epp", "kind": "Service", "port": {"number": 9002},
+                                  "failureMode": "FailClose"}
+        },
+        "status": {"parents": [{
+            "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "llm-gateway"},
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                            "lastTransitionTime": "2026-12-01T08:00:01Z", "observedGeneration": 1}]
+        }]}
+    })
+}
+
+/// A real-shaped Pod at `ip` with labels `app=<app>`, Ready or not, terminating or not.
+fn k8s_pod(name: &str, app: &str, ip: &str, ready: bool, terminating: bool) -> serde_json::Value {
+    let status = if ready { "True" } else { "False" };
+    let mut p = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "llm", "uid": format!("uid-{name}"),
+                     "creationTimestamp": "2026-12-01T08:00:00Z",
+                     "labels": {"app": app, "pod-template-hash": "6c9d8b7f5"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                          "name": format!("{app}-6c9d8b7f5"), "uid": "rs-uid",
+                                          "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"nodeName": "node-1",
+                 "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                 "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]}]},
+        "status": {"phase": "Running", "hostIP": "10.0.0.2", "podIP": ip, "podIPs": [{"ip": ip}],
+                   "startTime": "2026-12-01T08:00:02Z",
+                   "conditions": [
+                       {"type": "PodReadyToStartContainers", "status": "True"},
+                       {"type": "Initialized", "status": "True"},
+                       {"type": "Ready", "status": status},
+                       {"type": "ContainersReady", "status": status},
+                       {"type": "PodScheduled", "status": "True"}]}
+    });
+    if terminating {
+        p["metadata"]["deletionTimestamp"] = json!("2026-12-01T09:00:00Z");
+        p["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+    }
+    p
+}
+
+/// Does `obj` pass the query's `fieldSelector` (metadata.name=) and equality `labelSelector`?
+fn selected(obj: &serde_json::Value, q: &BTreeMap<String, String>) -> bool {
+    if let Some(fs) = q.get("fieldSelector") {
+        let (k, v) = fs.split_once('=').expect("field selector k=v");
+        assert_eq!(k, "metadata.name", "only metadata.name is supported here");
+        if obj["metadata"]["name"] != v {
+            return false;
+        }
+    }
+    if let Some(ls) = q.get("labelSelector") {
+        assert!(
+            !ls.is_empty(),
+            "an empty label selector would select the whole namespace"
+        );
+        for term in ls.split(',') {
+            let (k, v) = term.split_once('=').expect("equality selector");
+            if obj["metadata"]["labels"][k] != v {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+impl PoolApi {
+    fn new() -> PoolApi {
+        PoolApi {
+            objects: Default::default(),
+            rv: Arc::new(Mutex::new(100)),
+            events: broadcast::channel(256).0,
+            requests: Default::default(),
+            crds: Arc::new(testkit::crds::load_crds(&testkit::crds::crds_dir())),
+        }
+    }
+
+    /// Stores `obj` (or removes it: `None`) and sends the event to open watches.
+    fn event(
+        &self,
+        resource: &'static str,
+        kind: &str,
+        name: &str,
+        obj: Option<serde_json::Value>,
+    ) {
+        let mut rv = self.rv.lock().expect("lock");
+        *rv += 1;
+        let mut objects = self.objects.lock().expect("lock");
+        let mut obj = match obj {
+            Some(o) => o,
+            None => objects
+                .remove(&(resource, name.to_owned()))
+                .expect("object exists"),
+        };
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        if resource == POOLS {
+            let errors = testkit::crds::check_manifest(&obj, &self.crds);
+            assert!(errors.is_empty(), "not a valid InferencePool: {errors:?}");
+        }
+        if kind != "DELETED" {
+            objects.insert((resource, name.to_owned()), obj.clone());
+        }
+        let _ = self
+            .events
+            .send((resource, json!({"type": kind, "object": obj})));
+    }
+
+    fn put(&self, resource: &'static str, name: &str, obj: serde_json::Value) {
+        self.event(resource, "ADDED", name, Some(obj));
+    }
+
+    /// Sends a raw event line to the open watches of `resource`.
+    fn raw(&self, resource: &'static str, line: serde_json::Value) {
+        let _ = self.events.send((resource, line));
+    }
+
+    fn requests(&self, resource: &str) -> Vec<BTreeMap<String, String>> {
+        self.requests
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|(r, _)| *r == resource)
+            .map(|(_, q)| q.clone())
+            .collect()
+    }
+
+    fn watches(&self, resource: &str) -> usize {
+        self.requests(resource)
+            .iter()
+            .filter(|q| q.contains_key("watch"))
+            .count()
+    }
+
+    async fn wait_watches(&self, resource: &str, n: usize) {
+        let start = std::time::Instant::now();
+        while self.watches(resource) < n {
+            assert!(
+                start.elapsed() < LIMIT,
+                "the sidecar never opened {resource} watch #{n}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    fn answer(&self, resource: &'static str, ns: &str, q: BTreeMap<String, String>) -> Response {
+        self.requests
+            .lock()
+            .expect("lock")
+            .push((resource, q.clone()));
+        let list_kind = if resource == POOLS {
+            ("inference.networking.k8s.io/v1", "InferencePoolList")
+        } else {
+            ("v1", "PodList")
+        };
+        if ns != "llm" {
+            return (StatusCode::NOT_FOUND, "{\"kind\":\"Status\",\"code\":404}").into_response();
+        }
+        if q.get("watch").map(String::as_str) == Some("true") {
+            let rx = self.events.subscribe();
+            let stream = futures_util::stream::unfold((rx, q), move |(mut rx, q)| async move {
+                loop {
+                    match rx.recv().await {
+                        Ok((r, line)) if r == resource => {
+                            let obj = &line["object"];
+                            if line["type"] == "ERROR"
+                                || line["type"] == "BOOKMARK"
+                                || selected(obj, &q)
+                            {
+                                let bytes = Bytes::from(line.to_string() + "\n");
+                                return Some((Ok::<Bytes, Infallible>(bytes), (rx, q)));
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => return None,
+                    }
+                }
+            });
+            return Response::builder()
+                .header("content-type", "application/json")
+                .body(Body::from_stream(stream))
+                .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        }
+        let items: Vec<serde_json::Value> = self
+            .objects
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|((r, _), o)| *r == resource && selected(o, &q))
+            .map(|(_, o)| o.clone())
+            .collect();
+        let rv = *self.rv.lock().expect("lock");
+        let list = json!({"kind": list_kind.1, "apiVersion": list_kind.0,
+                          "metadata": {"resourceVersion": rv.to_string()}, "items": items});
+        (StatusCode::OK, list.to_string()).into_response()
+    }
+
+    async fn serve(&self) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        async fn pools(
+            State(api): State<PoolApi>,
+            Path(ns): Path<String>,
+            Query(q): Query<BTreeMap<String, String>>,
+        ) -> Response {
+            api.answer(POOLS, &ns, q)
+        }
+        async fn pods(
+            State(api): State<PoolApi>,
+            Path(ns): Path<String>,
+            Query(q): Query<BTreeMap<String, String>>,
+        ) -> Response {
+            api.answer(PODS, &ns, q)
+        }
+        let app = Router::new()
+            .route(
+                "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
+                get(pools),
+            )
+            .route("/api/v1/namespaces/{ns}/pods", get(pods))
+            .with_state(self.clone());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        (addr, task)
+    }
+}
+
+/// Fake vLLM pods at 127.0.0.2..=127.0.0.5, each on the same two ports (pods of one pool share
+/// their target ports).
+async fn pods_on_two_ports() -> (Vec<tokio::task::JoinHandle<()>>, [u16; 2]) {
+    'again: for _ in 0..50 {
+        let mut listeners = Vec::new();
+        let mut ports = [0u16; 2];
+        for (i, port) in ports.iter_mut().enumerate() {
+            let first = tokio::net::TcpListener::bind("127.0.0.2:0")
+                .await
+                .expect("bind");
+            *port = first.local_addr().expect("addr").port();
+            listeners.push((first, i));
+            for ip in ["127.0.0.3", "127.0.0.4", "127.0.0.5"] {
+                let Ok(l) = tokio::net::TcpListener::bind((ip, *port)).await else {
+                    continue 'again;
+                };
+                listeners.push((l, i));
+            }
+        }
+        let mut tasks = Vec::new();
+        for (l, i) in listeners {
+            // Port 1 answers 3 waiting, port 2 answers 7: the snapshot shows which one was read.
+            let waiting = if i == 0 { 3 } else { 7 };
+            let app = axum::Router::new().route(
+                "/metrics",
+                get(move || async move { vllm_text(waiting, 1, 0.5) }),
+            );
+            tasks.push(tokio::spawn(async move {
+                let _ = axum::serve(l, app).await;
+            }));
+        }
+        return (tasks, ports);
+    }
+    panic!("no two ports free on all of 127.0.0.2-5");
+}
+
+fn pool_discovery(api_addr: SocketAddr, port: Option<u16>) -> Discovery {
+    Discovery::InferencePool(InferencePoolConfig {
+        name: "llama-pool".into(),
+        namespace: Some("llm".into()),
+        port,
+        api: Some(KubeApi {
+            server: format!("http://{api_addr}"),
+            token: Some("test-token".into()),
+            token_file: None,
+            ca_file: None,
+        }),
+    })
+}
+
+/// The last snapshot lists exactly these pods (in any order).
+fn has_pods(want: &[String]) -> impl Fn(&[llm_router_snapshot::Snapshot]) -> bool {
+    let sorted = |v: Vec<String>| {
+        let mut v: Vec<SocketAddr> = v.iter().map(|a| a.parse().expect("ip:port")).collect();
+        v.sort();
+        v
+    };
+    let want = sorted(want.to_vec());
+    move |s: &[llm_router_snapshot::Snapshot]| {
+        s.last().is_some_and(|s| sorted(pod_addrs(s)) == want)
+    }
+}
+
+#[test]
+fn the_test_pools_are_valid_inference_pools_and_the_check_has_teeth() {
+    let crds = testkit::crds::load_crds(&testkit::crds::crds_dir());
+    for pool in [
+        inference_pool(json!({"app": "vllm-llama"}), &[8000]),
+        inference_pool(json!({"app": "vllm-llama", "tier": "gpu"}), &[8000, 8001]),
+    ] {
+        assert_eq!(
+            testkit::crds::check_manifest(&pool, &crds),
+            Vec::<String>::new()
+        );
+    }
+    let mut no_ports = inference_pool(json!({"app": "a"}), &[]);
+    no_ports["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("targetPorts");
+    assert!(testkit::crds::check_manifest(&no_ports, &crds)
+        .iter()
+        .any(|e| e.contains("`targetPorts`")));
+    let mut bad = inference_pool(json!({"app": "a"}), &[8000]);
+    bad["spec"]["selector"] = json!({"app": "a"});
+    assert!(!testkit::crds::check_manifest(&bad, &crds).is_empty());
+    assert!(!testkit::crds::check_manifest(&inference_pool(json!({}), &[8000]), &crds).is_empty());
+}
+
+#[tokio::test]
+async fn inference_pool_pods_reach_the_snapshot_and_follow_the_pool() {
+    let (tasks, [p1, p2]) = pods_on_two_ports().await;
+    let at = |ip: &str, port: u16| format!("{ip}:{port}");
+    let api = PoolApi::new();
+    api.put(
+        POOLS,
+        "llama-pool",
+        inference_pool(json!({"app": "vllm-llama"}), &[p1]),
+    );
+    api.put(
+        PODS,
+        "a",
+        k8s_pod("a", "vllm-llama", "127.0.0.2", true, false),
+    );
+    api.put(PODS, "x", k8s_pod("x", "other", "127.0.0.3", true, false));
+    api.put(
+        PODS,
+        "n",
+        k8s_pod("n", "vllm-llama", "127.0.0.4", false, false),
+    );
+    api.put(
+        PODS,
+        "t",
+        k8s_pod("t", "vllm-llama", "127.0.0.5", true, true),
+    );
+    let (api_addr, server) = api.serve().await;
+
+    let proxy = FakeProxy::start().await;
+    let cfg = config(proxy.addr, pool_discovery(api_addr, None), 20, 1000);
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    // Only the Ready, matching, live pod, on the pool's target port.
+    let want = [at("127.0.0.2", p1)];
+    proxy
+        .wait_for("pod a on port 1", LIMIT, has_pods(&want))
+        .await;
+    proxy
+        .wait_for("pod a scraped on port 1", LIMIT, |s| {
+            s.last()
+                .and_then(|s| s.pool("llama"))
+                .is_some_and(|p| p.pods.iter().all(|p| p.waiting == 3))
+        })
+        .await;
+    api.wait_watches(POOLS, 1).await;
+    api.wait_watches(PODS, 1).await;
+    let pool_q = api.requests(POOLS);
+    assert_eq!(
+        pool_q[0].get("fieldSelector").map(String::as_str),
+        Some("metadata.name=llama-pool")
+    );
+    let pod_q = api.requests(PODS);
+    assert_eq!(
+        pod_q[0].get("labelSelector").map(String::as_str),
+        Some("app=vllm-llama")
+    );
+    assert!(pod_q
+        .last()
+        .is_some_and(|q| q.get("allowWatchBookmarks").map(String::as_str) == Some("true")));
+
+    // A pod becoming Ready appears; a deleted one goes; the terminating one never comes.
+    api.event(
+        PODS,
+        "MODIFIED",
+        "n",
+        Some(k8s_pod("n", "vllm-llama", "127.0.0.4", true, false)),
+    );
+    let want = [at("127.0.0.2", p1), at("127.0.0.4", p1)];
+    proxy.wait_for("pod n ready", LIMIT, has_pods(&want)).await;
+    api.event(PODS, "DELETED", "a", None);
+    let want = [at("127.0.0.4", p1)];
+    proxy
+        .wait_for("pod a deleted", LIMIT, has_pods(&want))
+        .await;
+    // A Ready pod that starts terminating goes at once.
+    api.event(
+        PODS,
+        "MODIFIED",
+        "n",
+        Some(k8s_pod("n", "vllm-llama", "127.0.0.4", true, true)),
+    );
+    proxy
+        .wait_for("pod n terminating", LIMIT, has_pods(&[]))
+        .await;
+    api.put(
+        PODS,
+        "b",
+        k8s_pod("b", "vllm-llama", "127.0.0.2", true, false),
+    );
+    let want = [at("127.0.0.2", p1)];
+    proxy.wait_for("pod b added", LIMIT, has_pods(&want)).await;
+
+    // The pool gains a second target port: every pod on both, live.
+    api.event(
+        POOLS,
+        "MODIFIED",
+        "llama-pool",
+        Some(inference_pool(json!({"app": "vllm-llama"}), &[p1, p2])),
+    );
+    let want = [at("127.0.0.2", p1), at("127.0.0.2", p2)];
+    proxy
+        .wait_for("both target ports", LIMIT, has_pods(&want))
+        .await;
+    proxy
+        .wait_for("pod b scraped on port 2", LIMIT, |s| {
+            s.last().and_then(|s| s.pool("llama")).is_some_and(|p| {
+                p.pods
+                    .iter()
+                    .any(|p| p.address == at("127.0.0.2", p2) && p.waiting == 7)
+            })
+        })
+        .await;
+    // The pool selects other pods on one port: re-targeted without a restart.
+    api.event(
+        POOLS,
+        "MODIFIED",
+        "llama-pool",
+        Some(inference_pool(json!({"app": "other"}), &[p2])),
+    );
+    let want = [at("127.0.0.3", p2)];
+    proxy
+        .wait_for("selector changed", LIMIT, has_pods(&want))
+        .await;
+    assert_eq!(
+        api.requests(PODS)
+            .iter()
+            .filter_map(|q| q.get("labelSelector").cloned())
+            .next_back()
+            .as_deref(),
+        Some("app=other")
+    );
+
+    // 410 Gone on the pod watch: the sidecar lists again and sees a pod it missed. (The pod
+    // watch was opened anew for each of the two pool changes.)
+    api.wait_watches(PODS, 3).await;
+    let watches = api.watches(PODS);
+    api.objects.lock().expect("lock").insert(
+        (PODS, "y".into()),
+        k8s_pod("y", "other", "127.0.0.5", true, false),
+    );
+    api.raw(PODS, json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+        "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}}));
+    let want = [at("127.0.0.3", p2), at("127.0.0.5", p2)];
+    proxy
+        .wait_for("pod y after relist", LIMIT, has_pods(&want))
+        .await;
+    api.wait_watches(PODS, watches + 1).await;
+
+    // The pool is deleted: no endpoints; created again: back.
+    api.event(POOLS, "DELETED", "llama-pool", None);
+    proxy.wait_for("pool deleted", LIMIT, has_pods(&[])).await;
+    api.put(
+        POOLS,
+        "llama-pool",
+        inference_pool(json!({"app": "vllm-llama"}), &[p2]),
+    );
+    let want = [at("127.0.0.2", p2)];
+    proxy
+        .wait_for("pool created again", LIMIT, has_pods(&want))
+        .await;
+
+    running.stop().await;
+    server.abort();
+    for t in tasks {
+        t.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_configured_port_picks_one_of_the_target_ports() {
+    let (tasks, [p1, p2]) = pods_on_two_ports().await;
+    let api = PoolApi::new();
+    api.put(
+        POOLS,
+        "llama-pool",
+        inference_pool(json!({"app": "vllm-llama"}), &[p1, p2]),
+    );
+    api.put(
+        PODS,
+        "a",
+        k8s_pod("a", "vllm-llama", "127.0.0.2", true, false),
+    );
+    let (api_addr, server) = api.serve().await;
+    let proxy = FakeProxy::start().await;
+    let cfg = config(proxy.addr, pool_discovery(api_addr, Some(p2)), 20, 1000);
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let want = [format!("127.0.0.2:{p2}")];
+    proxy
+        .wait_for("pod a on port 2 only", LIMIT, has_pods(&want))
+        .await;
+    api.wait_watches(POOLS, 1).await;
+    // The pool drops that port: nothing rather than a port the pool does not serve.
+    api.event(
+        POOLS,
+        "MODIFIED",
+        "llama-pool",
+        Some(inference_pool(json!({"app": "vllm-llama"}), &[p1])),
+    );
+    proxy
+        .wait_for("port 2 gone from the pool", LIMIT, has_pods(&[]))
+        .await;
+    running.stop().await;
+    server.abort();
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// The sidecar's log lines, captured (a current-thread runtime keeps every task on this thread).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_missing_inference_pool_gives_no_pods_and_says_so() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let (tasks, [p1, _]) = pods_on_two_ports().await;
+    let api = PoolApi::new();
+    api.put(
+        PODS,
+        "a",
+        k8s_pod("a", "vllm-llama", "127.0.0.2", true, false),
+    );
+    let (api_addr, server) = api.serve().await;
+    let proxy = FakeProxy::start().await;
+    let cfg = config(proxy.addr, pool_discovery(api_addr, None), 20, 1000);
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let start = std::time::Instant::now();
+    while !logs.text().contains("InferencePool not found") {
+        assert!(
+            start.elapsed() < LIMIT,
+            "no log about the missing pool:\n{}",
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let line = logs
+        .text()
+        .lines()
+        .find(|l| l.contains("InferencePool not found"))
+        .map(str::to_owned)
+        .expect("line");
+    assert!(
+        line.contains("WARN") && line.contains("llm/llama-pool"),
+        "{line}"
+    );
+    // Snapshots keep coming (heartbeats), with no pods; the pods are not even listed.
+    proxy
+        .wait_for("two snapshots", LIMIT, |s| {
+            s.len() >= 2 && s.iter().all(|s| pod_addrs(s).is_empty())
+        })
+        .await;
+    assert!(api.requests(PODS).is_empty());
+    // The pool appears: its pods follow, so the sidecar was waiting, not dead.
+    api.wait_watches(POOLS, 1).await;
+    api.put(
+        POOLS,
+        "llama-pool",
+        inference_pool(json!({"app": "vllm-llama"}), &[p1]),
+    );
+    let want = [format!("127.0.0.2:{p1}")];
+    proxy
+        .wait_for("the pool's pod", LIMIT, has_pods(&want))
+        .await;
+    running.stop().await;
+    server.abort();
+    for t in tasks {
+        t.abort();
+    }
 }

@@ -11,11 +11,13 @@
 //!   [`EchoBackend`].
 //! - Identity: [`Identity`] (the shipped `envoy/identity/jwt-authn.yaml` chain, for
 //!   [`EnvoySpec::identity`]).
+//! - CRD schemas (`test-harness/fixtures/crds`) and a structural check against them: [`crds`].
 //! - The shipped configurations under `envoy/`: [`shipped`] (documents, bootstraps, Wasm
 //!   configs, and running a shipped bootstrap for real on loopback).
 //! - The field's routers: [`peers`] (SMG and vllm-router from their venvs, ready when
 //!   every worker is healthy).
 
+pub mod crds;
 mod echo;
 mod envoy;
 mod error;

@@ -12,9 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+use testkit::crds::{check_manifest, crds_dir, load_crds};
 use testkit::shipped::{
     documents, endpoints_on, envoy_bootstraps, example_docs, listeners, plugin_of,
-    set_plugin_config, substitute_wasm, wasm_configs, yaml_files, Doc, WASM_TYPE,
+    set_plugin_config, substitute_wasm, wasm_configs, Doc, WASM_TYPE,
 };
 use testkit::{filter_wasm, stats_config, testlog_dir, validate_config_env, EnvoySpec, Router};
 
@@ -37,18 +38,6 @@ fn wasm_or_skip(test: &str) -> Option<PathBuf> {
             None
         }
     }
-}
-
-/// The CRD schemas kept in the repository (`test-harness/fixtures/crds`); a missing folder fails
-/// the calling test and names the path.
-fn crds_dir() -> PathBuf {
-    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/crds"));
-    assert!(
-        dir.is_dir(),
-        "CRD fixtures missing: {} (part of the repository; is the checkout complete?)",
-        dir.display()
-    );
-    dir
 }
 
 fn validate_with_envoy(name: &str, mut bootstrap: Value, wasm: &Path, dir: &Path) {
@@ -619,163 +608,6 @@ fn filter_pools_routes_and_sidecar_agree() {
 
 // ---- Kubernetes manifests against the CRD schemas ----
 
-/// (apiVersion, kind) of built-in resources the examples may use.
-const BUILTIN: &[(&str, &str)] = &[
-    ("v1", "ConfigMap"),
-    ("v1", "Secret"),
-    ("v1", "Service"),
-    ("v1", "ServiceAccount"),
-    ("v1", "Namespace"),
-    ("apps/v1", "Deployment"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
-];
-
-/// (group, kind) → version name → (served, openAPIV3Schema).
-type Crds = BTreeMap<(String, String), BTreeMap<String, (bool, Value)>>;
-
-fn load_crds(dir: &Path) -> Crds {
-    let mut crds = Crds::new();
-    for file in yaml_files(dir) {
-        let text = std::fs::read_to_string(&file).unwrap();
-        for doc in documents(&text, &file.display().to_string()) {
-            if doc["kind"] != "CustomResourceDefinition" {
-                continue;
-            }
-            let group = doc["spec"]["group"].as_str().unwrap().to_string();
-            let kind = doc["spec"]["names"]["kind"].as_str().unwrap().to_string();
-            let versions = crds.entry((group, kind)).or_default();
-            for v in doc["spec"]["versions"].as_array().unwrap() {
-                versions.insert(
-                    v["name"].as_str().unwrap().to_string(),
-                    (v["served"] == true, v["schema"]["openAPIV3Schema"].clone()),
-                );
-            }
-        }
-    }
-    crds
-}
-
-/// Structural check of `value` against an OpenAPI v3 schema as CRDs use it: unknown fields,
-/// types, enums, required fields, item counts (no CEL rules, no patterns).
-fn check_schema(value: &Value, schema: &Value, path: &str, errors: &mut Vec<String>) {
-    if schema["x-kubernetes-int-or-string"] == true {
-        if !(value.is_i64() || value.is_u64() || value.is_string()) {
-            errors.push(format!("{path}: expected int or string, got {value}"));
-        }
-        return;
-    }
-    if let Some(options) = schema["enum"].as_array() {
-        if !options.contains(value) {
-            errors.push(format!("{path}: {value} is not one of {options:?}"));
-        }
-    }
-    // An object schema without `properties` (e.g. `metadata`) constrains nothing inside.
-    let preserve = schema["x-kubernetes-preserve-unknown-fields"] == true
-        || schema.get("properties").is_none();
-    match schema["type"].as_str() {
-        Some("object") => {
-            let Some(map) = value.as_object() else {
-                errors.push(format!("{path}: expected an object, got {value}"));
-                return;
-            };
-            for required in schema["required"].as_array().into_iter().flatten() {
-                let key = required.as_str().unwrap_or_default();
-                if !map.contains_key(key) {
-                    errors.push(format!("{path}: required field `{key}` missing"));
-                }
-            }
-            for (key, child) in map {
-                let child_path = format!("{path}.{key}");
-                if let Some(prop) = schema["properties"].get(key) {
-                    check_schema(child, prop, &child_path, errors);
-                } else if schema["additionalProperties"].is_object() {
-                    check_schema(child, &schema["additionalProperties"], &child_path, errors);
-                } else if !(preserve || schema["additionalProperties"] == true) {
-                    errors.push(format!("{child_path}: unknown field"));
-                }
-            }
-        }
-        Some("array") => {
-            let Some(items) = value.as_array() else {
-                errors.push(format!("{path}: expected an array, got {value}"));
-                return;
-            };
-            if let Some(max) = schema["maxItems"].as_u64() {
-                if items.len() as u64 > max {
-                    errors.push(format!("{path}: more than {max} items"));
-                }
-            }
-            if let Some(min) = schema["minItems"].as_u64() {
-                if (items.len() as u64) < min {
-                    errors.push(format!("{path}: fewer than {min} items"));
-                }
-            }
-            for (i, item) in items.iter().enumerate() {
-                check_schema(item, &schema["items"], &format!("{path}[{i}]"), errors);
-            }
-        }
-        Some("string") if !value.is_string() => {
-            errors.push(format!("{path}: expected a string, got {value}"))
-        }
-        Some("integer") if !(value.is_i64() || value.is_u64()) => {
-            errors.push(format!("{path}: expected an integer, got {value}"))
-        }
-        Some("number") if !value.is_number() => {
-            errors.push(format!("{path}: expected a number, got {value}"))
-        }
-        Some("boolean") if !value.is_boolean() => {
-            errors.push(format!("{path}: expected a boolean, got {value}"))
-        }
-        _ => {}
-    }
-}
-
-/// Errors of one manifest: unknown kind/apiVersion, or schema violations.
-fn check_manifest(doc: &Value, crds: &Crds) -> Vec<String> {
-    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
-    let kind = doc["kind"].as_str().unwrap_or_default();
-    let mut errors = Vec::new();
-    if doc["metadata"]["name"].as_str().is_none_or(str::is_empty) {
-        errors.push("metadata.name missing".to_string());
-    }
-    if BUILTIN.contains(&(api_version, kind)) {
-        return errors;
-    }
-    let Some((group, version)) = api_version.split_once('/') else {
-        errors.push(format!("{api_version} {kind}: not a known built-in kind"));
-        return errors;
-    };
-    let Some(versions) = crds.get(&(group.to_string(), kind.to_string())) else {
-        errors.push(format!(
-            "{kind} in group {group}: no such CRD in the fixtures"
-        ));
-        return errors;
-    };
-    match versions.get(version) {
-        Some((true, schema)) => {
-            // apiVersion, kind and metadata are implicit in every CRD (Istio's schemas omit them).
-            let mut body = doc.clone();
-            if let Some(map) = body.as_object_mut() {
-                for key in ["apiVersion", "kind", "metadata"] {
-                    map.remove(key);
-                }
-            }
-            check_schema(&body, schema, kind, &mut errors)
-        }
-        Some((false, _)) => errors.push(format!("{api_version} {kind}: version not served")),
-        None => errors.push(format!(
-            "{api_version} {kind}: no version {version} (have {:?})",
-            versions.keys().collect::<Vec<_>>()
-        )),
-    }
-    errors
-}
-
 #[test]
 fn kubernetes_manifests_match_kinds_and_crd_schemas() {
     let crds = load_crds(&crds_dir());
@@ -856,6 +688,36 @@ fn the_schema_check_rejects_bad_manifests() {
     assert!(check_manifest(&bad_type, &crds)
         .iter()
         .any(|e| e.contains("expected an array")));
+    // Counts, lengths and integer bounds (InferencePool: 1–8 target ports in 1..=65535, 1–64
+    // labels of at most 63 characters).
+    let pool = json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "p"},
+        "spec": {"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]},
+    });
+    assert_eq!(check_manifest(&pool, &crds), Vec::<String>::new());
+    let mut bad = pool.clone();
+    bad["spec"]["targetPorts"] = json!([{"number": 0}]);
+    assert!(check_manifest(&bad, &crds)
+        .iter()
+        .any(|e| e.contains("below the minimum 1")));
+    bad["spec"]["targetPorts"] = json!([{"number": 65536}]);
+    assert!(check_manifest(&bad, &crds)
+        .iter()
+        .any(|e| e.contains("above the maximum 65535")));
+    bad["spec"]["targetPorts"] = json!([]);
+    assert!(check_manifest(&bad, &crds)
+        .iter()
+        .any(|e| e.contains("fewer than 1 items")));
+    let mut bad = pool.clone();
+    bad["spec"]["selector"]["matchLabels"] = json!({});
+    assert!(check_manifest(&bad, &crds)
+        .iter()
+        .any(|e| e.contains("fewer than 1 properties")));
+    bad["spec"]["selector"]["matchLabels"] = json!({"app": "x".repeat(64)});
+    assert!(check_manifest(&bad, &crds)
+        .iter()
+        .any(|e| e.contains("more than 63 characters")));
 }
 
 #[test]
