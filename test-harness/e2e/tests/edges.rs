@@ -350,7 +350,9 @@ async fn shipped_plain_envoy_configs_leave_no_path_around_the_filter() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let Some(docs) = example_docs_or_skip("shipped_plain_envoy_configs_leave_no_path_around_the_filter") else {
+    let Some(docs) =
+        example_docs_or_skip("shipped_plain_envoy_configs_leave_no_path_around_the_filter")
+    else {
         return;
     };
     let bootstraps = envoy_bootstraps(&docs);
@@ -427,10 +429,15 @@ async fn shipped_gateway_api_routes_leave_no_path_around_the_filter() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let Some(docs) = example_docs_or_skip("shipped_gateway_api_routes_leave_no_path_around_the_filter") else {
+    let Some(docs) =
+        example_docs_or_skip("shipped_gateway_api_routes_leave_no_path_around_the_filter")
+    else {
         return;
     };
-    for folder in ["envoy/deploy/overlays/istio", "envoy/deploy/overlays/envoy-gateway"] {
+    for folder in [
+        "envoy/deploy/overlays/istio",
+        "envoy/deploy/overlays/envoy-gateway",
+    ] {
         let routes = of_kind(&docs, folder, "HTTPRoute");
         assert_eq!(routes.len(), 1, "{folder}: one HTTPRoute");
         let cluster_of = |svc: &str| format!("outbound|8000||{svc}.llm.svc.cluster.local");
@@ -528,7 +535,9 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let Some(docs) = example_docs_or_skip("a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool") else {
+    let Some(docs) =
+        example_docs_or_skip("a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool")
+    else {
         return;
     };
     let (_, bootstrap) = envoy_bootstraps(&docs)

@@ -1385,6 +1385,31 @@ fn one_declaration_in_the_values_file_drives_every_rendered_place() {
     );
     // Each overlay: namespaces (~15 objects), the pool in the filter, routes, sidecar, hub.
     assert!(reached >= 60, "only {reached} places changed");
+    // The standalone bootstrap with the changed values is still a configuration Envoy takes
+    // (a port written as a string, the new names): `envoy --mode validate`, the filter loaded.
+    let Some(wasm) = wasm_or_skip(test) else {
+        return;
+    };
+    let text = testkit::shipped::render_overlay(&kubectl, &deploy, "standalone")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let docs: Vec<Doc> = documents(&text, "standalone")
+        .into_iter()
+        .map(|value| Doc {
+            origin: "standalone (changed values)".into(),
+            value,
+        })
+        .collect();
+    let bootstraps = envoy_bootstraps(&docs);
+    assert_eq!(bootstraps.len(), 1, "the standalone bootstrap");
+    let dir = testlog_dir("deploy-values-envoy").unwrap();
+    for (origin, bootstrap) in bootstraps {
+        assert_eq!(
+            pool_clusters(&bootstrap),
+            vec!["zeta".to_string()],
+            "{origin}"
+        );
+        validate_with_envoy(&origin, bootstrap, &wasm, &dir);
+    }
 }
 
 /// The check above has teeth: drop one replacement target (the Istio route's backend) from a
