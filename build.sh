@@ -11,7 +11,9 @@
 #                           docker-registry and skopeo (the registry round trip), musl-tools (the
 #                           static sidecar), prometheus (the dashboard's end-to-end test), and
 #                           the peer routers smg (SGLang's gateway) and vllm-router (PyPI, each
-#                           in its own venv under .venv-peers/; the benchmark's peers and tests)
+#                           in its own venv under .venv-peers/; the benchmark's peers and tests);
+#                           it checks for kubectl (kustomize renders envoy/deploy) but does not
+#                           install it
 #   ./build.sh check        the fast loop (<= 2 min warm): fmt check, clippy of the filter crates
 #                           and the sidecar (host + wasm), the core and snapshot tests
 #   ./build.sh test         setup + fmt check + build + package + clippy (host and wasm) + all
@@ -109,6 +111,18 @@ setup_kubernetes_validate() {
   ensure_venv
   info "pip install kubernetes-validate (into .venv)"
   "$ROOT/.venv/bin/pip" install --disable-pip-version-check --quiet kubernetes-validate
+}
+
+# kubectl's built-in kustomize renders the Kubernetes manifests of envoy/deploy, which the tests
+# read (testkit::shipped). Not installed here (it is not in Debian's archive): the tests that
+# need it skip without it, and fail without it when CI is set.
+check_kubectl() {
+  if command -v "${KUBECTL:-kubectl}" >/dev/null 2>&1; then
+    info "kubectl: $("${KUBECTL:-kubectl}" version --client 2>/dev/null | head -2 | tr '\n' ' ')"
+  else
+    info "kubectl not found: install it (https://kubernetes.io/docs/tasks/tools/) or set KUBECTL;"
+    info "  the tests of envoy/deploy's rendered manifests skip without it (fail with CI set)"
+  fi
 }
 
 # A registry and a client for the OCI round trip of `./build.sh package`'s images
@@ -223,6 +237,7 @@ cmd_setup() {
   setup_apt_tool valgrind valgrind
   setup_apt_tool prometheus prometheus
   setup_kubernetes_validate
+  check_kubectl
   setup_packaging_tools
   setup_peers
 }

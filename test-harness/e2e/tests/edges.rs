@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use testkit::shipped::{
-    envoy_bootstraps, example_docs, listener_addr, localize, plugin_of, pool_clusters,
+    envoy_bootstraps, example_docs_or_skip, listener_addr, localize, plugin_of, pool_clusters,
     start_shipped, wasm_configs, Doc,
 };
 use testkit::{EchoBackend, EnvoyProcess};
@@ -350,7 +350,11 @@ async fn shipped_plain_envoy_configs_leave_no_path_around_the_filter() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let docs = example_docs();
+    let Some(docs) =
+        example_docs_or_skip("shipped_plain_envoy_configs_leave_no_path_around_the_filter")
+    else {
+        return;
+    };
     let bootstraps = envoy_bootstraps(&docs);
     assert!(bootstraps.len() >= 2, "{}", bootstraps.len());
     for (origin, bootstrap) in bootstraps {
@@ -425,8 +429,15 @@ async fn shipped_gateway_api_routes_leave_no_path_around_the_filter() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let docs = example_docs();
-    for folder in ["envoy/istio", "envoy/envoy-gateway"] {
+    let Some(docs) =
+        example_docs_or_skip("shipped_gateway_api_routes_leave_no_path_around_the_filter")
+    else {
+        return;
+    };
+    for folder in [
+        "envoy/deploy/overlays/istio",
+        "envoy/deploy/overlays/envoy-gateway",
+    ] {
         let routes = of_kind(&docs, folder, "HTTPRoute");
         assert_eq!(routes.len(), 1, "{folder}: one HTTPRoute");
         let cluster_of = |svc: &str| format!("outbound|8000||{svc}.llm.svc.cluster.local");
@@ -450,7 +461,7 @@ async fn shipped_gateway_api_routes_leave_no_path_around_the_filter() {
                 {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
             ],
         });
-        if folder == "envoy/istio" {
+        if folder == "envoy/deploy/overlays/istio" {
             // The EnvoyFilter's MERGE into the gateway's HTTP connection managers.
             let ef = of_kind(&docs, folder, "EnvoyFilter")[0];
             let patch = ef["spec"]["configPatches"]
@@ -524,7 +535,11 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
         return;
     }
     let wasm = testkit::filter_wasm().unwrap();
-    let docs = example_docs();
+    let Some(docs) =
+        example_docs_or_skip("a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool")
+    else {
+        return;
+    };
     let (_, bootstrap) = envoy_bootstraps(&docs)
         .into_iter()
         .find(|(o, _)| o.starts_with("envoy/envoy.yaml"))

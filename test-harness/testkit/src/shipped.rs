@@ -60,7 +60,101 @@ pub struct Doc {
     pub value: Value,
 }
 
+/// The overlays under `envoy/deploy/overlays`, each rendered by `kubectl kustomize` from the one
+/// values file `envoy/deploy/values/values.yaml`.
+pub const OVERLAYS: [&str; 3] = ["istio", "envoy-gateway", "standalone"];
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+}
+
+/// `kubectl` (its built-in kustomize renders `envoy/deploy`): `$KUBECTL`, else `kubectl` on the
+/// `PATH`; `None` when neither runs.
+pub fn kubectl() -> Option<PathBuf> {
+    let bin = std::env::var_os("KUBECTL")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    let ok = Command::new(&bin)
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some(bin)
+}
+
+/// Why a test that needs `kubectl` cannot run.
+pub const NO_KUBECTL: &str = "kubectl is not installed (or $KUBECTL does not run): the Kubernetes \
+    manifests are rendered from envoy/deploy with `kubectl kustomize`";
+
+/// `kubectl`, or `None` (the caller skips, with a message) when missing outside CI; in CI a
+/// missing `kubectl` fails the test.
+pub fn kubectl_or_skip(test: &str) -> Option<PathBuf> {
+    match kubectl() {
+        Some(bin) => Some(bin),
+        None if ci() => panic!("{test}: CI is set and {NO_KUBECTL}"),
+        None => {
+            eprintln!("SKIPPED {test}: {NO_KUBECTL} (set CI=1 to make this a failure)");
+            None
+        }
+    }
+}
+
+/// `kubectl kustomize <deploy>/overlays/<overlay>`: the rendered YAML, or kubectl's error.
+pub fn render_overlay(
+    kubectl: &Path,
+    deploy: &Path,
+    overlay: &str,
+) -> std::result::Result<String, String> {
+    let dir = deploy.join("overlays").join(overlay);
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .map_err(|e| format!("{}: {e}", kubectl.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl kustomize {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| e.to_string())
+}
+
+/// The documents of every overlay of `<deploy>` as rendered, origin
+/// `envoy/deploy/overlays/<overlay>#<index>`; a render that fails panics with kubectl's error.
+pub fn rendered_docs(kubectl: &Path, deploy: &Path) -> Vec<Doc> {
+    let mut docs = Vec::new();
+    for overlay in OVERLAYS {
+        let text = render_overlay(kubectl, deploy, overlay).unwrap_or_else(|e| panic!("{e}"));
+        let rel = format!("envoy/deploy/overlays/{overlay}");
+        for (i, value) in documents(&text, &rel).into_iter().enumerate() {
+            docs.push(Doc {
+                origin: format!("{rel}#{i}"),
+                value,
+            });
+        }
+    }
+    docs
+}
+
+/// What the project ships for users to run: the plain Envoy files of `envoy/` (origin
+/// `envoy/<file>#<index>`) and the Kubernetes manifests as the overlays of `envoy/deploy` render
+/// them (origin `envoy/deploy/overlays/<overlay>#<index>`, see [`rendered_docs`]). `None` (the
+/// caller skips, with a message) when `kubectl` is missing outside CI.
+pub fn example_docs_or_skip(test: &str) -> Option<Vec<Doc>> {
+    let kubectl = kubectl_or_skip(test)?;
+    Some(example_docs_with(&kubectl))
+}
+
+/// [`example_docs_or_skip`], for callers that cannot run without them: panics when `kubectl`
+/// is missing.
 pub fn example_docs() -> Vec<Doc> {
+    let kubectl = kubectl().unwrap_or_else(|| panic!("{NO_KUBECTL}"));
+    example_docs_with(&kubectl)
+}
+
+fn example_docs_with(kubectl: &Path) -> Vec<Doc> {
     let root = workspace_root().join("envoy");
     let mut docs = Vec::new();
     // Prometheus' configuration is neither Envoy nor Kubernetes: `promtool check config` checks it
@@ -70,8 +164,13 @@ pub fn example_docs() -> Vec<Doc> {
     // manifest: `testkit::Identity` loads it, testkit/tests/envoy_configs.rs validates it in a
     // bootstrap and test-harness/e2e/tests/identity.rs runs it.
     let identity = root.join("identity");
+    // The kustomize sources: what ships from there is what the overlays render, below.
+    let deploy = root.join("deploy");
     for file in yaml_files(&root) {
-        if file.starts_with(&observability) || file.starts_with(&identity) {
+        if file.starts_with(&observability)
+            || file.starts_with(&identity)
+            || file.starts_with(&deploy)
+        {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
@@ -87,6 +186,7 @@ pub fn example_docs() -> Vec<Doc> {
             });
         }
     }
+    docs.extend(rendered_docs(kubectl, &deploy));
     assert!(
         docs.len() >= 10,
         "expected the example manifests, found {} documents",

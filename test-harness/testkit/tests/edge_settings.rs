@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use llm_router_core::request::{ApiKind, API_PATH_REGEX};
 use serde_json::{json, Value};
 use testkit::shipped::{
-    documents, endpoints_on, envoy_bootstraps, example_docs, plugin_of, pool_clusters,
+    documents, endpoints_on, envoy_bootstraps, example_docs_or_skip, plugin_of, pool_clusters,
     wasm_configs, Doc,
 };
 
@@ -93,7 +93,10 @@ fn only_the_api_paths_the_filter_routed_reach_a_pool() {
         assert!(ApiKind::from_path(p).is_some(), "{p}");
     }
     assert!(API_PATH_REGEX.contains("chat/completions") && API_PATH_REGEX.contains("messages"));
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("only_the_api_paths_the_filter_routed_reach_a_pool")
+    else {
+        return;
+    };
     let bootstraps = envoy_bootstraps(&docs);
     assert!(bootstraps.len() >= 2);
     for (origin, bootstrap) in &bootstraps {
@@ -253,7 +256,10 @@ fn max_body_bytes(config: &Value) -> u64 {
 
 #[test]
 fn public_connection_managers_have_the_edge_settings() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("public_connection_managers_have_the_edge_settings")
+    else {
+        return;
+    };
     for (origin, bootstrap) in envoy_bootstraps(&docs) {
         for l in public_listeners(&bootstrap) {
             let hcm = hcms(l)[0];
@@ -351,7 +357,11 @@ fn assert_overload_manager(origin: &str, om: &Value) {
 
 #[test]
 fn every_shipped_envoy_has_an_overload_manager_and_reloads_a_failed_vm() {
-    let docs = example_docs();
+    let Some(docs) =
+        example_docs_or_skip("every_shipped_envoy_has_an_overload_manager_and_reloads_a_failed_vm")
+    else {
+        return;
+    };
     for (origin, bootstrap) in envoy_bootstraps(&docs) {
         assert_overload_manager(&origin, &bootstrap["overload_manager"]);
     }
@@ -374,7 +384,10 @@ fn every_shipped_envoy_has_an_overload_manager_and_reloads_a_failed_vm() {
     assert_overload_manager("envoy-gateway", &merged[0]["overload_manager"]);
     let gateway = docs
         .iter()
-        .find(|d| d.origin.starts_with("envoy/envoy-gateway") && d.value["kind"] == "Gateway")
+        .find(|d| {
+            d.origin.starts_with("envoy/deploy/overlays/envoy-gateway")
+                && d.value["kind"] == "Gateway"
+        })
         .unwrap();
     assert_eq!(
         gateway.value["spec"]["infrastructure"]["parametersRef"]["name"], proxy["metadata"]["name"],
@@ -397,7 +410,9 @@ fn every_shipped_envoy_has_an_overload_manager_and_reloads_a_failed_vm() {
 
 #[test]
 fn pools_have_outlier_detection() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("pools_have_outlier_detection") else {
+        return;
+    };
     for (origin, bootstrap) in envoy_bootstraps(&docs) {
         for c in bootstrap["static_resources"]["clusters"]
             .as_array()
@@ -414,20 +429,20 @@ fn pools_have_outlier_detection() {
             }
         }
     }
+    // The pools' Services under Istio (selecting the pods labelled `llm-router-pool`).
     let services: BTreeSet<String> = of_kind(&docs, "Service")
         .iter()
-        .filter(|d| {
-            d.value["spec"]["selector"]["app"]
-                .as_str()
-                .is_some_and(|a| a.starts_with("vllm"))
-        })
+        .filter(|d| d.origin.starts_with("envoy/deploy/overlays/istio#"))
+        .filter(|d| d.value["spec"]["selector"]["llm-router-pool"].is_string())
         .map(|d| {
             format!(
-                "{}.llm.svc.cluster.local",
-                d.value["metadata"]["name"].as_str().unwrap()
+                "{}.{}.svc.cluster.local",
+                d.value["metadata"]["name"].as_str().unwrap(),
+                d.value["metadata"]["namespace"].as_str().unwrap()
             )
         })
         .collect();
+    assert!(!services.is_empty(), "istio: the pool's Service");
     let with_od: BTreeSet<String> = of_kind(&docs, "DestinationRule")
         .iter()
         .filter(|d| d.value["spec"]["trafficPolicy"]["outlierDetection"].is_object())
@@ -445,7 +460,9 @@ fn pools_have_outlier_detection() {
 /// budget are one number: a snapshot the sidecar builds is never refused with 413.
 #[test]
 fn snapshot_budgets_agree_from_sidecar_to_listener() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("snapshot_budgets_agree_from_sidecar_to_listener") else {
+        return;
+    };
     let mut limits = BTreeSet::new();
     for d in &docs {
         for v in with_embedded(d) {
@@ -483,7 +500,10 @@ fn snapshot_budgets_agree_from_sidecar_to_listener() {
 /// passes into the VM.
 #[test]
 fn the_secret_comes_from_a_kubernetes_secret_never_a_file() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("the_secret_comes_from_a_kubernetes_secret_never_a_file")
+    else {
+        return;
+    };
     let mut env_names = BTreeSet::new();
     for d in &docs {
         assert_ne!(
@@ -526,18 +546,21 @@ fn the_secret_comes_from_a_kubernetes_secret_never_a_file() {
     assert_eq!(env_names.len(), 1, "{env_names:?}");
     let name = env_names.first().unwrap();
     // Every container that runs Envoy with the filter gets it from a secretKeyRef.
+    // (Istio's: in the Deployment patch of the ConfigMap its Gateway names.)
     let mut filled = 0;
     for d in &docs {
-        for c in containers(&d.value) {
-            for e in c["env"].as_array().into_iter().flatten() {
-                if e["name"] == json!(name) {
-                    assert!(
-                        e["valueFrom"]["secretKeyRef"]["name"].is_string(),
-                        "{}: {name} must come from a Secret: {e}",
-                        d.origin
-                    );
-                    assert!(e.get("value").is_none(), "{}: a literal {name}", d.origin);
-                    filled += 1;
+        for v in with_embedded(d) {
+            for c in containers(&v) {
+                for e in c["env"].as_array().into_iter().flatten() {
+                    if e["name"] == json!(name) {
+                        assert!(
+                            e["valueFrom"]["secretKeyRef"]["name"].is_string(),
+                            "{}: {name} must come from a Secret: {e}",
+                            d.origin
+                        );
+                        assert!(e.get("value").is_none(), "{}: a literal {name}", d.origin);
+                        filled += 1;
+                    }
                 }
             }
         }
@@ -649,7 +672,10 @@ fn probe_port(container: &Value, probe: &Value) -> Option<u64> {
 /// the pod never becomes Ready.
 #[test]
 fn every_probe_targets_a_port_the_kubelet_can_reach() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("every_probe_targets_a_port_the_kubelet_can_reach")
+    else {
+        return;
+    };
     let configmaps = configmaps(&docs);
     let mut probes = 0;
     for d in of_kind(&docs, "Deployment") {
@@ -684,7 +710,11 @@ fn every_probe_targets_a_port_the_kubelet_can_reach() {
 /// accepts only its public and ops ports, none of its private ones.
 #[test]
 fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip(
+        "network_policies_keep_clients_off_the_model_servers_and_private_ports",
+    ) else {
+        return;
+    };
     let policies = of_kind(&docs, "NetworkPolicy");
     assert!(policies.len() >= 2, "{}", policies.len());
     let selects = |p: &Value, app: &str| {
@@ -702,17 +732,32 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
                             .is_some_and(|v| v.contains(&json!(app)))
                 })
     };
-    // Every model server Service's pods.
+    // Every pool's pods: a Service selects them by the label `llm-router-pool`.
+    let selects_pool = |p: &Value, pool: &str| {
+        let sel = &p["spec"]["podSelector"];
+        sel["matchLabels"]["llm-router-pool"] == pool
+            || sel["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| {
+                    e["key"] == "llm-router-pool"
+                        && (e["operator"] == "Exists"
+                            || (e["operator"] == "In"
+                                && e["values"]
+                                    .as_array()
+                                    .is_some_and(|v| v.contains(&json!(pool)))))
+                })
+    };
+    let mut pools = 0;
     for svc in of_kind(&docs, "Service") {
-        let Some(app) = svc.value["spec"]["selector"]["app"].as_str() else {
+        let Some(app) = svc.value["spec"]["selector"]["llm-router-pool"].as_str() else {
             continue;
         };
-        if !app.starts_with("vllm") {
-            continue;
-        }
+        pools += 1;
         let p = policies
             .iter()
-            .find(|p| selects(&p.value, app))
+            .find(|p| selects_pool(&p.value, app))
             .unwrap_or_else(|| panic!("no NetworkPolicy selects the {app} pods"));
         let ingress = p.value["spec"]["ingress"].as_array().unwrap();
         for rule in ingress {
@@ -721,7 +766,7 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
             for f in from {
                 let labels = &f["podSelector"]["matchLabels"];
                 // The gateway, and the metrics hub that scrapes the pods for every gateway
-                // replica (envoy/kubernetes/metrics-hub.yaml): both are the router's own parts.
+                // replica (envoy/deploy/components/metrics-hub): both are the router's own parts.
                 assert!(
                     labels["app"] == "llm-gateway"
                         || labels["app"] == "llm-router-hub"
@@ -733,6 +778,7 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
             }
         }
     }
+    assert!(pools >= 3, "a pool Service in each overlay: {pools}");
     // The gateway pod: only the Service's ports and the probe ports.
     let configmaps = configmaps(&docs);
     let gw = of_kind(&docs, "Deployment")
@@ -776,7 +822,9 @@ fn network_policies_keep_clients_off_the_model_servers_and_private_ports() {
 /// /metrics (9464) from the monitoring namespace only; no other port, no other source.
 #[test]
 fn network_policies_wall_the_metrics_hub() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("network_policies_wall_the_metrics_hub") else {
+        return;
+    };
     let p = of_kind(&docs, "NetworkPolicy")
         .into_iter()
         .find(|p| p.value["spec"]["podSelector"]["matchLabels"]["app"] == "llm-router-hub")

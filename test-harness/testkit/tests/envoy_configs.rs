@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use testkit::crds::{check_manifest, crds_dir, load_crds};
 use testkit::shipped::{
-    documents, endpoints_on, envoy_bootstraps, example_docs, listeners, plugin_of,
-    set_plugin_config, substitute_wasm, wasm_configs, Doc, WASM_TYPE,
+    documents, endpoints_on, envoy_bootstraps, example_docs_or_skip, listeners, plugin_of,
+    pool_clusters, set_plugin_config, substitute_wasm, wasm_configs, Doc, OVERLAYS, WASM_TYPE,
 };
 use testkit::{filter_wasm, stats_config, testlog_dir, validate_config_env, EnvoySpec, Router};
 
@@ -51,7 +51,9 @@ fn validate_with_envoy(name: &str, mut bootstrap: Value, wasm: &Path, dir: &Path
 
 #[test]
 fn plain_envoy_examples_pass_envoy_validate() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("plain_envoy_examples_pass_envoy_validate") else {
+        return;
+    };
     let bootstraps = envoy_bootstraps(&docs);
     let origins: Vec<&str> = bootstraps.iter().map(|(o, _)| o.as_str()).collect();
     assert!(
@@ -59,7 +61,9 @@ fn plain_envoy_examples_pass_envoy_validate() {
         "{origins:?}"
     );
     assert!(
-        origins.iter().any(|o| o.contains("gateway-envoy.yaml")),
+        origins
+            .iter()
+            .any(|o| o.starts_with("envoy/deploy/overlays/standalone")),
         "{origins:?}"
     );
     // The two required settings, in every bootstrap that loads the filter; one public and one
@@ -183,7 +187,9 @@ fn retry_policies(value: &Value, out: &mut Vec<Value>) {
 /// per-try idle timeout; no route timeout that would cut long streams.
 #[test]
 fn every_shipped_route_has_the_tested_retry_policy() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("every_shipped_route_has_the_tested_retry_policy") else {
+        return;
+    };
     let mut routes = 0;
     for (origin, bootstrap) in envoy_bootstraps(&docs) {
         let mut policies = Vec::new();
@@ -206,7 +212,7 @@ fn every_shipped_route_has_the_tested_retry_policy() {
     let btp = docs
         .iter()
         .find(|d| d.value["kind"] == "BackendTrafficPolicy")
-        .expect("envoy-gateway/backendtrafficpolicy.yaml");
+        .expect("envoy-gateway: a BackendTrafficPolicy");
     let on = &btp.value["spec"]["retry"]["retryOn"];
     let triggers: Vec<&str> = on["triggers"]
         .as_array()
@@ -224,7 +230,11 @@ fn every_shipped_route_has_the_tested_retry_policy() {
 
 #[test]
 fn snapshot_endpoints_are_served_only_on_loopback_listeners() {
-    let docs = example_docs();
+    let Some(docs) =
+        example_docs_or_skip("snapshot_endpoints_are_served_only_on_loopback_listeners")
+    else {
+        return;
+    };
     let mut all = Vec::new(); // (origin, listener)
     let mut public_filters = Vec::new(); // (origin, wasm config) outside any listener object
     for doc in &docs {
@@ -278,14 +288,14 @@ fn snapshot_endpoints_are_served_only_on_loopback_listeners() {
                         .as_u64()
                         .unwrap_or_else(|| panic!("{origin}: internal listener without a port")),
                 );
-                internal_folders.insert(origin.rsplit_once('/').map(|(d, _)| d.to_string()));
+                internal_folders.insert(origin.split('#').next().map(str::to_string));
             }
         }
     }
     assert_eq!(
         internal_folders.len(),
         4,
-        "an internal listener in envoy/, istio/, envoy-gateway/, kubernetes/: {internal_folders:?}"
+        "an internal listener in envoy/envoy.yaml and each overlay: {internal_folders:?}"
     );
     assert_eq!(
         internal_ports.len(),
@@ -314,7 +324,11 @@ fn snapshot_endpoints_are_served_only_on_loopback_listeners() {
 
 #[test]
 fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip(
+        "envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate",
+    ) else {
+        return;
+    };
     let mut filters = Vec::new(); // (origin, http filter entry)
     let mut lb_policies = Vec::new(); // (origin, load_balancing_policy)
     let mut added_listeners = Vec::new(); // (origin, whole listener)
@@ -363,7 +377,10 @@ fn envoy_fragments_in_istio_and_envoy_gateway_manifests_pass_envoy_validate() {
         2,
         "expected the Istio and Envoy Gateway filters: {origins:?}"
     );
-    assert!(lb_policies.len() >= 2);
+    assert!(
+        !lb_policies.is_empty(),
+        "istio: override_host on the pool's cluster"
+    );
     assert_eq!(
         added_listeners.len(),
         2,
@@ -433,10 +450,8 @@ fn plugin_pools(docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, String>> {
                 // The internal copy: snapshot endpoints only (checked by its own test).
                 continue;
             }
-            let folder = origin
-                .rsplit_once('/')
-                .map(|(d, _)| d.to_string())
-                .unwrap_or_default();
+            // `envoy/<file>`, or the overlay: `envoy/deploy/overlays/<overlay>`.
+            let folder = origin.split('#').next().unwrap_or_default().to_string();
             for pool in plugin["pools"]
                 .as_array()
                 .unwrap_or_else(|| panic!("{origin}: no pools"))
@@ -475,87 +490,100 @@ fn plugin_pools(docs: &[Doc]) -> BTreeMap<String, BTreeMap<String, String>> {
 
 #[test]
 fn filter_pools_routes_and_sidecar_agree() {
-    let docs = example_docs();
+    let Some(docs) = example_docs_or_skip("filter_pools_routes_and_sidecar_agree") else {
+        return;
+    };
     let pools = plugin_pools(&docs);
     assert_eq!(
         pools.len(),
         4,
-        "filter configs in envoy/, istio/, envoy-gateway/, kubernetes/: {pools:?}"
+        "filter configs in envoy/envoy.yaml and the three overlays: {pools:?}"
     );
-    let reference = pools.values().next().unwrap();
-    for (folder, p) in &pools {
-        assert_eq!(
-            p, reference,
-            "{folder}: pools differ from the other examples"
-        );
-    }
-    let clusters: BTreeSet<&String> = reference.values().collect();
-    // HTTPRoutes send each pool's header value to a backend.
-    let mut routed = BTreeSet::new();
-    for doc in docs.iter().filter(|d| d.value["kind"] == "HTTPRoute") {
-        for rule in doc.value["spec"]["rules"].as_array().unwrap() {
-            for m in rule["matches"].as_array().into_iter().flatten() {
-                for h in m["headers"].as_array().into_iter().flatten() {
-                    if h["name"] == "x-llm-router-cluster" {
-                        let value = h["value"].as_str().unwrap().to_string();
-                        assert!(
-                            clusters.contains(&value),
-                            "{}: routes unknown pool cluster {value}",
-                            doc.origin
-                        );
-                        routed.insert(value);
+    // Per overlay: the filter's pools, the routes, the gateway sidecar's and the hub's pools agree.
+    let mut sidecars: Vec<Value> = Vec::new();
+    for overlay in OVERLAYS {
+        let folder = format!("envoy/deploy/overlays/{overlay}");
+        let reference = pools
+            .get(&folder)
+            .unwrap_or_else(|| panic!("{folder}: no filter configuration"));
+        let clusters: BTreeSet<&String> = reference.values().collect();
+        let ours: Vec<&Doc> = docs
+            .iter()
+            .filter(|d| d.origin.starts_with(&format!("{folder}#")))
+            .collect();
+        // HTTPRoutes send each pool's header value to a backend; the standalone bootstrap routes
+        // by the header to the cluster of that name.
+        let mut routed = BTreeSet::new();
+        for doc in ours.iter().filter(|d| d.value["kind"] == "HTTPRoute") {
+            for rule in doc.value["spec"]["rules"].as_array().unwrap() {
+                for m in rule["matches"].as_array().into_iter().flatten() {
+                    for h in m["headers"].as_array().into_iter().flatten() {
+                        if h["name"] == "x-llm-router-cluster" {
+                            let value = h["value"].as_str().unwrap().to_string();
+                            assert!(
+                                clusters.contains(&value),
+                                "{}: routes unknown pool cluster {value}",
+                                doc.origin
+                            );
+                            routed.insert(value);
+                        }
                     }
                 }
             }
         }
-    }
-    assert_eq!(
-        routed.len(),
-        clusters.len(),
-        "every pool cluster needs a route: {routed:?}"
-    );
-    // The sidecar pushes the same pools, and the metrics hub scrapes them.
-    let sidecars: Vec<Value> = docs
-        .iter()
-        .filter(|d| d.value["kind"] == "ConfigMap")
-        .flat_map(|d| d.value["data"].as_object().cloned().unwrap_or_default())
-        .filter_map(|(_, text)| {
-            documents(text.as_str().unwrap_or_default(), "ConfigMap data")
-                .into_iter()
-                .next()
-        })
-        .filter(|v| v.get("push").is_some() && v.get("pools").is_some())
-        .collect();
-    assert_eq!(
-        sidecars.iter().filter(|v| v["mode"] == "hub").count(),
-        1,
-        "one metrics hub configuration"
-    );
-    assert_eq!(
-        sidecars.len(),
-        2,
-        "the sidecar's and the hub's configurations"
-    );
-    for sidecar in &sidecars {
-        let sidecar_pools: BTreeMap<String, String> = sidecar["pools"]
-            .as_array()
-            .unwrap()
+        let owned: Vec<Doc> = ours.iter().map(|d| (*d).clone()).collect();
+        for (_, bootstrap) in envoy_bootstraps(&owned) {
+            routed.extend(pool_clusters(&bootstrap));
+        }
+        assert_eq!(
+            routed.iter().collect::<BTreeSet<_>>(),
+            clusters,
+            "{folder}: every pool cluster needs a route, and only those"
+        );
+        // The sidecar pushes the same pools, and the metrics hub scrapes them.
+        let found: Vec<Value> = ours
             .iter()
-            .map(|p| {
-                (
-                    p["name"].as_str().unwrap().into(),
-                    p["cluster"].as_str().unwrap().into(),
-                )
+            .filter(|d| d.value["kind"] == "ConfigMap")
+            .flat_map(|d| d.value["data"].as_object().cloned().unwrap_or_default())
+            .filter_map(|(_, text)| {
+                documents(text.as_str().unwrap_or_default(), "ConfigMap data")
+                    .into_iter()
+                    .next()
             })
+            .filter(|v| v.get("push").is_some() && v.get("pools").is_some())
             .collect();
         assert_eq!(
-            &sidecar_pools, reference,
-            "sidecar pools differ from the filter's"
+            found.iter().filter(|v| v["mode"] == "hub").count(),
+            1,
+            "{folder}: one metrics hub configuration"
         );
-        for p in sidecar["pools"].as_array().unwrap() {
-            let d = p["discovery"].as_object().unwrap();
-            assert_eq!(d.len(), 1, "exactly one discovery kind per pool: {d:?}");
+        assert_eq!(
+            found.len(),
+            2,
+            "{folder}: the sidecar's and the hub's configurations"
+        );
+        for sidecar in &found {
+            let sidecar_pools: BTreeMap<String, String> = sidecar["pools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    (
+                        p["name"].as_str().unwrap().into(),
+                        p["cluster"].as_str().unwrap().into(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                &sidecar_pools, reference,
+                "{folder}: sidecar pools differ from the filter's"
+            );
+            for p in sidecar["pools"].as_array().unwrap() {
+                let d = p["discovery"].as_object().unwrap();
+                assert_eq!(d.len(), 1, "exactly one discovery kind per pool: {d:?}");
+            }
         }
+        sidecars.extend(found);
     }
     // The gateway sidecar follows the hub's Service, on the port the hub listens on.
     let gateway = sidecars.iter().find(|v| v["mode"] != "hub").unwrap();
@@ -579,9 +607,8 @@ fn filter_pools_routes_and_sidecar_agree() {
     );
     assert_eq!(
         gateway["hub"]["upstreams"][0],
-        json!(format!(
-            "http://llm-router-hub.llm.svc.cluster.local:{port}"
-        ))
+        // The Service's short name: the sidecar resolves it in its own namespace.
+        json!(format!("http://llm-router-hub:{port}"))
     );
     let pdb = docs
         .iter()
@@ -614,7 +641,11 @@ fn kubernetes_manifests_match_kinds_and_crd_schemas() {
     assert!(crds.contains_key(&("networking.istio.io".into(), "EnvoyFilter".into())));
     let mut checked = BTreeSet::new();
     let mut errors = Vec::new();
-    for doc in example_docs() {
+    let Some(docs) = example_docs_or_skip("kubernetes_manifests_match_kinds_and_crd_schemas")
+    else {
+        return;
+    };
+    for doc in docs {
         let file = doc.origin.split('#').next().unwrap_or_default().to_string();
         if doc.value.get("static_resources").is_some() {
             continue; // a plain Envoy bootstrap, validated by Envoy itself
@@ -722,7 +753,11 @@ fn the_schema_check_rejects_bad_manifests() {
 
 #[test]
 fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
-    let docs = example_docs();
+    let Some(docs) =
+        example_docs_or_skip("sidecar_config_in_the_configmap_passes_sidecar_metrics_check")
+    else {
+        return;
+    };
     let mut found = Vec::new();
     for doc in docs.iter().filter(|d| d.value["kind"] == "ConfigMap") {
         for (key, text) in doc.value["data"].as_object().into_iter().flatten() {
@@ -738,8 +773,8 @@ fn sidecar_config_in_the_configmap_passes_sidecar_metrics_check() {
     }
     assert_eq!(
         found.len(),
-        2,
-        "the sidecar's and the metrics hub's configurations expected: {:?}",
+        2 * OVERLAYS.len(),
+        "the sidecar's and the metrics hub's configurations of each overlay expected: {:?}",
         found.iter().map(|f| &f.0).collect::<Vec<_>>()
     );
     // The manifests start the sidecar as `sidecar-metrics run --config FILE`.
@@ -869,4 +904,421 @@ fn the_shipped_identity_chain_passes_envoy_validate() {
         let bootstrap = spec.bootstrap(&wasm, &dir.join("access.log")).unwrap();
         validate_with_envoy(&format!("identity {label}"), bootstrap, &wasm, &dir);
     }
+}
+
+// ---- envoy/deploy: the overlays, rendered from the one values file ----
+
+fn deploy_dir() -> PathBuf {
+    testkit::workspace_root().join("envoy/deploy")
+}
+
+/// `envoy/deploy` copied (kustomization files, components, overlays, values) to a fresh folder.
+fn copy_deploy(label: &str) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let path = entry.unwrap().path();
+            let target = to.join(path.file_name().unwrap());
+            if path.is_dir() {
+                copy(&path, &target);
+            } else {
+                std::fs::copy(&path, &target).unwrap();
+            }
+        }
+    }
+    let dir = testlog_dir(label).unwrap().join("deploy");
+    copy(&deploy_dir(), &dir);
+    dir
+}
+
+/// The `data` of `values/values.yaml` under `deploy`.
+fn values_of(deploy: &Path) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(deploy.join("values/values.yaml")).unwrap();
+    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    doc["data"]
+        .as_object()
+        .expect("values.yaml: a data map")
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                v.as_str().expect("values are strings").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every overlay renders with `kubectl kustomize` from the shipped values; the values
+/// ConfigMap itself stays out of the output (it is kustomize's input, not a resource); every
+/// object lands in the values' namespace and carries the part-of label; and each overlay has
+/// its gateway's kinds. The objects themselves are validated by the tests that read
+/// `example_docs_or_skip` (CRD schemas above, Kubernetes schemas in kubernetes_schemas.rs,
+/// `envoy --mode validate` for the bootstrap and the Envoy fragments).
+#[test]
+fn every_overlay_renders_from_the_values_file() {
+    let test = "every_overlay_renders_from_the_values_file";
+    let Some(kubectl) = testkit::shipped::kubectl_or_skip(test) else {
+        return;
+    };
+    let values = values_of(&deploy_dir());
+    let wanted: [(&str, &[&str]); 3] = [
+        (
+            "istio",
+            &[
+                "EnvoyFilter",
+                "Gateway",
+                "HTTPRoute",
+                "DestinationRule",
+                "Service",
+            ],
+        ),
+        (
+            "envoy-gateway",
+            &[
+                "EnvoyPatchPolicy",
+                "BackendTrafficPolicy",
+                "ClientTrafficPolicy",
+                "EnvoyProxy",
+                "Gateway",
+                "HTTPRoute",
+            ],
+        ),
+        ("standalone", &["Deployment", "Service", "ConfigMap"]),
+    ];
+    for (overlay, kinds) in wanted {
+        let text = testkit::shipped::render_overlay(&kubectl, &deploy_dir(), overlay)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let docs = documents(&text, overlay);
+        let found: BTreeSet<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        for kind in kinds
+            .iter()
+            .chain(&["NetworkPolicy", "RoleBinding", "PodDisruptionBudget"])
+        {
+            assert!(found.contains(kind), "{overlay}: no {kind} in {found:?}");
+        }
+        for d in &docs {
+            let what = format!("{overlay}: {} {}", d["kind"], d["metadata"]["name"]);
+            assert_ne!(
+                d["metadata"]["name"], "llm-router-values",
+                "{what}: the values are kustomize's input, not a resource"
+            );
+            assert_eq!(
+                d["metadata"]["namespace"].as_str(),
+                Some(values["namespace"].as_str()),
+                "{what}"
+            );
+            assert_eq!(
+                d["metadata"]["labels"]["app.kubernetes.io/part-of"], "llm-router",
+                "{what}"
+            );
+        }
+    }
+}
+
+/// Replaces each `old` in `s` that stands alone: not inside a longer name (a neighbour that is
+/// a letter, a digit, `-` or `_`).
+fn replace_token(s: &str, old: &str, new: &str) -> String {
+    let word =
+        |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find(old) {
+        let before = if at > 0 {
+            rest[..at].chars().last()
+        } else {
+            out.chars().last()
+        };
+        let after = rest[at + old.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if word(before) || word(after) {
+            out.push_str(old);
+        } else {
+            out.push_str(new);
+        }
+        rest = &rest[at + old.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a shipped leaf must become when the values change from `old` to `new`: every
+/// occurrence of an old value, in any string (the Envoy bootstrap, the plugin JSON, the
+/// sidecar's YAML, a host name), replaced by the new one. Whole values first (images, the model,
+/// which contains the pool's name), then the digest alone, then the short tokens.
+fn expected_leaf(
+    leaf: &Value,
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+) -> Value {
+    match leaf {
+        Value::String(s) => {
+            let mut s = s.clone();
+            for key in ["sidecarImage", "filterImage", "model"] {
+                s = s.replace(&old[key], &new[key]);
+            }
+            let digest = |v: &BTreeMap<String, String>| {
+                v["filterImage"]
+                    .rsplit_once("@sha256:")
+                    .unwrap()
+                    .1
+                    .to_string()
+            };
+            s = s.replace(&digest(old), &digest(new));
+            for key in ["pool", "namespace", "port", "engine"] {
+                s = replace_token(&s, &old[key], &new[key]);
+            }
+            Value::String(s)
+        }
+        Value::Number(n) if n.to_string() == old["port"] => {
+            json!(new["port"].parse::<u64>().unwrap())
+        }
+        other => other.clone(),
+    }
+}
+
+/// Compares two renders leaf by leaf (documents paired by kind and name, the pool's Service and
+/// DestinationRule renamed): each leaf of `changed` must be the `expected_leaf` of the same leaf
+/// of `shipped`. Returns the mismatches, and counts the leaves a value reached in `changed`.
+fn compare_renders(
+    shipped: &[Value],
+    changed: &[Value],
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+    reached: &mut usize,
+) -> Vec<String> {
+    fn walk(
+        path: &str,
+        a: &Value,
+        b: &Value,
+        old: &BTreeMap<String, String>,
+        new: &BTreeMap<String, String>,
+        out: &mut Vec<String>,
+        reached: &mut usize,
+    ) {
+        match (a, b) {
+            (Value::Object(x), Value::Object(y)) => {
+                let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                for k in keys {
+                    walk(
+                        &format!("{path}.{k}"),
+                        &x[k],
+                        y.get(k).unwrap_or(&Value::Null),
+                        old,
+                        new,
+                        out,
+                        reached,
+                    );
+                }
+            }
+            (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    walk(&format!("{path}[{i}]"), p, q, old, new, out, reached);
+                }
+            }
+            _ => {
+                let want = expected_leaf(a, old, new);
+                if &want != b {
+                    out.push(format!("{path}: {b} where {want} was expected"));
+                } else if &want != a {
+                    *reached += 1;
+                }
+            }
+        }
+    }
+    let key = |d: &Value, rename: bool| {
+        let name = d["metadata"]["name"].as_str().unwrap_or_default();
+        let name = if rename {
+            replace_token(name, &old["pool"], &new["pool"])
+        } else {
+            name.to_string()
+        };
+        (d["kind"].as_str().unwrap_or_default().to_string(), name)
+    };
+    let by_key: BTreeMap<_, &Value> = changed.iter().map(|d| (key(d, false), d)).collect();
+    let mut out = Vec::new();
+    assert_eq!(shipped.len(), changed.len(), "the same objects");
+    for d in shipped {
+        let k = key(d, true);
+        let Some(other) = by_key.get(&k) else {
+            out.push(format!("{k:?}: missing after the change"));
+            continue;
+        };
+        walk(
+            &format!("{} {}", k.0, k.1),
+            d,
+            other,
+            old,
+            new,
+            &mut out,
+            reached,
+        );
+    }
+    out
+}
+
+/// Values for the one-declaration test: every value of the shipped file changed.
+fn changed_values(shipped: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut new = shipped.clone();
+    new.insert("namespace".into(), "inference-prod".into());
+    new.insert("pool".into(), "zeta".into());
+    new.insert("model".into(), "acme/Zeta-2.5-70B-Instruct".into());
+    new.insert("port".into(), "8123".into());
+    new.insert("engine".into(), "sglang".into());
+    let swap = |image: &str, digest: &str| {
+        let (repo, _) = image.rsplit_once("@sha256:").unwrap();
+        let name = repo.rsplit('/').next().unwrap();
+        format!("ghcr.io/acme/{name}@sha256:{digest}")
+    };
+    new.insert(
+        "sidecarImage".into(),
+        swap(&shipped["sidecarImage"], &"a1".repeat(32)),
+    );
+    new.insert(
+        "filterImage".into(),
+        swap(&shipped["filterImage"], &"b2".repeat(32)),
+    );
+    new
+}
+
+/// Writes `new` into the copy's values file (each `key: value` line of the data map).
+fn write_values(deploy: &Path, old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) {
+    let file = deploy.join("values/values.yaml");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    for (key, value) in new {
+        let quoted = |v: &str| {
+            if key == "port" {
+                format!("\"{v}\"")
+            } else {
+                v.to_string()
+            }
+        };
+        let from = format!("\n  {key}: {}\n", quoted(&old[key]));
+        assert!(text.contains(&from), "values.yaml: no line {from:?}");
+        text = text.replace(&from, &format!("\n  {key}: {}\n", quoted(value)));
+    }
+    std::fs::write(&file, text).unwrap();
+}
+
+/// Renders every overlay of `deploy` with the shipped values and with `changed_values`, and
+/// compares them (see `compare_renders`): the mismatches, and how many leaves a value reached.
+fn one_declaration_mismatches(kubectl: &Path, deploy: &Path) -> (Vec<String>, usize) {
+    let old = values_of(deploy);
+    let shipped: Vec<(String, Vec<Value>)> = OVERLAYS
+        .iter()
+        .map(|o| {
+            let text = testkit::shipped::render_overlay(kubectl, deploy, o)
+                .unwrap_or_else(|e| panic!("{e}"));
+            (o.to_string(), documents(&text, o))
+        })
+        .collect();
+    let new = changed_values(&old);
+    write_values(deploy, &old, &new);
+    let mut mismatches = Vec::new();
+    let mut reached = 0;
+    for (overlay, docs) in shipped {
+        let text = testkit::shipped::render_overlay(kubectl, deploy, &overlay)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let changed = documents(&text, &overlay);
+        for m in compare_renders(&docs, &changed, &old, &new, &mut reached) {
+            mismatches.push(format!("{overlay}: {m}"));
+        }
+    }
+    (mismatches, reached)
+}
+
+/// One declaration drives every place: with every value of values/values.yaml changed (pool
+/// name, model, namespace, port, engine, both images), each overlay renders the same objects
+/// with every place that named an old value — a field, a host name, a listener name, a word
+/// inside the Envoy bootstrap, the plugin JSON or the sidecar's YAML — naming the new one, and
+/// nothing else changed. A place kustomize does not reach still names the old value and fails.
+#[test]
+fn one_declaration_in_the_values_file_drives_every_rendered_place() {
+    let test = "one_declaration_in_the_values_file_drives_every_rendered_place";
+    let Some(kubectl) = testkit::shipped::kubectl_or_skip(test) else {
+        return;
+    };
+    let deploy = copy_deploy("deploy-values");
+    let (mismatches, reached) = one_declaration_mismatches(&kubectl, &deploy);
+    assert!(
+        mismatches.is_empty(),
+        "places the values file does not reach:\n{}",
+        mismatches.join("\n")
+    );
+    // Each overlay: namespaces (~15 objects), the pool in the filter, routes, sidecar, hub.
+    assert!(reached >= 60, "only {reached} places changed");
+    // The standalone bootstrap with the changed values is still a configuration Envoy takes
+    // (a port written as a string, the new names): `envoy --mode validate`, the filter loaded.
+    let Some(wasm) = wasm_or_skip(test) else {
+        return;
+    };
+    let text = testkit::shipped::render_overlay(&kubectl, &deploy, "standalone")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let docs: Vec<Doc> = documents(&text, "standalone")
+        .into_iter()
+        .map(|value| Doc {
+            origin: "standalone (changed values)".into(),
+            value,
+        })
+        .collect();
+    let bootstraps = envoy_bootstraps(&docs);
+    assert_eq!(bootstraps.len(), 1, "the standalone bootstrap");
+    let dir = testlog_dir("deploy-values-envoy").unwrap();
+    for (origin, bootstrap) in bootstraps {
+        assert_eq!(
+            pool_clusters(&bootstrap),
+            vec!["zeta".to_string()],
+            "{origin}"
+        );
+        validate_with_envoy(&origin, bootstrap, &wasm, &dir);
+    }
+}
+
+/// The check above has teeth: drop one replacement target (the Istio route's backend) from a
+/// copy and the changed pool name no longer reaches that place.
+#[test]
+fn the_one_declaration_check_finds_a_place_left_behind() {
+    let test = "the_one_declaration_check_finds_a_place_left_behind";
+    let Some(kubectl) = testkit::shipped::kubectl_or_skip(test) else {
+        return;
+    };
+    let deploy = copy_deploy("deploy-values-broken");
+    let file = deploy.join("overlays/istio/kustomization.yaml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let target =
+        "fieldPaths: [spec.rules.0.matches.*.headers.0.value, spec.rules.0.backendRefs.0.name]";
+    assert!(
+        text.contains(target),
+        "istio/kustomization.yaml changed: update this test"
+    );
+    std::fs::write(
+        &file,
+        text.replacen(
+            target,
+            "fieldPaths: [spec.rules.0.matches.*.headers.0.value]",
+            1,
+        ),
+    )
+    .unwrap();
+    let (mismatches, _) = one_declaration_mismatches(&kubectl, &deploy);
+    assert!(
+        mismatches
+            .iter()
+            .any(|m| m.contains("istio") && m.contains("backendRefs")),
+        "{mismatches:?}"
+    );
+}
+
+/// The Istio quick start: the values file a user edits stays short (non-comment, non-blank lines).
+#[test]
+fn the_istio_quick_start_values_file_is_at_most_30_lines() {
+    let text = std::fs::read_to_string(deploy_dir().join("values/values.yaml")).unwrap();
+    let lines = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .count();
+    assert!(lines <= 30, "values/values.yaml: {lines} lines to write");
+    // The overlay itself is not the user's to edit: it names no pool.
+    let overlay =
+        std::fs::read_to_string(deploy_dir().join("overlays/istio/kustomization.yaml")).unwrap();
+    assert!(overlay.contains("../../base") && overlay.contains("../../components/values"));
 }

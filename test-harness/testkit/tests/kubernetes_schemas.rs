@@ -1,15 +1,16 @@
-//! The core Kubernetes kinds in `envoy/` (Deployment, Service, ConfigMap, NetworkPolicy, RBAC, …)
+//! The core Kubernetes kinds the overlays of `envoy/deploy` render (Deployment, Service,
+//! ConfigMap, NetworkPolicy, RBAC, …)
 //! against Kubernetes' own OpenAPI schemas, with `kubernetes-validate --strict` (PyPI, installed
 //! into `.venv` by `./build.sh setup`): unknown fields, wrong types and missing required fields
-//! fail. The strategic-merge patch for controller-made gateways is checked as the Deployment it
-//! patches into. Custom resources are checked against their CRDs by `envoy_configs.rs`.
+//! fail. The strategic-merge patch for Istio's gateway Deployment is checked as the Deployment
+//! it patches into. Custom resources are checked against their CRDs by `envoy_configs.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::Deserialize;
 use serde_json::{json, Value};
+use testkit::shipped::example_docs_or_skip;
 use testkit::{testlog_dir, workspace_root};
 
 /// The Kubernetes version whose schemas the manifests must satisfy (the oldest one the examples
@@ -50,52 +51,38 @@ fn is_core(api_version: &str) -> bool {
     }
 }
 
-fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            yaml_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
-            out.push(path);
-        }
-    }
-}
-
-/// The core-kind documents of `envoy/` as (origin, manifest); kind-less patches become the
-/// Deployment they patch into.
-fn core_manifests() -> Vec<(String, Value)> {
-    let mut files = Vec::new();
-    yaml_files(&workspace_root().join("envoy"), &mut files);
-    // Prometheus' configuration is not Kubernetes (promtool checks it: e2e/tests/prometheus.rs).
-    files.retain(|f| !f.starts_with(workspace_root().join("envoy/observability")));
-    // An Envoy filter-chain fragment (checked by `envoy --mode validate` in envoy_configs.rs).
-    files.retain(|f| !f.starts_with(workspace_root().join("envoy/identity")));
-    files.sort();
+/// The core-kind documents the project ships as (origin, manifest): the overlays of
+/// `envoy/deploy` as `kubectl kustomize` renders them (`testkit::shipped::example_docs_or_skip`;
+/// `None` skips). The Deployment patch that Istio merges into the gateway it creates (the
+/// `deployment` entry of a ConfigMap a Gateway names in `infrastructure.parametersRef`) becomes
+/// the Deployment it patches into.
+fn core_manifests(test: &str) -> Option<Vec<(String, Value)>> {
+    let docs = example_docs_or_skip(test)?;
     let mut out = Vec::new();
-    for file in files {
-        let rel = file
-            .strip_prefix(workspace_root())
-            .unwrap()
-            .display()
-            .to_string();
-        let text = std::fs::read_to_string(&file).unwrap();
-        for (i, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{rel}: {e}"));
-            if value.is_null() || value.get("static_resources").is_some() {
-                continue;
-            }
-            let origin = format!("{rel}#{i}");
-            match value["apiVersion"].as_str() {
-                Some(v) if is_core(v) => out.push((origin, value)),
-                Some(_) => {}
-                None if value["spec"]["template"]["spec"].is_object() => {
-                    out.push((origin, patched_deployment(&value)))
+    for doc in docs {
+        let (origin, value) = (doc.origin, doc.value);
+        if value.get("static_resources").is_some() {
+            continue;
+        }
+        match value["apiVersion"].as_str() {
+            Some(v) if is_core(v) => {
+                if value["kind"] == "ConfigMap" {
+                    if let Some(text) = value["data"]["deployment"].as_str() {
+                        let patch: Value = serde_yaml::from_str(text)
+                            .unwrap_or_else(|e| panic!("{origin} data.deployment: {e}"));
+                        out.push((
+                            format!("{origin} data.deployment"),
+                            patched_deployment(&patch),
+                        ));
+                    }
                 }
-                None => panic!("{origin}: neither a manifest nor a Deployment patch"),
+                out.push((origin, value));
             }
+            Some(_) => {}
+            None => panic!("{origin}: not a manifest"),
         }
     }
-    out
+    Some(out)
 }
 
 /// A minimal Deployment with `patch` merged in: what a strategic-merge patch of a Deployment's
@@ -145,7 +132,9 @@ fn core_kubernetes_kinds_match_kubernetes_schemas() {
     let Some(validator) = validator(test) else {
         return;
     };
-    let manifests = core_manifests();
+    let Some(manifests) = core_manifests(test) else {
+        return;
+    };
     let kinds: Vec<&str> = manifests
         .iter()
         .filter_map(|(_, m)| m["kind"].as_str())
@@ -177,9 +166,12 @@ fn the_kubernetes_schema_check_rejects_bad_manifests() {
     let Some(validator) = validator(test) else {
         return;
     };
-    let (_, deployment) = core_manifests()
+    let Some(manifests) = core_manifests(test) else {
+        return;
+    };
+    let (_, deployment) = manifests
         .into_iter()
-        .find(|(o, m)| m["kind"] == "Deployment" && !o.contains("patch"))
+        .find(|(o, m)| m["kind"] == "Deployment" && !o.contains("data.deployment"))
         .unwrap();
     let mut unknown_field = deployment.clone();
     unknown_field["spec"]["replica"] = json!(2);
