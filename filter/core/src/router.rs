@@ -5,6 +5,7 @@
 //! endpoints or a [`Rejection`]. It knows nothing of proxy-wasm: the filter calls it with a
 //! store backed by Envoy's shared data; tests call it with [`crate::store::MemoryStore`].
 
+use crate::candidate::{Candidate, Features, Mode};
 use crate::config::{Config, OnMissing, OnStale, PoolConfig};
 use crate::flow::{self, Admission, PodRoom};
 use crate::inflight::{self, PodLoad, Table};
@@ -14,7 +15,7 @@ use crate::prefix::{self, PrefixIndex};
 use crate::prior;
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
-use crate::score::{self, Candidate, Features, Mode, Scope, Unscored};
+use crate::score::{self, Scope, Unscored};
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use crate::trust;
@@ -36,7 +37,7 @@ struct PoolIndex {
     /// pool scored whole.
     shortlist: Option<Shortlist>,
     /// Long contexts other gateway replicas placed on the pool's pods, by key
-    /// ([`prior::note_placed`]).
+    /// ([`crate::placed::note_placed`]).
     peer_contexts: Vec<llm_router_snapshot::PeerContext>,
     /// The snapshot shows other gateway replicas at work in the pool (their requests or
     /// their placed contexts): this proxy's own placements are then worth sharing.
@@ -687,7 +688,7 @@ struct Candidates<'f> {
     /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
     /// holds less of it than the anchor depth (a new copy: no record of this replica's and
     /// no other replica's note puts it there), [`account`] shares where it went
-    /// ([`prior::note_placed`]).
+    /// ([`crate::placed::note_placed`]).
     anchor: Option<(u64, usize)>,
     /// Candidates other replicas' notes put the anchor on (not a new copy there).
     peer_placed: Vec<usize>,
@@ -737,7 +738,7 @@ fn anchor(pool: &PoolConfig, hashes: &prefix::Hashes, prompt_chars: usize) -> Op
     Some((key, depth))
 }
 
-/// The contexts other gateway replicas placed under `key` ([`prior::note_placed`]).
+/// The contexts other gateway replicas placed under `key` ([`crate::placed::note_placed`]).
 fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &PeerContext> {
     let from = d.peer_contexts.partition_point(|p| p.key < key);
     d.peer_contexts
@@ -1366,7 +1367,7 @@ fn account<S: SharedStore>(
                 && !c.peer_placed.contains(&i)
             {
                 let blocks = c.hashes.blocks.len() as u32;
-                prior::note_placed(
+                crate::placed::note_placed(
                     store,
                     &pool.name,
                     PeerContext {

@@ -513,7 +513,7 @@ pub fn in_emulated_time(config: &mut Value, speedup: f64) {
     if !flow["bands"].is_object() {
         flow["bands"] = json!({});
     }
-    for class in llm_router_core::flow::Class::ALL {
+    for class in llm_router_core::priority::Class::ALL {
         let band = &mut flow["bands"][class.name()];
         if !band.is_object() {
             *band = json!({});
