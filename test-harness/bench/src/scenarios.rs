@@ -11,7 +11,7 @@
 //! `s`.
 
 use crate::arrivals::Arrival;
-use crate::stack::{FleetSpec, PodEngine, PodSpec, MODEL};
+use crate::fleet::{FleetSpec, PodEngine, PodSpec, MODEL};
 use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec};
 use model_sim::engine::{Engine, Event, NewRequest};
 use model_sim::profile::Profile;
@@ -163,14 +163,14 @@ impl Mode {
 }
 
 /// Names of the emulated scenarios, in run order (what `bench run` runs by default).
-pub const NAMES: [&str; 6] = crate::report::SCENARIOS;
+pub const NAMES: [&str; 6] = crate::scenario_names::SCENARIOS;
 
 /// Names of the scenarios on real vLLM pods (`./build.sh setup-vllm`), run only when named.
-pub const REAL_NAMES: [&str; 3] = crate::report::REAL_SCENARIOS;
+pub const REAL_NAMES: [&str; 3] = crate::scenario_names::REAL_SCENARIOS;
 
 /// Every scenario name: emulated, then real.
 pub fn all_names() -> impl Iterator<Item = &'static str> {
-    crate::report::all_scenarios()
+    crate::scenario_names::all_scenarios()
 }
 
 /// Measured capacity of one pod, emulated requests per second, per (scenario, profile):

@@ -15,8 +15,11 @@ use std::time::{Duration, Instant};
 use testkit::peers::{PeerProcess, PeerRouter};
 use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
 
-/// The base model every pod serves.
-pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+/// The tests build fleets (`use super::*`).
+#[cfg(test)]
+use crate::fleet::PodSpec;
+use crate::fleet::{FleetSpec, PodEngine, MODEL};
+
 /// Pool and cluster names of the single pool.
 pub const POOL: &str = "llama";
 /// Envoy cluster of the pool.
@@ -270,63 +273,6 @@ pub fn envoy_spec(
         _ => {}
     }
     spec
-}
-
-/// One pod: emulated (model-sim) or, in a [`PodEngine::Vllm`] fleet, a real vLLM instance.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct PodSpec {
-    /// GPU profile (`h100`, `a10g`, `h100-70b`; `cpu-small`, `cpu-large`: the tiny models on
-    /// real vLLM's CPU build, and their fitted twins in model-sim).
-    pub profile: &'static str,
-    /// LoRA slots, if not the emulator's default (real vLLM: `--max-loras`, default 1).
-    pub max_loras: Option<u32>,
-    /// CPU LoRA cache (`--max-cpu-loras`), if not the emulator's default (= `max_loras`).
-    pub max_cpu_loras: Option<u32>,
-    /// `--max-num-seqs`, if not the profile's.
-    pub max_num_seqs: Option<u32>,
-    /// KV blocks (`--num-gpu-blocks-override` on vLLM, `--num-gpu-blocks` on model-sim), if
-    /// not the profile's.
-    pub kv_blocks: Option<u32>,
-    /// The CPU core a real pod is pinned to (default: pod `i` on core `i mod cores`).
-    pub core: Option<usize>,
-    /// Output length mode (`--output-len max|uniform|lognormal`), if not the default (max).
-    pub output_len: Option<&'static str>,
-    /// A lying pod (`--lie-metrics`): `/metrics` reports an empty engine whatever its state.
-    pub lie_metrics: bool,
-}
-
-impl PodSpec {
-    /// A pod of `profile` with the emulator's defaults otherwise.
-    pub fn new(profile: &'static str) -> Self {
-        PodSpec {
-            profile,
-            ..PodSpec::default()
-        }
-    }
-}
-
-/// What serves a fleet's requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PodEngine {
-    /// model-sim, the emulator: fresh pods for every run.
-    #[default]
-    ModelSim,
-    /// Real vLLM (CPU build, `./build.sh setup-vllm`): started once and reset between runs
-    /// ([`crate::realpods`]); speed-up 1.
-    Vllm,
-}
-
-/// The fleet of a scenario.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FleetSpec {
-    /// The pods.
-    pub pods: Vec<PodSpec>,
-    /// Emulator time speed-up (times are divided by it; 1 for real pods).
-    pub speedup: f64,
-    /// Seed of the pods (pod i gets seed + i).
-    pub seed: u64,
-    /// Emulated or real pods.
-    pub engine: PodEngine,
 }
 
 /// Errors starting the stack.
