@@ -8,8 +8,6 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-pub use crate::flow::{BandLimits, FlowConfig};
-
 /// A configuration problem, with the path of the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError(pub String);
@@ -22,8 +20,9 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+use crate::priority::Class;
 use crate::rewrite::{Rewrites, Rule, Sticky, Target};
-pub use crate::score::Weights;
+pub use crate::weights::Weights;
 
 /// How prompt size and pod speed are estimated before the filter has learned them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,6 +116,110 @@ impl Default for PrefixConfig {
             page_blocks: 16,
             entries_per_page: 16,
         }
+    }
+}
+
+/// Bounds of one priority class of one pool's queue (on one Envoy worker: each worker holds
+/// the streams it paused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BandLimits {
+    /// Requests waiting at most.
+    pub max_requests: usize,
+    /// Request body bytes held at most.
+    pub max_bytes: usize,
+    /// Longest wait (ms); then the request is refused with 429.
+    pub ttl_ms: u64,
+}
+
+impl Default for BandLimits {
+    fn default() -> Self {
+        // llm-d's default TTL is 60 s; its per-band request bound is 5,000 per gateway. Here the
+        // bound is per Envoy worker and the body is held in the VM's memory: 1,000 requests and
+        // 64 MiB per class keep a worker's queue well inside a Wasm VM's memory.
+        BandLimits {
+            max_requests: 1000,
+            max_bytes: 64 * 1024 * 1024,
+            ttl_ms: 60_000,
+        }
+    }
+}
+
+/// The `flow` section of the configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlowConfig {
+    /// Hold requests while their pool is full (else every request is routed at once, the
+    /// behaviour before flow control).
+    pub enabled: bool,
+    /// Bounds of a pool's whole queue (every class): when it is full, a request of a higher
+    /// class than sheddable displaces the newest waiting sheddable one.
+    pub max_requests: usize,
+    pub max_bytes: usize,
+    /// Per class, `[sheddable, standard, critical]`.
+    pub bands: [BandLimits; 3],
+    /// How often a worker with waiting requests tries to dispatch them (ms).
+    pub tick_ms: u64,
+    /// A worker's published queue summary older than this is ignored by the others (ms): a
+    /// worker that stopped cannot hold the pool's order.
+    pub summary_stale_ms: u64,
+    /// Predicted KV use after admission up to which a pod takes held work. Above the pool's
+    /// `saturation.kv_threshold` (0.8, where scoring calls a pod full and sheddable work goes):
+    /// the engine itself admits until its KV is full, and holding at 0.8 left a fifth of a
+    /// KV-limited fleet idle — bursty TTFT p95 2.3× round robin's with no preemption at all,
+    /// 0.72× at 0.95 with half of round robin's preemptions, 0.80× and 9 preemptions a run at
+    /// 1.0 (one sweep, one run each: `test-harness/bench/results/flow-v1-bursty.md`).
+    pub kv_threshold: f64,
+    /// After a fairness id's oldest waiting request has waited this long (ms), that id's
+    /// newest request goes first: the queue is standing, not absorbing a burst (0: always first
+    /// come first served; see [`crate::flow::queue`]).
+    pub newest_first_after_ms: u64,
+}
+
+impl Default for FlowConfig {
+    fn default() -> Self {
+        FlowConfig {
+            // On: below saturation nothing waits (shared prefix and mixed GPUs unchanged);
+            // bursty p99 0.79× of placing at once, within the spread of single runs
+            // (results/flow-v1-bursty.md).
+            enabled: true,
+            max_requests: 1000,
+            max_bytes: 64 * 1024 * 1024,
+            bands: [BandLimits::default(); 3],
+            tick_ms: 20,
+            summary_stale_ms: 1000,
+            kv_threshold: 0.95,
+            newest_first_after_ms: NEWEST_FIRST_AFTER_MS,
+        }
+    }
+}
+
+/// Enqueued before this, a request waiting at `now_ms` is standing, for a bound of `after_ms`
+/// (0: nothing ever is).
+pub(crate) fn standing_before(after_ms: u64, now_ms: u64) -> u64 {
+    if after_ms == 0 {
+        0
+    } else {
+        now_ms.saturating_sub(after_ms)
+    }
+}
+
+/// Default of [`FlowConfig::newest_first_after_ms`]: 5 s, past the time-to-first-token
+/// objectives interactive serving states (a few hundred ms to a few seconds) — a request that
+/// has waited that long in the proxy alone has missed any of them, and served in arrival order
+/// so would everything behind it — and far below the 60 s time to live. On real vLLM offered
+/// 1.5× its capacity for 60 s (`vllm_uneven`) goodput within a 1 s TTFT was 0.50 requests/s
+/// in arrival order, 9.03 and 2.00 in two runs with this order (round robin 0.78, the peers
+/// 0.48–0.55 in the second); on model-sim's overload the proxy's queue never stood that long
+/// and nothing changed (`test-harness/bench/results/flow-v4-newest-first.md`).
+pub const NEWEST_FIRST_AFTER_MS: u64 = 5_000;
+
+impl FlowConfig {
+    /// Waiting requests enqueued before this are standing at `now_ms` (0: none can be).
+    pub fn standing_before(&self, now_ms: u64) -> u64 {
+        standing_before(self.newest_first_after_ms, now_ms)
+    }
+
+    pub fn limits(&self, class: Class) -> BandLimits {
+        self.bands.get(class.index()).copied().unwrap_or_default()
     }
 }
 
@@ -503,9 +606,9 @@ fn flow_config(raw: Option<RawFlow>) -> Result<FlowConfig, ConfigError> {
     }
     let bands = raw.bands.unwrap_or_default();
     for (class, b) in [
-        (crate::flow::Class::Sheddable, bands.sheddable),
-        (crate::flow::Class::Standard, bands.standard),
-        (crate::flow::Class::Critical, bands.critical),
+        (Class::Sheddable, bands.sheddable),
+        (Class::Standard, bands.standard),
+        (Class::Critical, bands.critical),
     ] {
         let Some(b) = b else { continue };
         let Some(slot) = out.bands.get_mut(class.index()) else {
@@ -692,7 +795,7 @@ fn tuning(path: &str, base: &PoolConfig, t: &RawPoolTuning) -> Result<PoolConfig
         out.weights = match Weights::preset(p) {
             Some(w) => w,
             None => {
-                let names: Vec<&str> = crate::score::PRESETS.iter().map(|(n, _)| *n).collect();
+                let names: Vec<&str> = crate::weights::PRESETS.iter().map(|(n, _)| *n).collect();
                 return err(format!(
                     "{path}.preset: {p:?} is not one of {}",
                     names.join(", ")

@@ -252,7 +252,7 @@ pub fn read(store: &impl SharedStore, pool: &str) -> Table {
 
 /// This proxy's tally for a metrics hub: per pool of `pools`, the pods with requests in flight
 /// or prompt tokens pending, and the long contexts it placed most recently
-/// ([`crate::prior::placed`]) (`replica` 0: the sidecar that sends it stamps its own id).
+/// ([`crate::placed::placed`]) (`replica` 0: the sidecar that sends it stamps its own id).
 /// Every Envoy worker writes the same shared tables, so this is the whole proxy's work.
 pub fn tally<'a>(
     store: &impl SharedStore,
@@ -273,7 +273,7 @@ pub fn tally<'a>(
                     pending_tokens: l.pending_tokens,
                 })
                 .collect(),
-            contexts: crate::prior::placed(store, name),
+            contexts: crate::placed::placed(store, name),
         })
         .filter(|p| !p.pods.is_empty() || !p.contexts.is_empty())
         .collect();

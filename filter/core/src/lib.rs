@@ -5,14 +5,18 @@
 //! same code is tested natively, runs inside the Wasm filter under wasmtime, and inside Envoy.
 //!
 //! - [`config`]: the plugin configuration, validated at load.
+//! - [`priority`]: the priority classes (sheddable, standard, critical).
 //! - [`request`]: one pass over an OpenAI / Anthropic body → model, stream, prompt pieces.
 //! - [`prefix`]: chained block hashes and the shared, bounded prefix index.
 //! - [`prior`]: where other gateway replicas probably put a prompt this one has not seen.
+//! - [`placed`]: the ring of long contexts this replica placed, served to the other replicas.
 //! - [`inflight`]: this proxy's load per pod (in flight, pending prefill work, learned rate),
 //!   shared by all workers.
 //! - [`predict`]: time to first token per pod, learned from the proxy's own traffic.
 //! - [`lora`]: adapter homes (bounded-load rendezvous) and inferred residency.
+//! - [`candidate`]: a pod and a request as the ranking sees them.
 //! - [`score`]: scorers (one per file), saturation and ranking.
+//! - [`weights`]: the scorers' names, the weight presets and a pool's weights.
 //! - [`trust`]: bounds on what one pod's reports and timing can claim.
 //! - [`rewrite`]: canary and weighted model rewrites (`InferenceModelRewrite`-like rules).
 //! - [`router`]: the decision for one request.
@@ -20,14 +24,17 @@
 //! - [`metrics`]: metric names and their labels as Envoy stat names.
 //! - [`usage`]: token usage read from response bodies as they stream past.
 
+pub mod candidate;
 pub mod config;
 pub mod flow;
 pub mod inflight;
 pub mod lora;
 pub mod metrics;
+pub mod placed;
 pub mod predict;
 pub mod prefix;
 pub mod prior;
+pub mod priority;
 pub mod reject;
 pub mod request;
 pub mod rewrite;
@@ -37,6 +44,7 @@ mod shortlist;
 pub mod store;
 pub mod trust;
 pub mod usage;
+pub mod weights;
 mod wire;
 
 pub use config::Config;

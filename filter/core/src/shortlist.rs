@@ -29,12 +29,13 @@
 //! exactly (an adapter, a stale snapshot, flow control holding it, debug scores, more touched
 //! pods than [`DEPTH`] allows) is scored over the whole pool.
 
+use crate::candidate::Candidate;
 use crate::config::PoolConfig;
 use crate::inflight::Table;
 use crate::lora::Placement;
 use crate::predict::Rate;
 use crate::prior;
-use crate::score::{self, Candidate};
+use crate::score;
 use crate::trust;
 use llm_router_snapshot::{Health, Pool};
 use std::collections::HashMap;

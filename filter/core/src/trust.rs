@@ -27,7 +27,7 @@
 //!   speed, cannot keep the pool from shedding; one idle pod in a pool that is not saturated
 //!   does not make it shed either.
 
-use crate::score::Candidate;
+use crate::candidate::Candidate;
 
 /// A pod's learned cost may not fall below this fraction of the pool's median cost.
 pub const COST_FLOOR_FRACTION: f64 = 1.0 / 16.0;

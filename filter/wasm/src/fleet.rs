@@ -275,7 +275,7 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
                 "models": p.models,
                 // Long contexts: the others' placements (in this snapshot) and this proxy's.
                 "peer_contexts": p.peer_contexts.len(),
-                "placed_contexts": llm_router_core::prior::placed(store, &p.name).len(),
+                "placed_contexts": llm_router_core::placed::placed(store, &p.name).len(),
                 "pods": p.pods.iter().map(|pod| serde_json::json!({
                     "address": pod.address,
                     "engine": pod.engine.name(),

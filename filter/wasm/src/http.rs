@@ -6,14 +6,15 @@
 //! byte and reads `usage`; at the end it releases the in-flight count.
 
 use crate::host::{self, HeaderMap, HostStore};
-use crate::push::Endpoint;
-use crate::route::{self, RouteState};
-use crate::waiting::{self, WaitingRequest};
+use crate::route;
+use crate::stream::{RouteState, WaitingRequest};
+use crate::waiting;
 use crate::worker::{self, Worker};
 use llm_router_core::config::{
     slo_ttft_ms, UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER, SLO_TTFT_HEADER,
 };
-use llm_router_core::flow::{self as flowctl, Class};
+use llm_router_core::flow as flowctl;
+use llm_router_core::priority::Class;
 use llm_router_core::request::{self, ApiKind, Entry, ParsedRequest, RequestError};
 use llm_router_core::router::{Answer, Decision};
 use llm_router_core::{Config, Context as RouteContext, Rejection};
@@ -30,6 +31,30 @@ pub enum Kind {
     Push,
     /// Already answered locally.
     Done,
+}
+
+/// Which snapshot endpoint a request's path names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Push,
+    State,
+    Tally,
+}
+
+impl Endpoint {
+    /// The endpoint at `path` (without its query), if any.
+    pub fn of(path: &str, c: &Config) -> Option<Endpoint> {
+        // In this order should two paths be the same.
+        if path == c.snapshot.state_path {
+            Some(Endpoint::State)
+        } else if path == c.snapshot.tally_path {
+            Some(Endpoint::Tally)
+        } else if path == c.snapshot.push_path {
+            Some(Endpoint::Push)
+        } else {
+            None
+        }
+    }
 }
 
 pub struct Http {

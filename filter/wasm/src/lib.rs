@@ -21,6 +21,7 @@
 //! | `waiting.rs` | the waiting room: requests flow control holds, their dispatch from the root context, waking other workers |
 //! | `push.rs` | the snapshot endpoints on the internal listener: signed push, state, tally |
 //! | `worker.rs` | what one worker (VM) keeps between callbacks |
+//! | `stream.rs` | what a stream carries between callbacks: its route state, or its request while it waits |
 //! | `fleet.rs` | the snapshot in shared data: accepting a push, the decoded fleet per worker, the state JSON |
 //! | `metrics.rs` | the filter's metrics and their label-encoded names |
 //! | `host.rs` | every call to the host, wrapped: failures are `None` / `false`, never a trap |
@@ -32,6 +33,7 @@ mod metrics;
 mod push;
 mod root;
 mod route;
+mod stream;
 mod waiting;
 mod worker;
 

@@ -4,8 +4,8 @@
 //! `llm_router_core::metrics`; gauges are set from the root context's tick, not per request.
 
 use crate::host::{Counter, Gauge, Histogram};
-use llm_router_core::flow::Class;
 use llm_router_core::metrics::{self as names, stat_name};
+use llm_router_core::priority::Class;
 use std::collections::HashMap;
 
 /// `outcome` values of `llm_router_requests_total`, in slot order.

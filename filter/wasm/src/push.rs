@@ -5,8 +5,7 @@
 
 use crate::fleet::{self, PushOutcome};
 use crate::host::{self, HeaderMap, HostStore};
-use crate::http::{Http, Kind};
-use llm_router_core::Config;
+use crate::http::{Endpoint, Http, Kind};
 use proxy_wasm::types::{Action, LogLevel};
 
 /// The one answer to every push refused before its signature was verified: which check
@@ -14,30 +13,6 @@ use proxy_wasm::types::{Action, LogLevel};
 const FORBIDDEN: &str = r#"{"accepted":false,"error":{"message":"forbidden","type":"invalid_request_error","param":null,"code":"forbidden"}}"#;
 /// The answer on the snapshot paths of an instance without `snapshot.endpoints`.
 const NOT_FOUND: &str = r#"{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":"not_found"}}"#;
-
-/// Which snapshot endpoint a request's path names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Push,
-    State,
-    Tally,
-}
-
-impl Endpoint {
-    /// The endpoint at `path` (without its query), if any.
-    pub fn of(path: &str, c: &Config) -> Option<Endpoint> {
-        // In this order should two paths be the same.
-        if path == c.snapshot.state_path {
-            Some(Endpoint::State)
-        } else if path == c.snapshot.tally_path {
-            Some(Endpoint::Tally)
-        } else if path == c.snapshot.push_path {
-            Some(Endpoint::Push)
-        } else {
-            None
-        }
-    }
-}
 
 impl Http {
     /// The request headers of a request to `endpoint`: the state and the tally are answered

@@ -5,16 +5,18 @@
 //! tick ([`dispatch`]: every `flow.tick_ms` while anything waits) refuses what waited too long,
 //! publishes this worker's queue summary (so the other workers order their requests behind
 //! older ones here), and resumes queue heads while a pod can take them, applying their decision
-//! from the root context (the stream picks its [`RouteState`] up at its response). A stream that
+//! from the root context (the stream picks its [`crate::stream::RouteState`] up at its response). A stream that
 //! frees room on a pod brings the tick forward ([`wake_soon`]) and wakes the other workers
 //! holding requests for that pool through their shared queues ([`wake_others`]).
 
 use crate::host::{self, HostStore};
-use crate::route::{self, RouteState};
+use crate::route;
+use crate::stream::{RouteState, WaitingRequest};
 use crate::worker::{self, Worker};
 use llm_router_core::flow::queue::Entry;
-use llm_router_core::flow::{self as flowctl, summary, Class, FlowConfig, Pushed, Queue};
-use llm_router_core::request::{self, ApiKind, ParsedRequest};
+use llm_router_core::flow::{self as flowctl, summary, FlowConfig, Pushed, Queue};
+use llm_router_core::priority::Class;
+use llm_router_core::request::{self, ParsedRequest};
 use llm_router_core::router::{Decision, Hold};
 use llm_router_core::{Context as RouteContext, Fleet, Rejection};
 use std::time::Duration;
@@ -32,16 +34,6 @@ pub const WAKE: Duration = Duration::from_millis(1);
 /// per request; a worker that started waiting since is woken this much later at most (its own
 /// tick, `flow.tick_ms`, still comes too).
 pub const WAITERS_READ: Duration = Duration::from_millis(5);
-
-/// A paused stream waiting for its pool: what dispatching it needs.
-pub struct WaitingRequest {
-    pub kind: ApiKind,
-    pub body: Vec<u8>,
-    /// The body's size in the host's buffer.
-    pub size: usize,
-    pub content_length: bool,
-    pub priority: i32,
-}
 
 /// Whether the request may wait here: never with flow control off; behind the work already
 /// waiting for its pool (here or on another worker) when that goes first; else if its pool is

@@ -4,8 +4,7 @@
 use crate::fleet::Cache;
 use crate::host::{self, HostStore};
 use crate::metrics::Metrics;
-use crate::route::RouteState;
-use crate::waiting::WaitingRequest;
+use crate::stream::{RouteState, WaitingRequest};
 use llm_router_core::flow::{summary, Queue};
 use llm_router_core::{inflight, Config, Fleet, Router};
 use proxy_wasm::types::LogLevel;

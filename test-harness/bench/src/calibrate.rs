@@ -5,7 +5,8 @@
 
 use crate::arrivals::Arrival;
 use crate::client::{http_client, send};
-use crate::stack::{start_pods, FleetSpec, PodEngine, PodSpec};
+use crate::fleet::{FleetSpec, PodEngine, PodSpec};
+use crate::stack::start_pods;
 use crate::workload::{generate, Prompts, Range, RequestSpec, WorkloadSpec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -45,7 +46,7 @@ pub async fn capacity(
         arrival: Arrival::Poisson { rate: 1000.0 },
         horizon: Duration::from_secs(100),
         max_requests: 20_000,
-        model: crate::stack::MODEL.into(),
+        model: crate::fleet::MODEL.into(),
         prompts: Prompts::Independent {
             prompt_tokens,
             max_tokens,
@@ -348,7 +349,7 @@ fn probe_body(seed: u64, tokens: u32, max_tokens: u32) -> (bytes::Bytes, usize) 
     );
     let chars = prompt.len();
     let v = serde_json::json!({
-        "model": crate::stack::MODEL,
+        "model": crate::fleet::MODEL,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "ignore_eos": true,

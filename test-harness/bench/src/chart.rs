@@ -117,7 +117,7 @@ fn err<E: std::fmt::Display>(path: &Path) -> impl Fn(E) -> ChartError + '_ {
 /// Draw the chart; returns whether text (labels) could be drawn.
 pub fn ttft_chart(rep: &Report, path: &Path) -> Result<bool, ChartError> {
     let text = fonts();
-    let scenarios: Vec<&str> = crate::report::all_scenarios()
+    let scenarios: Vec<&str> = crate::scenario_names::all_scenarios()
         .filter(|s| rep.scenarios.contains_key(*s))
         .collect();
     let cols = 3usize;

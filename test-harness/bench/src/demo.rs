@@ -4,12 +4,13 @@
 //! filter), left running so any client (inference-perf, guidellm, vllm bench) can compare
 //! routers without this repository's load generator.
 
+use crate::fleet::MODEL;
 use crate::report::{check_targets, Machine, Report};
 use crate::runner::{
     envoy_version, run_windowed, scenario_ratios, write_outputs, RunError, Windows,
 };
 use crate::scenarios::{scenario, Mode};
-use crate::stack::{start_gateway, start_pods, wait_snapshot, Gateway, RouterKind, Stack, MODEL};
+use crate::stack::{start_gateway, start_pods, wait_snapshot, Gateway, RouterKind, Stack};
 use crate::stats::Summary;
 use std::fmt::Write as _;
 use std::path::Path;

@@ -373,8 +373,8 @@ fn main() -> ExitCode {
                 }
                 if let Some(profile) = fit {
                     let engine = match engine.as_str() {
-                        "vllm" => bench::stack::PodEngine::Vllm,
-                        "model-sim" => bench::stack::PodEngine::ModelSim,
+                        "vllm" => bench::fleet::PodEngine::Vllm,
+                        "model-sim" => bench::fleet::PodEngine::ModelSim,
                         other => {
                             eprintln!("calibrate: --engine {other}: vllm or model-sim");
                             return ExitCode::FAILURE;

@@ -25,9 +25,9 @@
 //! they disturb throughput. Unlike the field's harness, start-up and warm-up are not counted.
 
 use crate::client::{http_client, ms, HttpClient};
+use crate::fleet::MODEL;
 use crate::instant::InstantBackend;
-use crate::report::OverheadCase;
-use crate::stack::{plugin_config, CLUSTER, MODEL, POOL};
+use crate::stack::{plugin_config, CLUSTER, POOL};
 use crate::stats::percentile;
 use crate::workload::text;
 use bytes::Bytes;
@@ -220,6 +220,48 @@ async fn peer_arms(
         }
     }
     (arms, notes)
+}
+
+/// One body size of the overhead bench: plain Envoy vs Envoy with the filter, same run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct OverheadCase {
+    /// Request body size, bytes.
+    pub body_bytes: usize,
+    /// Latency without the filter, p50 / p99, ms (sequential requests).
+    pub plain_p50_ms: f64,
+    /// See `plain_p50_ms`.
+    pub plain_p99_ms: f64,
+    /// Latency with the filter, p50 / p99, ms.
+    pub filter_p50_ms: f64,
+    /// See `filter_p50_ms`.
+    pub filter_p99_ms: f64,
+    /// filter − plain at p50, ms.
+    pub added_p50_ms: f64,
+    /// filter − plain at p99, ms.
+    pub added_p99_ms: f64,
+    /// filter / plain at p50.
+    pub p50_ratio: f64,
+    /// filter / plain at p99.
+    pub p99_ratio: f64,
+    /// Closed-loop maximum requests/s without the filter.
+    pub plain_max_rps: f64,
+    /// Closed-loop maximum requests/s with the filter.
+    pub filter_max_rps: f64,
+    /// filter / plain max requests/s.
+    pub rps_ratio: f64,
+    /// Envoy CPU time (all threads) per request in the closed loop without the filter, µs.
+    pub plain_cpu_us: f64,
+    /// Same, with the filter.
+    pub filter_cpu_us: f64,
+    /// plain / filter CPU per request: the req/s ratio a CPU-bound Envoy would reach, measured
+    /// as CPU time, which other load on a shared machine disturbs far less than throughput.
+    pub cpu_ratio: f64,
+    /// Envoy CPU per sequential request (the latency phase) without the filter, µs.
+    pub plain_seq_cpu_us: f64,
+    /// Same, with the filter.
+    pub filter_seq_cpu_us: f64,
+    /// Errors seen in either arm.
+    pub errors: u64,
 }
 
 /// One arm at one prompt size: the field's two figures and what they derive from.

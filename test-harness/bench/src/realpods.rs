@@ -13,11 +13,11 @@
 //! identically to every router and excluded, is what evens that out. A fleet of another shape
 //! stops the one running; [`release`] stops whatever runs (the bench calls it before it exits).
 //!
-//! Every instance is pinned to its core ([`crate::stack::PodSpec::core`], else pod `i` on core
+//! Every instance is pinned to its core ([`crate::fleet::PodSpec::core`], else pod `i` on core
 //! `i mod cores`); Envoy, the sidecar, the peer routers and the load generator share those
 //! cores — the machine has no others.
 
-use crate::stack::{FleetSpec, PodSpec, MODEL};
+use crate::fleet::{FleetSpec, PodSpec, MODEL};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Mutex;

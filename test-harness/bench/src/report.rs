@@ -6,29 +6,13 @@
 //! meets it. The targets are the anchors' results from the issue, checked as they are, never
 //! adjusted to the filter.
 
+use crate::overhead::OverheadCase;
+use crate::scenario_names::all_scenarios;
 use crate::stats::Summary;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::ops::{Deref, DerefMut};
-
-/// Scenario names, in the order of the tables.
-pub const SCENARIOS: [&str; 6] = [
-    "mixed_gpu",
-    "bursty",
-    "shared_prefix",
-    "lora",
-    "uniform",
-    "long_prompt",
-];
-/// Scenarios on real vLLM pods (CPU build, the project's tiny models; `./build.sh setup-vllm`),
-/// in the order of the tables after [`SCENARIOS`]; run only when named (`--scenario`).
-pub const REAL_SCENARIOS: [&str; 3] = ["vllm_uneven", "vllm_shared_prefix", "vllm_lora"];
-
-/// Every scenario a report may hold, in table order: the emulated ones, then the real ones.
-pub fn all_scenarios() -> impl Iterator<Item = &'static str> {
-    SCENARIOS.into_iter().chain(REAL_SCENARIOS)
-}
 
 /// Router names, in the order of the tables.
 pub const ROUTERS: [&str; 15] = [
@@ -277,48 +261,6 @@ pub fn utc_now() -> String {
         (rem % 3600) / 60,
         rem % 60
     )
-}
-
-/// One body size of the overhead bench: plain Envoy vs Envoy with the filter, same run.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct OverheadCase {
-    /// Request body size, bytes.
-    pub body_bytes: usize,
-    /// Latency without the filter, p50 / p99, ms (sequential requests).
-    pub plain_p50_ms: f64,
-    /// See `plain_p50_ms`.
-    pub plain_p99_ms: f64,
-    /// Latency with the filter, p50 / p99, ms.
-    pub filter_p50_ms: f64,
-    /// See `filter_p50_ms`.
-    pub filter_p99_ms: f64,
-    /// filter − plain at p50, ms.
-    pub added_p50_ms: f64,
-    /// filter − plain at p99, ms.
-    pub added_p99_ms: f64,
-    /// filter / plain at p50.
-    pub p50_ratio: f64,
-    /// filter / plain at p99.
-    pub p99_ratio: f64,
-    /// Closed-loop maximum requests/s without the filter.
-    pub plain_max_rps: f64,
-    /// Closed-loop maximum requests/s with the filter.
-    pub filter_max_rps: f64,
-    /// filter / plain max requests/s.
-    pub rps_ratio: f64,
-    /// Envoy CPU time (all threads) per request in the closed loop without the filter, µs.
-    pub plain_cpu_us: f64,
-    /// Same, with the filter.
-    pub filter_cpu_us: f64,
-    /// plain / filter CPU per request: the req/s ratio a CPU-bound Envoy would reach, measured
-    /// as CPU time, which other load on a shared machine disturbs far less than throughput.
-    pub cpu_ratio: f64,
-    /// Envoy CPU per sequential request (the latency phase) without the filter, µs.
-    pub plain_seq_cpu_us: f64,
-    /// Same, with the filter.
-    pub filter_seq_cpu_us: f64,
-    /// Errors seen in either arm.
-    pub errors: u64,
 }
 
 /// The whole report (the JSON file is this, serialised).

@@ -9,13 +9,15 @@
 
 use crate::confidence::{ratio_cis, Bisection, Obs, RunData, Stat};
 use crate::diagnostics::{condition_met, lateness_check, Diagnostics, InvalidRun, RunView};
+use crate::fleet::{PodEngine, MODEL};
 use crate::loadgen::{run, RunOptions, RunResult, Sample};
 use crate::podmetrics::{self, PodWindow};
+use crate::procfs::cpu_seconds;
 use crate::report::{
     check_targets, markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult,
 };
 use crate::scenarios::{scenario, scenario_at, Mode, Scenario};
-use crate::stack::{heterogeneous, start_stack, PodEngine, RouterKind, MODEL};
+use crate::stack::{heterogeneous, start_stack, RouterKind};
 use crate::stats::{summarize, Summary};
 use crate::workload::{generate, RequestSpec};
 use std::collections::BTreeMap;
@@ -44,17 +46,6 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
-}
-
-/// CPU seconds (user + system) a process has used so far, from `/proc/PID/stat`.
-pub fn cpu_seconds(pid: &str) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state(0) ... utime is field 14 overall = index 11 here, stime 12.
-    let ut: f64 = f.get(11)?.parse().ok()?;
-    let st: f64 = f.get(12)?.parse().ok()?;
-    Some((ut + st) / 100.0) // USER_HZ is 100 on Linux.
 }
 
 /// The Envoy version string (`envoy --version`), or "unknown".

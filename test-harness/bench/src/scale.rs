@@ -30,9 +30,11 @@
 //! stopped by PID through their guards when a part ends or fails.
 
 use crate::chart::{line_chart_svg, Series};
+use crate::fleet::MODEL;
 use crate::instant::InstantBackend;
 use crate::overhead::{self, OverheadOptions, RouterArm, DIRECT, ENVOY, ENVOY_FILTER};
-use crate::stack::{CLUSTER, MODEL, POOL, SECRET};
+use crate::procfs::rss_bytes;
+use crate::stack::{CLUSTER, POOL, SECRET};
 use crate::stats::percentile;
 use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
 use proxy_wasm_host::{Host, Module, Vm};
@@ -537,19 +539,11 @@ pub struct EnvoyFigures {
     /// See `decision_p50_us`.
     pub decision_p99_us: f64,
     /// The plain-vs-filter case at 2 KB (Envoy CPU per request, req/s ratio, latencies).
-    pub case: Option<crate::report::OverheadCase>,
+    pub case: Option<crate::overhead::OverheadCase>,
     /// Envoy with the filter's VmRSS minus plain Envoy's after the run, bytes.
     pub envoy_rss_extra_bytes: Option<i64>,
     /// Envoy with the filter's VmRSS after the run, bytes.
     pub envoy_filter_rss_bytes: Option<u64>,
-}
-
-/// VmRSS of `pid`, bytes.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 /// `Pnn(interval,cumulative)` of Envoy's text histogram line → the cumulative value.

@@ -11,7 +11,7 @@
 //! `s`.
 
 use crate::arrivals::Arrival;
-use crate::stack::{FleetSpec, PodEngine, PodSpec, MODEL};
+use crate::fleet::{FleetSpec, PodEngine, PodSpec, MODEL};
 use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec};
 use model_sim::engine::{Engine, Event, NewRequest};
 use model_sim::profile::Profile;
@@ -163,14 +163,14 @@ impl Mode {
 }
 
 /// Names of the emulated scenarios, in run order (what `bench run` runs by default).
-pub const NAMES: [&str; 6] = crate::report::SCENARIOS;
+pub const NAMES: [&str; 6] = crate::scenario_names::SCENARIOS;
 
 /// Names of the scenarios on real vLLM pods (`./build.sh setup-vllm`), run only when named.
-pub const REAL_NAMES: [&str; 3] = crate::report::REAL_SCENARIOS;
+pub const REAL_NAMES: [&str; 3] = crate::scenario_names::REAL_SCENARIOS;
 
 /// Every scenario name: emulated, then real.
 pub fn all_names() -> impl Iterator<Item = &'static str> {
-    crate::report::all_scenarios()
+    crate::scenario_names::all_scenarios()
 }
 
 /// Measured capacity of one pod, emulated requests per second, per (scenario, profile):
@@ -799,7 +799,7 @@ fn drain_past_time_to_live(s: &mut Scenario) {
 }
 
 /// The admission bound an operator gives a router that has one, for `s`'s fleet and requests
-/// ([`crate::stack::AdmissionBound`]), so routers with admission are compared like with like:
+/// ([`crate::fleet::AdmissionBound`]), so routers with admission are compared like with like:
 ///
 /// - in flight: per pod, as many requests as fit in its KV cache at their longest (prompt plus
 ///   `max_tokens`, the workload's mean), at most its `max_num_seqs`: admitted requests never
@@ -809,7 +809,7 @@ fn drain_past_time_to_live(s: &mut Scenario) {
 ///   queue may hold a request as long as the filter may.
 ///
 /// No figure of a run enters it: it is a rule an operator can apply to any fleet.
-pub fn admission_for(s: &Scenario) -> crate::stack::AdmissionBound {
+pub fn admission_for(s: &Scenario) -> crate::fleet::AdmissionBound {
     let reqs = generate(&s.workload);
     let mean_tokens = if reqs.is_empty() {
         1.0
@@ -840,7 +840,7 @@ pub fn admission_for(s: &Scenario) -> crate::stack::AdmissionBound {
         .sum();
     let flow = llm_router_core::flow::FlowConfig::default();
     let ttl_ms = flow.bands.iter().map(|b| b.ttl_ms).max().unwrap_or(0);
-    crate::stack::AdmissionBound {
+    crate::fleet::AdmissionBound {
         in_flight,
         queue: 100,
         queue_timeout: Duration::from_secs_f64(ttl_ms as f64 / 1000.0 / s.fleet.speedup.max(1.0)),

@@ -7,7 +7,7 @@
 //! thing without Envoy; both figures can be compared.
 
 use crate::podmetrics::sum_metrics;
-use crate::runner::cpu_seconds;
+use crate::procfs::{cpu_seconds, rss_bytes};
 use crate::stack::{plugin_config, start_sidecar_at, CLUSTER, POOL};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -95,7 +95,7 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
         t0.elapsed().as_secs_f64(),
     );
     let s1 = scrapes(listen).await;
-    let rss_bytes = crate::scale::rss_bytes(sidecar.pid());
+    let rss_bytes = rss_bytes(sidecar.pid());
     drop(sidecar);
     drop(envoy);
     drop(sim);

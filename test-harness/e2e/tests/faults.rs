@@ -18,7 +18,8 @@
 //! with a message when missing, failed when `CI` is set.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use bench::stack::{self, FleetSpec, PodSpec, Pods, RouterKind, CLUSTER, MODEL, POOL, SECRET};
+use bench::fleet::{FleetSpec, PodSpec, MODEL};
+use bench::stack::{self, Pods, RouterKind, CLUSTER, POOL, SECRET};
 use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
 use serde_json::{json, Value};
 use std::net::SocketAddr;

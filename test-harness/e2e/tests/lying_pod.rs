@@ -11,7 +11,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use bench::client::{http_client, send};
-use bench::stack::{self, FleetSpec, PodSpec, RouterKind, MODEL};
+use bench::fleet::{FleetSpec, PodSpec, MODEL};
+use bench::stack::{self, RouterKind};
 use serde_json::json;
 use std::time::Duration;
 

@@ -28,8 +28,8 @@
 //!
 //! With a stale snapshot ([`Mode::LeastInflight`]) nothing waits: the gauges are not known.
 
+use crate::candidate::{Candidate, Features, Mode};
 use crate::config::PoolConfig;
-use crate::score::{Candidate, Features, Mode};
 
 /// What admission needs of one pod that the ranking's candidate does not carry.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -23,7 +23,8 @@
 //! limits: at most `max_requests` entries whatever the load, and no fairness id or band
 //! outlives its last entry.
 
-use super::{BandLimits, Class, FlowConfig};
+use crate::config::{BandLimits, FlowConfig};
+use crate::priority::Class;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Why a request was not queued (or was taken out of the queue unserved).
@@ -311,7 +312,7 @@ impl<T> Queue<T> {
 
     /// Entries enqueued before this are standing at `now_ms` (0: none can be).
     pub fn standing_before(&self, now_ms: u64) -> u64 {
-        super::standing_before(self.newest_first_after_ms, now_ms)
+        crate::config::standing_before(self.newest_first_after_ms, now_ms)
     }
 
     /// Whether a request of `priority` arriving at `now_ms` goes behind work waiting here: any

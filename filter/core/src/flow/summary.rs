@@ -9,7 +9,8 @@
 //! Encoding (little-endian): `b'Q' | version u8 = 1 | count u8 | (worker u64 | updated_ms u64 |
 //! oldest 3 × u64 (0 = none)) * count`. A value that does not decode reads as empty.
 
-use super::{Class, Queue};
+use super::Queue;
+use crate::priority::Class;
 use crate::store::SharedStore;
 use crate::wire::Reader;
 

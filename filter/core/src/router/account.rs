@@ -2,11 +2,11 @@ use super::candidates::Candidates;
 use super::features::Credits;
 use super::view::PoolView;
 use super::{RouteMode, Routed};
+use crate::candidate::{Candidate, Features, Mode};
 use crate::inflight;
 use crate::lora;
 use crate::prefix::PrefixIndex;
-use crate::prior;
-use crate::score::{self, Candidate, Features, Mode};
+use crate::score;
 use crate::store::SharedStore;
 use llm_router_snapshot::PeerContext;
 
@@ -136,7 +136,7 @@ fn record_prompt<S: SharedStore>(
             && !credits.peer_placed.contains(&i)
         {
             let blocks = c.hashes.blocks.len() as u32;
-            prior::note_placed(
+            crate::placed::note_placed(
                 store,
                 &pool.name,
                 PeerContext {

@@ -1,10 +1,11 @@
 use super::candidates::Candidates;
 use super::view::PoolView;
 use super::{Context, Hold};
+use crate::candidate::Features;
 use crate::flow::{self, Admission};
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
-use crate::score::{self, Features};
+use crate::score;
 
 /// The request's size as admission and scoring see it, before any prefix credit.
 pub(super) fn base_features<'r>(

@@ -1,6 +1,7 @@
 use super::shortlisted::shortlisted;
 use super::view::PoolView;
 use super::Context;
+use crate::candidate::{Candidate, Mode};
 use crate::flow::PodRoom;
 use crate::inflight::{PodLoad, Table};
 use crate::lora::{self, Placement};
@@ -9,7 +10,7 @@ use crate::prefix::{self, PrefixIndex};
 use crate::prior;
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
-use crate::score::{self, Candidate, Mode, Unscored};
+use crate::score::{self, Unscored};
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use crate::trust;

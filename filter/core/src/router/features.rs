@@ -3,11 +3,11 @@ use super::candidates::Candidates;
 use super::fleet::PoolIndex;
 use super::view::PoolView;
 use super::Context;
+use crate::candidate::{Features, Mode};
 use crate::config::PoolConfig;
 use crate::prefix;
 use crate::prior;
 use crate::request::ParsedRequest;
-use crate::score::{Features, Mode};
 use llm_router_snapshot::PeerContext;
 
 /// The anchor of a long context ([`prior::anchor_depth`]): its chained block hash and depth.
@@ -25,7 +25,7 @@ pub(super) fn anchor(
     Some((key, depth))
 }
 
-/// The contexts other gateway replicas placed under `key` ([`prior::note_placed`]).
+/// The contexts other gateway replicas placed under `key` ([`crate::placed::note_placed`]).
 pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &PeerContext> {
     let from = d.peer_contexts.partition_point(|p| p.key < key);
     d.peer_contexts
@@ -44,7 +44,7 @@ pub(super) struct Credits {
     /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
     /// holds less of it than the anchor depth (a new copy: no record of this replica's and
     /// no other replica's note puts it there), the accounting shares where it went
-    /// ([`prior::note_placed`]).
+    /// ([`crate::placed::note_placed`]).
     pub(super) anchor: Option<(u64, usize)>,
     /// Candidates other replicas' notes put the anchor on (not a new copy there).
     pub(super) peer_placed: Vec<usize>,

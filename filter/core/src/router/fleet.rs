@@ -23,7 +23,7 @@ pub(super) struct PoolIndex {
     /// pool scored whole.
     pub(super) shortlist: Option<Shortlist>,
     /// Long contexts other gateway replicas placed on the pool's pods, by key
-    /// ([`prior::note_placed`]).
+    /// ([`crate::placed::note_placed`]).
     pub(super) peer_contexts: Vec<llm_router_snapshot::PeerContext>,
     /// The snapshot shows other gateway replicas at work in the pool (their requests or
     /// their placed contexts): this proxy's own placements are then worth sharing.

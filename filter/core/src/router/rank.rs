@@ -1,8 +1,9 @@
 use super::candidates::Candidates;
 use super::view::PoolView;
 use super::Router;
+use crate::candidate::Features;
 use crate::reject::Rejection;
-use crate::score::{self, Features, Scope};
+use crate::score::{self, Scope};
 
 impl Router {
     /// Stage 6: scores and ranks the candidates; with `fits` (some pods would pass their KV

@@ -2,6 +2,7 @@ use super::candidates::{floored, put_errors_behind, room_of};
 use super::features::{anchor, peer_placed};
 use super::view::PoolView;
 use super::Context;
+use crate::candidate::Candidate;
 use crate::flow::PodRoom;
 use crate::inflight::PodLoad;
 use crate::lora::Placement;
@@ -9,7 +10,7 @@ use crate::predict::{self, Rate};
 use crate::prefix;
 use crate::prior;
 use crate::request::ParsedRequest;
-use crate::score::{Candidate, Unscored};
+use crate::score::Unscored;
 use crate::shortlist::Shortlist;
 use crate::trust;
 

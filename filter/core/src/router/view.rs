@@ -1,11 +1,11 @@
 use super::fleet::{Fleet, PoolIndex};
 use super::resolve::Resolved;
 use super::{Context, RouteMode, Routed, Router};
+use crate::candidate::Mode;
 use crate::config::{OnMissing, OnStale, PoolConfig};
 use crate::inflight::{self, Table};
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
-use crate::score::Mode;
 use crate::store::SharedStore;
 
 /// The pool as one decision sees it.

@@ -1,7 +1,8 @@
 //! `kv_cache`: more free KV cache, `1 − kv_usage` (0.5 when the engine exports no KV gauge):
 //! room for this request without preempting others. Needs fresh metrics.
 
-use super::{Inputs, Mode};
+use super::Inputs;
+use crate::candidate::Mode;
 
 pub fn score(x: &Inputs<'_>, out: &mut [f64]) -> bool {
     if x.mode != Mode::Full {
