@@ -1,11 +1,10 @@
-use super::candidates::Candidates;
+use super::candidates::{prefix_index, Candidates};
 use super::features::Credits;
 use super::view::PoolView;
 use super::{RouteMode, Routed};
 use crate::candidate::{Candidate, Features, Mode};
 use crate::inflight;
 use crate::lora;
-use crate::prefix::PrefixIndex;
 use crate::score;
 use crate::store::SharedStore;
 use llm_router_snapshot::PeerContext;
@@ -121,13 +120,7 @@ fn record_prompt<S: SharedStore>(
     known: u32,
 ) {
     let pool = &view.pool;
-    let index = PrefixIndex::new(
-        store,
-        &pool.name,
-        pool.prefix.index_slots,
-        pool.prefix.page_blocks,
-        pool.prefix.entries_per_page,
-    );
+    let index = prefix_index(store, pool);
     let id = c.ids.get(i).copied().unwrap_or(0);
     index.record(&c.hashes.blocks, id, &c.found);
     if let Some((key, depth)) = credits.anchor {

@@ -102,13 +102,7 @@ pub(super) fn candidates<'f, S: SharedStore>(
         pool.prefix.max_blocks,
         req.key_pieces,
     );
-    let index = PrefixIndex::new(
-        store,
-        &pool.name,
-        pool.prefix.index_slots,
-        pool.prefix.page_blocks,
-        pool.prefix.entries_per_page,
-    );
+    let index = prefix_index(store, pool);
     let found = index.lookup(&hashes.blocks);
     let predict = pool.predict;
     let prior = Rate {
@@ -219,6 +213,20 @@ fn no_candidates(view: &PoolView<'_>) -> Rejection {
         "every pod is failing its metrics scrapes"
     };
     Rejection::no_endpoints(&view.pool.name, why)
+}
+
+/// The pool's prefix index in the shared store, as its configuration sizes it.
+pub(super) fn prefix_index<'s, S: SharedStore>(
+    store: &'s S,
+    pool: &'s crate::config::PoolConfig,
+) -> PrefixIndex<'s, S> {
+    PrefixIndex::new(
+        store,
+        &pool.name,
+        pool.prefix.index_slots,
+        pool.prefix.page_blocks,
+        pool.prefix.entries_per_page,
+    )
 }
 
 /// What admission needs of a pod's capacity.
