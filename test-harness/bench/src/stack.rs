@@ -443,6 +443,11 @@ pub async fn start_pods(fleet: &FleetSpec, adapters: &[String]) -> Result<Pods, 
         if let Some(n) = p.max_cpu_loras {
             cmd.arg("--max-cpu-loras").arg(n.to_string());
         }
+        if !adapters.is_empty() {
+            // Registered up front, as a vLLM deployment's `--lora-modules`: every pod can load
+            // every adapter, and its `/v1/models` lists them (SMG routes only to listed models).
+            cmd.arg("--lora-modules").arg(adapters.join(","));
+        }
         if let Some(m) = p.output_len {
             cmd.arg("--output-len").arg(m);
         }

@@ -975,7 +975,12 @@ async fn route(pod: &Arc<Pod>, req: Request<Incoming>) -> Response<SimBody> {
             )
         }
         (Method::GET, "/v1/models") => {
-            let adapters: Vec<String> = lock(&pod.core).adapters_seen.iter().cloned().collect();
+            // vLLM lists every adapter registered with `--lora-modules` from the start, and one
+            // loaded on demand once it has been loaded; routers that check a request's model
+            // against the workers' lists (SMG) rely on it.
+            let mut adapters: BTreeSet<String> = lock(&pod.core).adapters_seen.clone();
+            adapters.extend(pod.cfg.lora_modules.iter().flatten().cloned());
+            let adapters: Vec<String> = adapters.into_iter().collect();
             json_response(
                 StatusCode::OK,
                 models_body(

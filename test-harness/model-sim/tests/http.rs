@@ -149,6 +149,30 @@ async fn non_streaming_chat_and_completions() {
     assert_eq!(ids, vec![MODEL.to_string(), "sql-lora".to_string()]);
 }
 
+/// As vLLM with `--lora-modules`: every registered adapter is listed before any request used it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_adapters_are_listed_before_first_use() {
+    let p = pod(Profile::a10g(), |c| {
+        c.lora_modules = Some(vec!["adapter-01".into(), "adapter-00".into()]);
+    })
+    .await;
+    let r = http(p.addr(), "GET", "/v1/models", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let ids: Vec<String> = r.json()["data"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        ids,
+        vec![MODEL.to_string(), "adapter-00".into(), "adapter-01".into()]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_chunks_usage_and_done() {
     let p = pod(Profile::a10g(), |_| {}).await;
