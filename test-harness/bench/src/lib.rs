@@ -3,31 +3,28 @@
 //! The benchmark decides whether the product works: the same seeded open-loop workload is sent
 //! through the same real Envoy to fresh emulated pods under Envoy's own balancers and under the
 //! filter, and the report compares them against the targets of the issue.
+//!
+//! The folders split the work as the field's tools do (inference-perf: datagen/, loadgen/,
+//! client/, reportgen/), each depending only on those listed before it:
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`scenario_names`] | the scenario names in table order (a leaf: the report and the scenarios both read it) |
+//! | [`loadgen`] | what is sent and how: arrivals, workloads, the HTTP/SSE client, the open-loop generator, the instant backend |
+//! | [`analysis`] | from samples to figures: percentiles and summaries, intervals over seeds, per-run diagnostics, pod metrics, `/proc` |
+//! | [`stack`] | what a run starts: pods (emulated or real vLLM), the sidecar, Envoy or a peer router |
+//! | [`report`] | the JSON contract, the Markdown tables, the verdicts against the targets, the charts |
+//! | [`experiments`] | each `bench` subcommand: its scenarios, its runner, its CLI arguments |
 
-pub mod arrivals;
-pub mod calibrate;
-pub mod chart;
-pub mod client;
-pub mod confidence;
-pub mod dashboard_chart;
-pub mod demo;
-pub mod diagnostics;
-pub mod fleet;
-pub mod flowbench;
-pub mod instant;
+pub mod analysis;
+pub mod experiments;
 pub mod loadgen;
-pub mod overhead;
-pub mod podmetrics;
-pub mod procfs;
-pub mod realpods;
 pub mod report;
-pub mod runner;
-pub mod scale;
 pub mod scenario_names;
-pub mod scenarios;
-pub mod sidecar_cost;
-pub mod soak;
-pub mod sse;
 pub mod stack;
-pub mod stats;
-pub mod workload;
+
+// The paths the integration tests (`tests/`, `e2e`) name: unchanged by the folders.
+pub use analysis::stats;
+pub use experiments::{runner, scenarios};
+pub use loadgen::{arrivals, client, workload};
+pub use stack::fleet;

@@ -1,6 +1,7 @@
 //! The benchmark's scenario names, in the order of the report's tables: the emulated ones
 //! ([`SCENARIOS`], what `bench run` runs by default) and those on real vLLM pods
-//! ([`REAL_SCENARIOS`]). What each scenario is, is [`crate::scenarios`]'s.
+//! ([`REAL_SCENARIOS`]); and the canary's names, which the flow verdict reads. What each
+//! scenario is, is [`crate::experiments::scenarios`]'s.
 
 /// Scenario names, in the order of the tables.
 pub const SCENARIOS: [&str; 6] = [
@@ -19,3 +20,8 @@ pub const REAL_SCENARIOS: [&str; 3] = ["vllm_uneven", "vllm_shared_prefix", "vll
 pub fn all_scenarios() -> impl Iterator<Item = &'static str> {
     SCENARIOS.into_iter().chain(REAL_SCENARIOS)
 }
+
+/// The canary's served name (an adapter of the pool, so model-sim serves it).
+pub const CANARY_TARGET: &str = "adapter-canary";
+/// The canary rule's weights: stable, canary.
+pub const CANARY_WEIGHTS: (u32, u32) = (90, 10);

@@ -12,7 +12,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
-use crate::sse::{classify, SseParser};
+use crate::loadgen::sse::{classify, SseParser};
 
 /// The pooled HTTP/1.1 client every request of a run shares.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;

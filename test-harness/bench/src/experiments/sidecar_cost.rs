@@ -6,8 +6,8 @@
 //! sidecar's in-crate benchmark (`sidecar-metrics/benches/scrape_cost.rs`) measures the same
 //! thing without Envoy; both figures can be compared.
 
-use crate::podmetrics::sum_metrics;
-use crate::procfs::{cpu_seconds, rss_bytes};
+use crate::analysis::podmetrics::sum_metrics;
+use crate::analysis::procfs::{cpu_seconds, rss_bytes};
 use crate::stack::{plugin_config, start_sidecar_at, CLUSTER, POOL};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -120,4 +120,31 @@ pub async fn measure(pods: usize, window: Duration) -> Result<SidecarCost, Sidec
         },
         rss_bytes,
     })
+}
+
+/// `bench sidecar-cost`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Pods.
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Window, seconds.
+    #[arg(long, default_value_t = 10)]
+    secs: u64,
+}
+
+/// `bench sidecar-cost`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, _out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args { pods, secs } = args;
+    match measure(pods, std::time::Duration::from_secs(secs)).await {
+        Ok(c) => {
+            println!("{}", serde_json::to_string_pretty(&c).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -5,6 +5,11 @@
 //!
 //! Every process is a `testkit::ChildGuard` (stopped by PID on drop), so a failed or interrupted
 //! run leaves nothing behind.
+//!
+//! [`fleet`] says what the pods are; [`realpods`] runs real vLLM ones; this file starts the rest.
+
+pub mod fleet;
+pub mod realpods;
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -17,8 +22,8 @@ use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
 
 /// The tests build fleets (`use super::*`).
 #[cfg(test)]
-use crate::fleet::PodSpec;
-use crate::fleet::{AdmissionBound, FleetSpec, PodEngine, MODEL};
+use crate::stack::fleet::PodSpec;
+use crate::stack::fleet::{AdmissionBound, FleetSpec, PodEngine, MODEL};
 
 /// Pool and cluster names of the single pool.
 pub const POOL: &str = "llama";
@@ -406,11 +411,11 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 }
 
 /// Pods for one run, answering `/health`: fresh model-sim pods (one process each), or the real
-/// vLLM fleet ([`crate::realpods::acquire`]: started once, reset between runs; the stack does
+/// vLLM fleet ([`crate::stack::realpods::acquire`]: started once, reset between runs; the stack does
 /// not own its processes). `adapters`: the LoRA adapters the real pods register.
 pub async fn start_pods(fleet: &FleetSpec, adapters: &[String]) -> Result<Pods, StackError> {
     if fleet.engine == PodEngine::Vllm {
-        let addrs = crate::realpods::acquire(fleet, adapters)
+        let addrs = crate::stack::realpods::acquire(fleet, adapters)
             .await
             .map_err(StackError::RealPods)?;
         return Ok(Pods {
@@ -675,7 +680,7 @@ impl Gateway {
             .map(|s| gateway_counts(&s))
             .unwrap_or_default();
         if let Some(addr) = sidecar_metrics {
-            let m = crate::podmetrics::scrape(&[*addr]).await;
+            let m = crate::analysis::podmetrics::scrape(&[*addr]).await;
             let get = |k: &str| m.get(k).copied();
             if let Some(f) = get("llm_router_sidecar_scrape_failures_total") {
                 out.insert("gateway_sidecar_scrape_failures".into(), f);

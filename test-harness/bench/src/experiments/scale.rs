@@ -29,13 +29,14 @@
 //! output directory. Every part is bounded (request timeouts, poll deadlines); processes are
 //! stopped by PID through their guards when a part ends or fails.
 
-use crate::chart::{line_chart_svg, Series};
-use crate::fleet::MODEL;
-use crate::instant::InstantBackend;
-use crate::overhead::{self, OverheadOptions, RouterArm, DIRECT, ENVOY, ENVOY_FILTER};
-use crate::procfs::rss_bytes;
+use crate::analysis::procfs::rss_bytes;
+use crate::analysis::stats::percentile;
+use crate::experiments::overhead::{self, OverheadOptions, RouterArm};
+use crate::loadgen::instant::InstantBackend;
+use crate::report::chart::{line_chart_svg, Series};
+use crate::report::overhead::{DIRECT, ENVOY, ENVOY_FILTER};
+use crate::stack::fleet::MODEL;
 use crate::stack::{CLUSTER, POOL, SECRET};
-use crate::stats::percentile;
 use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
 use proxy_wasm_host::{Host, Module, Vm};
 use rand::rngs::StdRng;
@@ -321,7 +322,7 @@ pub fn chat_body(model: &str, size: usize, i: usize) -> Vec<u8> {
     let mut user = format!("request {i}: ");
     let want = size.saturating_sub(system.len() + 120).max(16);
     while user.len() < want {
-        user.push_str(crate::workload::text(&mut rng, 64).as_str());
+        user.push_str(crate::loadgen::workload::text(&mut rng, 64).as_str());
         user.push(' ');
     }
     user.truncate(want);
@@ -539,7 +540,7 @@ pub struct EnvoyFigures {
     /// See `decision_p50_us`.
     pub decision_p99_us: f64,
     /// The plain-vs-filter case at 2 KB (Envoy CPU per request, req/s ratio, latencies).
-    pub case: Option<crate::overhead::OverheadCase>,
+    pub case: Option<crate::report::overhead::OverheadCase>,
     /// Envoy with the filter's VmRSS minus plain Envoy's after the run, bytes.
     pub envoy_rss_extra_bytes: Option<i64>,
     /// Envoy with the filter's VmRSS after the run, bytes.
@@ -616,7 +617,7 @@ pub async fn envoy_part(size: FleetSize, opts: &ScaleOptions) -> Result<EnvoyFig
         .await
         .map_err(|e| format!("Envoy with the filter: {e}"))?;
     let push = envoy.push_addr();
-    let client = crate::client::http_client();
+    let client = crate::loadgen::client::http_client();
     let routed_uri: hyper::Uri = envoy
         .url(overhead::ROUTED_PATH)
         .parse()
@@ -781,7 +782,7 @@ pub struct ScaleRow {
     /// Everything the Envoy part measured.
     pub envoy: Option<EnvoyFigures>,
     /// Everything the sidecar part measured.
-    pub sidecar: Option<crate::sidecar_cost::SidecarCost>,
+    pub sidecar: Option<crate::experiments::sidecar_cost::SidecarCost>,
     /// What failed.
     pub errors: Vec<String>,
 }
@@ -813,7 +814,7 @@ fn machine() -> String {
         .map_or(0, |d| d.as_secs());
     format!(
         "{cores} cores, {}, run at Unix time {secs}",
-        crate::runner::envoy_version()
+        crate::experiments::runner::envoy_version()
     )
 }
 
@@ -879,7 +880,7 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
     if !opts.sidecar {
         report.notes.push("no sidecar part".into());
     }
-    let mut sidecar_done: Vec<(usize, crate::sidecar_cost::SidecarCost)> = Vec::new();
+    let mut sidecar_done: Vec<(usize, crate::experiments::sidecar_cost::SidecarCost)> = Vec::new();
     for size in sizes {
         eprintln!(
             "bench: scale: {} pods, {} pools, {} adapters",
@@ -926,11 +927,12 @@ pub async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
             let known = sidecar_done.iter().find(|(p, _)| *p == size.pods);
             let cost = match known {
                 Some((_, c)) => Ok(c.clone()),
-                None => {
-                    crate::sidecar_cost::measure(size.pods, Duration::from_secs(opts.sidecar_secs))
-                        .await
-                        .map_err(|e| e.to_string())
-                }
+                None => crate::experiments::sidecar_cost::measure(
+                    size.pods,
+                    Duration::from_secs(opts.sidecar_secs),
+                )
+                .await
+                .map_err(|e| e.to_string()),
             };
             match cost {
                 Ok(c) => {
@@ -1145,6 +1147,96 @@ pub fn write(rep: &ScaleReport, dir: &Path) -> Result<(), String> {
     std::fs::write(dir.join("scale.md"), markdown(rep)).map_err(|e| e.to_string())?;
     charts(rep, dir)?;
     Ok(())
+}
+
+/// `bench scale`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Pod counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = PODS)]
+    pods: Vec<usize>,
+    /// Pool counts (pods spread over them; sizes with fewer pods than pools are skipped).
+    #[arg(long, value_delimiter = ',', default_values_t = POOLS)]
+    pools: Vec<usize>,
+    /// Adapter counts (spread over the pools).
+    #[arg(long, value_delimiter = ',', default_values_t = ADAPTERS)]
+    adapters: Vec<usize>,
+    /// Timed wasmtime requests per body size (2 KB, 20 KB).
+    #[arg(long, default_value_t = 1000)]
+    wasm_requests: usize,
+    /// Distinct prompts sent before the prefix index's size is read.
+    #[arg(long, default_value_t = 2000)]
+    prefix_prompts: usize,
+    /// Only the wasmtime part (no Envoy, no sidecar).
+    #[arg(long)]
+    wasm_only: bool,
+    /// Skip the sidecar part.
+    #[arg(long)]
+    no_sidecar: bool,
+    /// Sequential Envoy requests per arm (a quarter above 1,000 pods).
+    #[arg(long, default_value_t = 400)]
+    envoy_requests: usize,
+    /// Closed-loop seconds per arm (0: no req/s, no closed-loop CPU).
+    #[arg(long, default_value_t = 2.0)]
+    rps_secs: f64,
+    /// Pushes timed per fleet (push to visible).
+    #[arg(long, default_value_t = 5)]
+    pushes: usize,
+    /// Sidecar window, seconds.
+    #[arg(long, default_value_t = 10)]
+    sidecar_secs: u64,
+    /// Output directory (default: test-harness/bench/results in the repository).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+/// `bench scale`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, _out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        pods,
+        pools,
+        adapters,
+        wasm_requests,
+        prefix_prompts,
+        wasm_only,
+        no_sidecar,
+        envoy_requests,
+        rps_secs,
+        pushes,
+        sidecar_secs,
+        out,
+    } = args;
+    let defaults = ScaleOptions::default();
+    let opts = ScaleOptions {
+        pods,
+        pools,
+        adapters,
+        wasm_requests,
+        prefix_prompts,
+        envoy: !wasm_only,
+        envoy_requests,
+        rps_secs,
+        pushes,
+        sidecar: !wasm_only && !no_sidecar,
+        sidecar_secs: sidecar_secs.clamp(1, 600),
+        out_dir: out.unwrap_or(defaults.out_dir),
+        seed: defaults.seed,
+    };
+    match run(&opts).await {
+        Ok(rep) => {
+            println!("{}", markdown(&rep));
+            println!(
+                "Results: {0}/scale.json, {0}/scale.md, charts {0}/scale-*.svg",
+                opts.out_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: scale: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

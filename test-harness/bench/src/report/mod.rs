@@ -5,10 +5,27 @@
 //! interval (see `confidence.rs`); a target counts as met only when the interval's worse end
 //! meets it. The targets are the anchors' results from the issue, checked as they are, never
 //! adjusted to the filter.
+//!
+//! [`verdicts`] holds the rules that decide met / missed; [`chart`] and [`dashboard_chart`] draw
+//! (plotters, the one chart engine); [`overhead`] is the overhead bench's figures and table.
 
-use crate::overhead::OverheadCase;
+pub mod chart;
+pub mod dashboard_chart;
+pub mod flow;
+pub mod overhead;
+pub mod soak;
+pub mod svg;
+pub mod verdicts;
+
+// The path `tests/smoke.rs` names.
+pub use verdicts::check_targets;
+
+use crate::analysis::stats::{percentile, Summary};
+use crate::report::overhead::OverheadCase;
+#[cfg(test)]
+use crate::report::verdicts::targets;
+use crate::report::verdicts::TargetResult;
 use crate::scenario_names::all_scenarios;
-use crate::stats::Summary;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -52,8 +69,6 @@ pub const BASELINES: [&str; 4] = [
     "least_request_full",
     "weighted_rr",
 ];
-/// The error-rate gate: above it a router's figures do not meet any target.
-pub const MAX_ERROR_RATE: f64 = 0.01;
 
 /// One probe of a goodput sweep.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -288,230 +303,12 @@ pub struct Report {
     /// Every router arm of the overhead bench at every prompt size (added latency over direct,
     /// router CPU per 1,000 requests).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub overhead_arms: Vec<crate::overhead::ArmFigures>,
+    pub overhead_arms: Vec<crate::report::overhead::ArmFigures>,
     /// The sidecar's cost (as its benchmark reported it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sidecar: Option<serde_json::Value>,
     /// Free-form notes (what was skipped and why, CPU budget...).
     pub notes: Vec<String>,
-}
-
-/// How a ratio is judged.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-#[serde(tag = "kind", content = "bound", rename_all = "snake_case")]
-pub enum Bound {
-    /// ratio ≤ bound.
-    AtMost(f64),
-    /// ratio ≥ bound.
-    AtLeast(f64),
-    /// |ratio − 1| ≤ bound.
-    Within(f64),
-}
-
-impl Bound {
-    fn holds(&self, r: f64) -> bool {
-        match *self {
-            Bound::AtMost(b) => r <= b,
-            Bound::AtLeast(b) => r >= b,
-            Bound::Within(b) => (r - 1.0).abs() <= b,
-        }
-    }
-    /// Whether the whole interval meets the bound (its worse end does).
-    pub fn holds_ci(&self, ci: [f64; 2]) -> bool {
-        match *self {
-            Bound::AtMost(_) => self.holds(ci[1]),
-            Bound::AtLeast(_) => self.holds(ci[0]),
-            Bound::Within(_) => self.holds(ci[0]) && self.holds(ci[1]),
-        }
-    }
-    fn text(&self) -> String {
-        match *self {
-            Bound::AtMost(b) => format!("≤ {b}×"),
-            Bound::AtLeast(b) => format!("≥ {b}×"),
-            Bound::Within(b) => format!("1 ± {b}"),
-        }
-    }
-}
-
-/// A target from the issue: `metric` of a checked router / of `baseline` must satisfy `bound`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Target {
-    /// Scenario name.
-    pub scenario: &'static str,
-    /// Summary field (or extra) compared.
-    pub metric: &'static str,
-    /// The router it is compared to ([`BEST_OTHER`]: the scenario's best other router at the
-    /// metric).
-    pub baseline: &'static str,
-    /// The bound.
-    pub bound: Bound,
-    /// Only this router is judged (`None`: every checked router, or every replica router for
-    /// baseline `filter`).
-    pub router: Option<&'static str>,
-}
-
-/// A target's baseline meaning the scenario's best other router at the target's metric
-/// ([`best_other`]): every router but the filter's that ran.
-pub const BEST_OTHER: &str = "best_other";
-
-/// The targets of the issue (anchors' results on real GPUs). Throughput "never below round robin"
-/// is checked per scenario with a 2% allowance for run-to-run noise of an open loop.
-pub fn targets() -> Vec<Target> {
-    let mut t = vec![
-        Target {
-            scenario: "mixed_gpu",
-            metric: "ttft_p95_ms",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.05),
-            router: None,
-        },
-        Target {
-            scenario: "mixed_gpu",
-            metric: "ttft_p95_ms",
-            baseline: "least_request",
-            bound: Bound::AtMost(0.5),
-            router: None,
-        },
-        Target {
-            scenario: "bursty",
-            metric: "ttft_p99_ms",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.1),
-            router: None,
-        },
-        Target {
-            scenario: "shared_prefix",
-            metric: "ttft_p95_ms",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.5),
-            router: None,
-        },
-        Target {
-            scenario: "shared_prefix",
-            metric: "ttft_p99_ms",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.4),
-            router: None,
-        },
-        Target {
-            scenario: "lora",
-            metric: "adapter_loads",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.15),
-            router: None,
-        },
-        Target {
-            scenario: "lora",
-            metric: "ttft_p95_ms",
-            baseline: "round_robin",
-            bound: Bound::AtMost(0.7),
-            router: None,
-        },
-        // Gateway replicas route as one (issue 22): they keep one gateway's prefix-cache hit
-        // rate (within 3 %) and its tail — two within 1.2×, four within 1.3× (shared prefix and
-        // mixed GPUs).
-        Target {
-            scenario: "shared_prefix",
-            metric: "prefix_hit_rate",
-            baseline: "filter",
-            bound: Bound::AtLeast(0.97),
-            router: None,
-        },
-        Target {
-            scenario: "shared_prefix",
-            metric: "ttft_p95_ms",
-            baseline: "filter",
-            bound: Bound::AtMost(1.2),
-            router: Some("filter_x2"),
-        },
-        Target {
-            scenario: "shared_prefix",
-            metric: "ttft_p95_ms",
-            baseline: "filter",
-            bound: Bound::AtMost(1.3),
-            router: Some("filter_x4"),
-        },
-        Target {
-            scenario: "mixed_gpu",
-            metric: "ttft_p95_ms",
-            baseline: "filter",
-            bound: Bound::AtMost(1.3),
-            router: Some("filter_x4"),
-        },
-        Target {
-            scenario: "uniform",
-            metric: "ttft_p50_ms",
-            baseline: "round_robin",
-            bound: Bound::Within(0.05),
-            router: None,
-        },
-        Target {
-            scenario: "uniform",
-            metric: "ttft_p95_ms",
-            baseline: "round_robin",
-            bound: Bound::Within(0.05),
-            router: None,
-        },
-    ];
-    for s in all_scenarios() {
-        t.push(Target {
-            scenario: s,
-            metric: "throughput_rps",
-            baseline: "round_robin",
-            bound: Bound::AtLeast(0.98),
-            router: None,
-        });
-    }
-    // Against today's field (issue 40): the best other router at each metric — every router
-    // but the filter's that ran, Envoy's weighted round robin and full-scan least request
-    // included. Uneven and mixed fleets, LoRA and bursts (loads ≥ 50 % of capacity): TTFT p95
-    // ≤ 0.8×. Shared prefixes: p90 and p95 ≤ 0.9× and a hit rate at least the best other's.
-    // Light load (uniform at half capacity): p50 and p95 ≤ 1.05×.
-    let against = |scenario, metric, bound| Target {
-        scenario,
-        metric,
-        baseline: BEST_OTHER,
-        bound,
-        router: Some("filter"),
-    };
-    for s in ["mixed_gpu", "bursty", "lora", "vllm_uneven", "vllm_lora"] {
-        t.push(against(s, "ttft_p95_ms", Bound::AtMost(0.8)));
-    }
-    for s in ["shared_prefix", "vllm_shared_prefix"] {
-        t.push(against(s, "ttft_p90_ms", Bound::AtMost(0.9)));
-        t.push(against(s, "ttft_p95_ms", Bound::AtMost(0.9)));
-        t.push(against(s, "prefix_hit_rate", Bound::AtLeast(1.0)));
-    }
-    for m in ["ttft_p50_ms", "ttft_p95_ms"] {
-        t.push(against("uniform", m, Bound::AtMost(1.05)));
-    }
-    t
-}
-
-/// The outcome of one target for one router.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TargetResult {
-    /// Scenario name.
-    pub scenario: String,
-    /// Router checked.
-    pub router: String,
-    /// Metric compared.
-    pub metric: String,
-    /// Baseline router.
-    pub baseline: String,
-    /// router / baseline (None when either side is missing, zero or NaN).
-    pub ratio: Option<f64>,
-    /// Bootstrap 95 % interval of the ratio.
-    pub ci95: Option<[f64; 2]>,
-    /// The bound as text.
-    pub target: String,
-    /// Met (the interval's worse end meets the bound), missed, or not judged (None: not
-    /// measured, no interval, or the scenario's condition did not occur).
-    pub met: Option<bool>,
-    /// A remark, e.g. a latency better than round robin beyond a "±" band (a literal miss of
-    /// the band, not a loss).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
 }
 
 /// Look a metric up in a summary by its JSON name (contract fields or extras).
@@ -544,7 +341,7 @@ pub fn ratio(
     let a = metric(rs.get(router)?, name)?;
     let b = metric(rs.get(baseline)?, name)?;
     // Both zero (e.g. no adapter loads at all) is "as good as"; b zero otherwise undefined.
-    crate::confidence::safe_ratio(a, b)
+    crate::analysis::confidence::safe_ratio(a, b)
 }
 
 /// The ratio row of (scenario, router, baseline, metric), if computed.
@@ -558,95 +355,6 @@ pub fn find_ratio<'a>(
     ratios.iter().find(|x| {
         x.scenario == scenario && x.router == router && x.baseline == baseline && x.metric == metric
     })
-}
-
-/// Check every target for every checked router present in the results. The ratio and its
-/// interval come from `ratios` (else the pooled summaries' ratio, with no interval); a target is
-/// met only when the interval's worse end meets it; not judged when there is no interval or the
-/// scenario's condition did not occur; missed when the router's error rate is above 1 %.
-pub fn check_targets(
-    scenarios: &BTreeMap<String, ScenarioResult>,
-    ratios: &[RatioRow],
-) -> Vec<TargetResult> {
-    let mut out = Vec::new();
-    for t in targets() {
-        let Some(rs) = scenarios.get(t.scenario) else {
-            continue;
-        };
-        let best = (t.baseline == BEST_OTHER)
-            .then(|| best_other(rs, t.metric))
-            .flatten();
-        let baseline = match (t.baseline, best.as_deref()) {
-            (BEST_OTHER, Some(b)) => b,
-            (BEST_OTHER, None) => continue,
-            (b, _) => b,
-        };
-        let only = t.router.map(|r| [r]);
-        let routers: &[&str] = match &only {
-            Some(one) => one,
-            None if t.baseline == "filter" => &REPLICA_ROUTERS,
-            None => &CHECKED_ROUTERS,
-        };
-        for &router in routers {
-            let Some(sum) = rs.get(router) else {
-                continue;
-            };
-            let row = find_ratio(ratios, t.scenario, router, baseline, t.metric);
-            let (r, ci) = match row {
-                Some(x) => (x.ratio, x.ci95),
-                None => (
-                    ratio(scenarios, t.scenario, router, baseline, t.metric),
-                    None,
-                ),
-            };
-            let mut met = match (r, ci) {
-                (None, _) => None,
-                (Some(_), Some(ci)) => Some(t.bound.holds_ci(ci)),
-                (Some(_), None) => None,
-            };
-            let mut note = match (t.bound, r, met) {
-                (Bound::Within(b), Some(x), Some(false)) if x < 1.0 - b => {
-                    Some(format!("better than {baseline} beyond the band"))
-                }
-                (_, Some(x), None) if t.bound.holds(x) => {
-                    Some("point estimate meets it; no interval".to_string())
-                }
-                (_, Some(_), None) => Some("no interval".to_string()),
-                _ => None,
-            };
-            if sum.error_rate > MAX_ERROR_RATE {
-                met = Some(false);
-                note = Some(format!(
-                    "error rate {:.1} % > {:.0} %",
-                    sum.error_rate * 100.0,
-                    MAX_ERROR_RATE * 100.0
-                ));
-            }
-            if rs.condition_met == Some(false) {
-                met = None;
-                note = Some(format!(
-                    "scenario invalid: condition not met ({})",
-                    rs.condition
-                ));
-            }
-            out.push(TargetResult {
-                note,
-                scenario: t.scenario.into(),
-                router: router.into(),
-                metric: t.metric.into(),
-                baseline: if t.baseline == BEST_OTHER {
-                    format!("best other ({baseline})")
-                } else {
-                    baseline.into()
-                },
-                ratio: r,
-                ci95: ci,
-                target: t.bound.text(),
-                met,
-            });
-        }
-    }
-    out
 }
 
 fn fmt_num(v: f64) -> String {
@@ -919,7 +627,7 @@ pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, CiWidth> {
     by.into_iter()
         .map(|(k, mut v)| {
             v.sort_by(f64::total_cmp);
-            let median = v[(v.len() - 1) / 2];
+            let median = percentile(&v, 50.0);
             let widest = v[v.len() - 1];
             (
                 k,
@@ -1177,7 +885,7 @@ pub fn markdown(rep: &Report) -> String {
             let _ = writeln!(
                 out,
                 "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.2}× | {verdict} |",
-                crate::overhead::size_label(c.body_bytes),
+                crate::report::overhead::size_label(c.body_bytes),
                 c.plain_p50_ms,
                 c.filter_p50_ms,
                 c.added_p50_ms,
@@ -1198,7 +906,7 @@ pub fn markdown(rep: &Report) -> String {
             out,
             "\n### Router overhead over direct (instant backend, every arm in one run)\n"
         );
-        out.push_str(&crate::overhead::arms_table(&rep.overhead_arms));
+        out.push_str(&crate::report::overhead::arms_table(&rep.overhead_arms));
     }
     diagnostics_table(&mut out, rep);
     if let Some(s) = &rep.sidecar {
@@ -1216,9 +924,9 @@ pub fn markdown(rep: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
+    use crate::analysis::stats::summarize;
+    use crate::loadgen::client::Outcome;
     use crate::loadgen::{RunResult, Sample};
-    use crate::stats::summarize;
 
     /// A run whose TTFTs are `base * (1..=100)` ms and that served `ok` of 100 requests.
     fn run(base: f64, ok: usize, wall_s: f64) -> Summary {

@@ -7,19 +7,20 @@
 //! of every process (Envoy, pods, sidecar, this load generator) is recorded so the report can
 //! show that neither Envoy nor the load generator was the bottleneck.
 
-use crate::confidence::{ratio_cis, Bisection, Obs, RunData, Stat};
-use crate::diagnostics::{condition_met, lateness_check, Diagnostics, InvalidRun, RunView};
-use crate::fleet::{PodEngine, MODEL};
-use crate::loadgen::{run, RunOptions, RunResult, Sample};
-use crate::podmetrics::{self, PodWindow};
-use crate::procfs::cpu_seconds;
-use crate::report::{
-    check_targets, markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult,
+use crate::analysis::confidence::{ratio_cis, Bisection, Obs, RunData, Stat};
+use crate::analysis::diagnostics::{
+    condition_met, lateness_check, Diagnostics, InvalidRun, RunView,
 };
-use crate::scenarios::{scenario, scenario_at, Mode, Scenario};
+use crate::analysis::podmetrics::{self, PodWindow};
+use crate::analysis::procfs::cpu_seconds;
+use crate::analysis::stats::{summarize, Summary};
+use crate::experiments::scenarios::{scenario, scenario_at, Mode, Scenario};
+use crate::loadgen::workload::{generate, RequestSpec};
+use crate::loadgen::{run, RunOptions, RunResult, Sample};
+use crate::report::verdicts::check_targets;
+use crate::report::{markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult};
+use crate::stack::fleet::{PodEngine, MODEL};
 use crate::stack::{heterogeneous, start_stack, RouterKind};
-use crate::stats::{summarize, Summary};
-use crate::workload::{generate, RequestSpec};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -109,7 +110,7 @@ impl Windows {
             0.0
         };
         let mut window = needed.max(30.0 / s).min(MAX_WINDOW_S);
-        if let crate::arrivals::Arrival::Bursty { on_s, off_s, .. } = sc.workload.arrival {
+        if let crate::loadgen::arrivals::Arrival::Bursty { on_s, off_s, .. } = sc.workload.arrival {
             let period = on_s + off_s;
             if period > 0.0 {
                 let min_cycles = if probe {
@@ -325,7 +326,7 @@ pub async fn run_windowed(
                 router.name(),
                 sc.workload.seed,
                 // A real scenario's model-sim twin (`calibrate --compare`).
-                if crate::scenarios::REAL_NAMES.contains(&sc.name) && emulated {
+                if crate::experiments::scenarios::REAL_NAMES.contains(&sc.name) && emulated {
                     "-twin"
                 } else {
                     ""
@@ -578,7 +579,7 @@ fn samples_csv(r: &RunResult) -> String {
 /// Resolve names to scenarios and routers (all scenarios / the default routers when empty).
 pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), RunError> {
     let names: Vec<String> = if cfg.scenarios.is_empty() {
-        crate::scenarios::NAMES
+        crate::experiments::scenarios::NAMES
             .iter()
             .map(|s| s.to_string())
             .collect()
@@ -590,7 +591,9 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
         let sc = scenario(n, cfg.mode).ok_or_else(|| RunError::Unknown {
             what: "scenario",
             name: n.clone(),
-            known: crate::scenarios::all_names().collect::<Vec<_>>().join(", "),
+            known: crate::experiments::scenarios::all_names()
+                .collect::<Vec<_>>()
+                .join(", "),
         })?;
         if names.contains(n) && !scs.iter().any(|s: &Scenario| s.name == sc.name) {
             scs.push(sc);
@@ -769,7 +772,7 @@ pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Su
 pub fn probe_passes(o: &RunOutcome, slo_ms: f64) -> bool {
     o.invalid.is_none()
         && o.summary.ttft_p95_ms <= slo_ms
-        && o.summary.error_rate <= crate::report::MAX_ERROR_RATE
+        && o.summary.error_rate <= crate::report::verdicts::MAX_ERROR_RATE
 }
 
 /// The goodput sweep of one scenario: a bisection per router over the offered rate.
@@ -782,7 +785,9 @@ async fn sweep(
     let base = scenario(name, mode).ok_or_else(|| RunError::Unknown {
         what: "scenario",
         name: name.into(),
-        known: crate::scenarios::all_names().collect::<Vec<_>>().join(", "),
+        known: crate::experiments::scenarios::all_names()
+            .collect::<Vec<_>>()
+            .join(", "),
     })?;
     // The bisection runs in emulated req/s (what the report shows); scenario_at takes wall.
     let k = base.fleet.speedup.max(0.01);
@@ -871,7 +876,7 @@ pub fn goodput_ratios(g: &mut GoodputSweep) {
     let gp = goodputs(g);
     let filter = gp.get("filter").copied();
     let ratio = |b: Option<f64>| match (filter, b) {
-        (Some(f), Some(b)) => crate::confidence::safe_ratio(f, b),
+        (Some(f), Some(b)) => crate::analysis::confidence::safe_ratio(f, b),
         _ => None,
     };
     g.filter_vs_round_robin = ratio(gp.get("round_robin").copied());
@@ -1081,12 +1086,12 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     }
     if cfg.overhead {
         eprintln!("bench: overhead (direct, Envoy, Envoy + filter, Envoy + ext_proc floor; instant backend)");
-        let opts = crate::overhead::OverheadOptions {
+        let opts = crate::experiments::overhead::OverheadOptions {
             latency_requests: if cfg.mode.quick { 400 } else { 2000 },
             rps_duration: Duration::from_secs(if cfg.mode.quick { 1 } else { 5 }),
-            ..crate::overhead::OverheadOptions::default()
+            ..crate::experiments::overhead::OverheadOptions::default()
         };
-        match crate::overhead::run(opts).await {
+        match crate::experiments::overhead::run(opts).await {
             Ok(o) => {
                 rep.overhead = o.cases;
                 rep.overhead_arms = o.arms;
@@ -1102,7 +1107,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
     if cfg.overhead {
         eprintln!("bench: sidecar cost (100 metrics-only pods, 50 ms interval)");
         let window = Duration::from_secs(if cfg.mode.quick { 5 } else { 15 });
-        match crate::sidecar_cost::measure(100, window).await {
+        match crate::experiments::sidecar_cost::measure(100, window).await {
             Ok(c) => rep.sidecar = serde_json::to_value(&c).ok(),
             Err(e) => rep.notes.push(format!("sidecar cost not measured: {e}")),
         }
@@ -1206,7 +1211,7 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
     let png_name = format!("{stem}-ttft.png");
     let png = out.join(&png_name);
     let mut md = markdown(rep);
-    match crate::chart::ttft_chart(rep, &png) {
+    match crate::report::chart::ttft_chart(rep, &png) {
         Ok(text) => {
             let _ = writeln!(
                 md,
@@ -1227,7 +1232,7 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
             continue;
         };
         let curve = format!("{stem}-goodput-{name}.png");
-        match crate::chart::goodput_chart(name, g, &out.join(&curve)) {
+        match crate::report::chart::goodput_chart(name, g, &out.join(&curve)) {
             Ok(_) => {
                 let _ = writeln!(md, "Goodput curve `{name}`: [`{curve}`]({curve})");
             }
@@ -1240,10 +1245,128 @@ pub fn write_outputs(rep: &Report, out: &Path, stem: &str) -> Result<(), RunErro
     Ok(())
 }
 
+/// `bench run`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// CI-sized: every scenario in a few minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Only these scenarios (repeatable): mixed_gpu bursty shared_prefix lora uniform long_prompt.
+    #[arg(long = "scenario")]
+    scenarios: Vec<String>,
+    /// Only these routers (repeatable): round_robin least_request least_request_full
+    /// weighted_rr filter (default set), filter_gaie_weights, filter_x2, filter_x4 and filter_x2_nohub (extras: gateway replicas with a metrics hub, and two without), and
+    /// the field's routers smg_cache_aware smg_least_load smg_power_of_two smg_prefix_hash
+    /// vllm_router_cache_aware vllm_router_power_of_two (run by default; `./build.sh setup`
+    /// installs them).
+    #[arg(long = "router")]
+    routers: Vec<String>,
+    /// Emulator speed-up (rates and windows scale with it). Default: the scenarios'
+    /// QUICK_SPEEDUP / FULL_SPEEDUP.
+    #[arg(long)]
+    speedup: Option<f64>,
+    /// First workload seed (seeds are SEED, SEED+1, ...).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Seeds per (scenario, router). Default: 1 quick, 10 full (a verdict needs ten: confidence.rs).
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// Goodput sweep for these scenarios (repeatable). Default: none quick; mixed_gpu full.
+    #[arg(long = "sweep")]
+    sweep: Vec<String>,
+    /// No goodput sweep at all.
+    #[arg(long, conflicts_with = "sweep")]
+    no_sweep: bool,
+    /// Print the run plan and its estimated duration, run nothing.
+    #[arg(long)]
+    plan: bool,
+    /// Skip the overhead bench.
+    #[arg(long)]
+    no_overhead: bool,
+}
+
+/// `bench run`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        quick,
+        scenarios,
+        routers,
+        speedup,
+        seed,
+        seeds,
+        sweep,
+        no_sweep,
+        plan,
+        no_overhead,
+    } = args;
+    let partial = !scenarios.is_empty() || !routers.is_empty();
+    let mode = Mode {
+        quick,
+        speedup: speedup.unwrap_or(if quick {
+            crate::experiments::scenarios::QUICK_SPEEDUP
+        } else {
+            crate::experiments::scenarios::FULL_SPEEDUP
+        }),
+        seed,
+    };
+    let mut cfg = BenchConfig::defaults(mode, out_dir.to_path_buf());
+    cfg.seeds = seeds.unwrap_or(cfg.seeds);
+    if no_sweep {
+        cfg.sweep.clear();
+    } else if !sweep.is_empty() {
+        cfg.sweep = sweep;
+    }
+    if !scenarios.is_empty() {
+        cfg.sweep.retain(|s| scenarios.contains(s));
+    }
+    cfg.scenarios = scenarios;
+    cfg.routers = routers;
+    cfg.overhead = !no_overhead && !partial;
+    if plan {
+        return match select(&cfg) {
+            Ok((scs, routers)) => {
+                println!("{}", self::plan(&cfg, &scs, &routers, cfg.seeds.max(1)));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("bench: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    // A real pod's speed is this machine's: measure it first where not yet done.
+    let names: Vec<&str> = cfg.scenarios.iter().map(String::as_str).collect();
+    if let Err(e) = crate::experiments::calibrate::ensure_real_capacities(&names).await {
+        eprintln!("bench: measuring real-pod capacities: {e}");
+        return ExitCode::FAILURE;
+    }
+    let stem = match (quick, partial) {
+        (true, false) => "quick",
+        (false, false) => "latest",
+        (true, true) => "quick-partial",
+        (false, true) => "latest-partial",
+    };
+    match run_bench(&cfg, stem).await {
+        Ok(rep) => {
+            println!("{}", markdown(&rep));
+            println!(
+                "Results: {0}/{stem}.json, {0}/{stem}.md, chart {0}/{stem}-ttft.png",
+                out_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
+    use crate::loadgen::client::Outcome;
     use crate::loadgen::Sample;
 
     #[test]
@@ -1549,7 +1672,7 @@ mod tests {
         let w = Windows::for_scenario(&sc, &m(false, 2.0), 5, false);
         assert_eq!(w.window, Duration::from_secs(15));
         // Bursty: whole cycles, ≥ 2 bursts per run with 5 seeds (10 in all), 1 for a probe.
-        sc.workload.arrival = crate::arrivals::Arrival::Bursty {
+        sc.workload.arrival = crate::loadgen::arrivals::Arrival::Bursty {
             on_rate: 2000.0,
             off_rate: 10.0,
             on_s: 5.0,

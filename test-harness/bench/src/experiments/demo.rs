@@ -4,14 +4,15 @@
 //! filter), left running so any client (inference-perf, guidellm, vllm bench) can compare
 //! routers without this repository's load generator.
 
-use crate::fleet::MODEL;
-use crate::report::{check_targets, Machine, Report};
-use crate::runner::{
+use crate::analysis::stats::Summary;
+use crate::experiments::runner::{
     envoy_version, run_windowed, scenario_ratios, write_outputs, RunError, Windows,
 };
-use crate::scenarios::{scenario, Mode};
+use crate::experiments::scenarios::{scenario, Mode};
+use crate::report::verdicts::check_targets;
+use crate::report::{Machine, Report};
+use crate::stack::fleet::MODEL;
 use crate::stack::{start_gateway, start_pods, wait_snapshot, Gateway, RouterKind, Stack};
-use crate::stats::Summary;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
@@ -256,4 +257,68 @@ pub async fn serve(port: u16, router: RouterKind) -> Result<(), DemoError> {
     eprintln!("demo: stopping the gateway and the pods ...");
     stack.stop();
     Ok(())
+}
+
+/// `bench demo`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// Start the stack with the filter and keep it running until Ctrl-C / SIGTERM.
+    #[arg(long)]
+    serve: bool,
+    /// Listener port for --serve (a free one if taken).
+    #[arg(long, default_value_t = 10000)]
+    port: u16,
+    /// Router for --serve: round_robin, least_request, least_request_full, weighted_rr,
+    /// filter (default), filter_gaie_weights, or a peer: smg_cache_aware, smg_least_load,
+    /// smg_power_of_two, smg_prefix_hash, vllm_router_cache_aware, vllm_router_power_of_two.
+    #[arg(long, default_value = "filter")]
+    router: String,
+}
+
+/// `bench demo`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        serve,
+        port,
+        router,
+    } = args;
+    if serve {
+        let Some(router) = crate::stack::RouterKind::from_name(&router) else {
+            eprintln!(
+                "demo: unknown router {router:?} (known: {})",
+                crate::stack::RouterKind::names().join(", ")
+            );
+            return ExitCode::FAILURE;
+        };
+        if router.replicas() > 1 {
+            eprintln!(
+                "demo: {} runs several gateways; --serve starts one",
+                router.name()
+            );
+            return ExitCode::FAILURE;
+        }
+        match self::serve(port, router).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    } else {
+        match run_demo(out_dir, 42).await {
+            Ok(rep) => {
+                println!("{}", side_by_side(&rep));
+                println!(
+                    "Chart: {0}/demo-ttft.png   Full report: {0}/demo.md",
+                    out_dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("demo: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    }
 }

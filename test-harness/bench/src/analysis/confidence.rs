@@ -14,6 +14,7 @@
 //! (the bench's README). One seed gives a ratio and no interval: a direction, not a verdict.
 //! The point estimate is the geometric mean of the per-seed ratios, the interval's centre.
 
+use crate::analysis::stats::percentile_inf;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use std::collections::BTreeMap;
 
@@ -93,19 +94,6 @@ impl Stat {
             other => Stat::Scalar(other),
         }
     }
-}
-
-/// Nearest-rank percentile (`p` in 0..=100) of values that may hold +∞ (NaN when empty). Works
-/// in place (reorders `v`).
-pub fn percentile_inf(v: &mut [f64], p: f64) -> f64 {
-    let n = v.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * n as f64).ceil() as usize;
-    let k = rank.clamp(1, n) - 1;
-    let (_, x, _) = v.select_nth_unstable_by(k, f64::total_cmp);
-    *x
 }
 
 /// A run flattened for resampling: observations in id order.

@@ -1,6 +1,6 @@
 //! What a benchmark run's pods are: the model they serve ([`MODEL`]), each pod ([`PodSpec`]),
 //! what serves them ([`PodEngine`]) and the whole fleet ([`FleetSpec`]). Started by
-//! [`crate::stack`] (emulated pods) and [`crate::realpods`] (real vLLM).
+//! [`crate::stack`] (emulated pods) and [`crate::stack::realpods`] (real vLLM).
 
 use std::time::Duration;
 
@@ -47,7 +47,7 @@ pub enum PodEngine {
     #[default]
     ModelSim,
     /// Real vLLM (CPU build, `./build.sh setup-vllm`): started once and reset between runs
-    /// ([`crate::realpods`]); speed-up 1.
+    /// ([`crate::stack::realpods`]); speed-up 1.
     Vllm,
 }
 
@@ -69,7 +69,7 @@ pub struct FleetSpec {
 }
 
 /// What a router with admission control may hold, sized by the scenario for its fleet the way
-/// an operator sizes it ([`crate::scenarios::admission_for`]), the same for every router that
+/// an operator sizes it ([`crate::experiments::scenarios::admission_for`]), the same for every router that
 /// admits ([`crate::stack::RouterKind::ADMISSION`]). The filter's flow control is not sized by it: it holds
 /// on the engines' state.
 #[derive(Debug, Clone, Copy, PartialEq)]

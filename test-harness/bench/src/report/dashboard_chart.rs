@@ -2,9 +2,9 @@
 //! series a real Prometheus stored during `test-harness/e2e/tests/prometheus.rs`, which writes
 //! them to `<target>/observability/dashboard-run.json` (`bench dashboard-chart` reads that file).
 //!
-//! Same plotters bitmap backend and font handling as [`crate::chart`].
+//! Same plotters bitmap backend and font handling as [`crate::report::chart`].
 
-use crate::chart::{fonts, ChartError};
+use crate::report::chart::{fonts, ChartError};
 use plotters::prelude::*;
 use serde::Deserialize;
 use std::path::Path;
@@ -151,6 +151,44 @@ fn draw_panel<DB: DrawingBackend>(
             .draw()?;
     }
     Ok(())
+}
+
+/// `bench dashboard-chart`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// The e2e test's output (default: <target>/observability/dashboard-run.json).
+    #[arg(long)]
+    input: Option<std::path::PathBuf>,
+    /// The PNG to write (default: test-harness/bench/results/dashboard.png in the repository).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+/// `bench dashboard-chart`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, _out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args { input, out } = args;
+    let input = input.unwrap_or_else(|| {
+        testkit::target_dir()
+            .join("observability")
+            .join("dashboard-run.json")
+    });
+    let out = out.unwrap_or_else(|| {
+        testkit::workspace_root().join("test-harness/bench/results/dashboard.png")
+    });
+    match draw_file(&input, &out) {
+        Ok(text) => {
+            if !text {
+                eprintln!("bench: no DejaVu Sans font; the chart has no text");
+            }
+            println!("Chart: {}", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,9 +4,14 @@
 //! Drawn with plotters' bitmap backend. Text uses DejaVu Sans loaded at run time (Debian
 //! `fonts-dejavu-core`) through plotters' `ab_glyph` feature, so the build needs no fontconfig;
 //! without the font the chart is drawn without text (bars and grid only) and says so.
+//!
+//! The scale bench's line charts (`scale-*.svg`, [`line_chart_svg`]) are plotters too, on
+//! [`SvgBackend`]: SVG text, drawn by the viewer, so they keep their text without the font.
 
+use crate::report::svg::SvgBackend;
 use crate::report::{GoodputSweep, Report, ROUTERS};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontStyle;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -394,15 +399,14 @@ pub struct Series {
 }
 
 /// Line colours of [`line_chart_svg`], cycled.
-const SVG_COLORS: [&str; 6] = [
-    "#2166ac", "#d6604d", "#5aae61", "#762a83", "#f4a53c", "#01665e",
+const SVG_COLORS: [RGBColor; 6] = [
+    RGBColor(0x21, 0x66, 0xac),
+    RGBColor(0xd6, 0x60, 0x4d),
+    RGBColor(0x5a, 0xae, 0x61),
+    RGBColor(0x76, 0x2a, 0x83),
+    RGBColor(0xf4, 0xa5, 0x3c),
+    RGBColor(0x01, 0x66, 0x5e),
 ];
-
-fn svg_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
 
 /// "4", "1,024", "0.25", "120", "12.5".
 fn tick_label(v: f64) -> String {
@@ -425,116 +429,89 @@ fn tick_label(v: f64) -> String {
     }
 }
 
-/// A line chart as SVG text: x on a log scale (base 2 ticks at the points' x values), y linear
-/// from 0, one polyline with markers per series and a legend. Text needs no font at build time
-/// (the viewer draws it). Points with a non-positive x are left out.
+/// A line chart as SVG text: x on a log scale (ticks at the points' x values), y linear from 0
+/// (about six round ticks), one line with markers per series and a legend on the right. Drawn by
+/// plotters on [`SvgBackend`], so text needs no font at build time (the viewer draws it).
+/// Points with a non-positive x or a non-finite y are left out.
 pub fn line_chart_svg_text(title: &str, x_label: &str, series: &[Series]) -> String {
-    let (w, h) = (720.0, 420.0);
-    let (left, right, top, bottom) = (70.0, 200.0, 40.0, 50.0);
-    let pts = || {
-        series
-            .iter()
-            .flat_map(|s| s.points.iter())
-            .filter(|(x, y)| *x > 0.0 && y.is_finite())
-    };
-    let xs: Vec<f64> = pts().map(|(x, _)| *x).collect();
-    let (xmin, xmax) = xs
+    let mut out = String::new();
+    let root = SvgBackend::new(&mut out, (720, 420)).into_drawing_area();
+    // The SVG backend cannot fail (its error type is `Infallible`).
+    let _ = draw_line_chart(&root, title, x_label, series).and_then(|()| root.present());
+    drop(root);
+    out
+}
+
+/// The points of `s` that can be drawn on a log x axis, sorted by x.
+fn drawable(s: &Series) -> Vec<(f64, f64)> {
+    let mut p: Vec<(f64, f64)> = s
+        .points
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-            (a.min(x), b.max(x))
-        });
-    let (xmin, xmax) = if xmin.is_finite() {
-        (xmin, if xmax > xmin { xmax } else { xmin * 2.0 })
-    } else {
-        (1.0, 2.0)
-    };
-    let ymax = pts().map(|(_, y)| *y).fold(0.0_f64, f64::max);
-    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
-    let pw = w - left - right;
-    let ph = h - top - bottom;
-    let px = |x: f64| left + (x.ln() - xmin.ln()) / (xmax.ln() - xmin.ln()) * pw;
-    let py = |y: f64| top + ph - y / ymax * ph;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
-         viewBox=\"0 0 {w} {h}\" font-family=\"DejaVu Sans, sans-serif\" font-size=\"12\">\n\
-         <rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n\
-         <text x=\"{}\" y=\"22\" font-size=\"15\" text-anchor=\"middle\">{}</text>\n",
-        left + pw / 2.0,
-        svg_escape(title)
-    );
-    // Axes, y grid (5 steps), x ticks at every distinct x.
-    for i in 0..=5 {
-        let v = ymax * f64::from(i) / 5.0;
-        let y = py(v);
-        out += &format!(
-            "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\n\
-             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
-            left + pw,
-            left - 6.0,
-            y + 4.0,
-            tick_label(v)
-        );
-    }
-    let mut ticks = xs.clone();
+        .copied()
+        .filter(|(x, y)| *x > 0.0 && y.is_finite())
+        .collect();
+    p.sort_by(|a, b| a.0.total_cmp(&b.0));
+    p
+}
+
+fn draw_line_chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    x_label: &str,
+    series: &[Series],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    root.fill(&WHITE)?;
+    let lines: Vec<Vec<(f64, f64)>> = series.iter().map(drawable).collect();
+    let mut ticks: Vec<f64> = lines.iter().flatten().map(|(x, _)| *x).collect();
     ticks.sort_by(f64::total_cmp);
     ticks.dedup();
-    for x in ticks {
-        let tx = px(x);
-        out += &format!(
-            "<line x1=\"{tx:.1}\" y1=\"{top}\" x2=\"{tx:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\n\
-             <text x=\"{tx:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
-            top + ph,
-            top + ph + 16.0,
-            tick_label(x)
-        );
+    let (xmin, xmax) = match (ticks.first(), ticks.last()) {
+        (Some(&lo), Some(&hi)) if hi > lo => (lo, hi),
+        (Some(&lo), _) => (lo, lo * 2.0),
+        _ => (1.0, 2.0),
+    };
+    let ymax = lines
+        .iter()
+        .flatten()
+        .map(|(_, y)| *y)
+        .fold(0.0_f64, f64::max);
+    let ymax = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    let (plot, legend) = root.split_horizontally(520);
+    let mut chart = ChartBuilder::on(&plot)
+        .caption(title, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((xmin..xmax).log_scale().with_key_points(ticks), 0.0..ymax)?;
+    chart
+        .configure_mesh()
+        .bold_line_style(RGBColor(221, 221, 221))
+        .light_line_style(TRANSPARENT)
+        .y_labels(6)
+        .x_desc(x_label)
+        .x_label_formatter(&|x| tick_label(*x))
+        .y_label_formatter(&|y| tick_label(*y))
+        .label_style(("sans-serif", 12))
+        .draw()?;
+    for (i, p) in lines.iter().enumerate() {
+        let c = SVG_COLORS[i % SVG_COLORS.len()];
+        chart.draw_series(std::iter::once(PathElement::new(
+            p.clone(),
+            c.stroke_width(2),
+        )))?;
+        chart.draw_series(p.iter().map(|&xy| Circle::new(xy, 3, c.filled())))?;
     }
-    out += &format!(
-        "<rect x=\"{left}\" y=\"{top}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#444\"/>\n\
-         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
-        left + pw / 2.0,
-        h - 12.0,
-        svg_escape(x_label)
-    );
     for (i, s) in series.iter().enumerate() {
-        let color = SVG_COLORS[i % SVG_COLORS.len()];
-        let mut p: Vec<(f64, f64)> = s
-            .points
-            .iter()
-            .copied()
-            .filter(|(x, y)| *x > 0.0 && y.is_finite())
-            .collect();
-        p.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let line: Vec<String> = p
-            .iter()
-            .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-            .collect();
-        out += &format!(
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>\n",
-            line.join(" ")
-        );
-        for &(x, y) in &p {
-            out += &format!(
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{} at {}: {}</title></circle>\n",
-                px(x),
-                py(y),
-                svg_escape(&s.label),
-                tick_label(x),
-                tick_label(y)
-            );
-        }
-        let ly = top + 10.0 + 18.0 * i as f64;
-        out += &format!(
-            "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{color}\" stroke-width=\"2\"/>\n\
-             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
-            left + pw + 12.0,
-            left + pw + 32.0,
-            left + pw + 38.0,
-            ly + 4.0,
-            svg_escape(&s.label)
-        );
+        let c = SVG_COLORS[i % SVG_COLORS.len()];
+        let y = 50 + 18 * i as i32;
+        legend.draw(&PathElement::new(vec![(12, y), (32, y)], c.stroke_width(2)))?;
+        legend.draw(&Text::new(
+            s.label.as_str(),
+            (38, y),
+            TextStyle::from(("sans-serif", 12).into_font()).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))?;
     }
-    out += "</svg>\n";
-    out
+    Ok(())
 }
 
 /// [`line_chart_svg_text`] written to `path`.
@@ -555,7 +532,7 @@ pub fn line_chart_svg(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::Summary;
+    use crate::analysis::stats::Summary;
 
     fn summary(p: f64) -> Summary {
         Summary {

@@ -4,7 +4,7 @@
 //! the exact request body). It depends only on the [`WorkloadSpec`] and its seed, so every router
 //! is measured against byte-identical traffic.
 
-use crate::arrivals::Arrival;
+use crate::loadgen::arrivals::Arrival;
 use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -3,8 +3,7 @@
 //! the seeds used — and the two checks that decide whether figures are reported at all: the
 //! emulator kept up with wall time (step lateness), and the scenario's anchor condition occurred.
 
-use crate::podmetrics::PodWindow;
-use crate::scenarios::Condition;
+use crate::analysis::podmetrics::PodWindow;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -124,7 +123,7 @@ impl Diagnostics {
         d.p99_tail_samples = if wr == 0 {
             0
         } else {
-            wr - ((0.99 * wr as f64).ceil() as u64).clamp(1, wr) + 1
+            wr - crate::analysis::stats::nearest_rank(99.0, wr as usize) as u64 + 1
         };
         let failed: u64 = d.errors_by_cause.values().sum();
         d.error_rate = if d.window_requests == 0 {
@@ -200,6 +199,63 @@ pub fn lateness_check(pods: &[PodWindow], ttft_p50_ms: f64) -> Result<Option<f64
         )),
         w => Ok(w),
     }
+}
+
+/// What must have happened in a run for the scenario to show its anchor condition; the bench
+/// evaluates it from the run's diagnostics and reports the scenario invalid when it fails.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
+    /// Nothing special to check (the steady, uniform cases).
+    None,
+    /// Under `router`, the pods preempted at least `min` times in the measurement window.
+    PreemptionsUnder {
+        /// Router name (`round_robin`, ...).
+        router: &'static str,
+        /// Fewest preemptions, summed over pods.
+        min: u64,
+    },
+    /// Under `router`, some pod of `profile` had a waiting queue of at least `min_peak`.
+    QueueUnder {
+        /// Router name.
+        router: &'static str,
+        /// GPU profile of the pods to look at.
+        profile: &'static str,
+        /// Smallest peak of `vllm:num_requests_waiting` on one such pod.
+        min_peak: u32,
+    },
+    /// Under `router`, the mean KV use (`model_sim:kv_usage_perc_seconds_sum` over the window)
+    /// of the `slow` profile's pods is at least `min_ratio` times that of the `fast` profile's:
+    /// the slow generation is loaded far beyond its share of the fleet.
+    MeanKvRatioUnder {
+        /// Router name.
+        router: &'static str,
+        /// Profile of the slower pods.
+        slow: &'static str,
+        /// Profile of the faster pods.
+        fast: &'static str,
+        /// Smallest ratio of the two profiles' mean KV use (averaged over their pods).
+        min_ratio: f64,
+    },
+    /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times
+    /// (`model_sim:lora_loads_total` − `model_sim:lora_disk_loads_total`) and read from disk at
+    /// least `min_disk` times (`model_sim:lora_disk_loads_total`), summed over pods.
+    AdapterLoadsUnder {
+        /// Router name.
+        router: &'static str,
+        /// Fewest swap-ins from the CPU cache.
+        min_cpu: u64,
+        /// Fewest loads from disk.
+        min_disk: u64,
+    },
+    /// Steady state: of the requests in the measurement window, fewer than `max_frac` are the
+    /// first read of their shared prefix (cold for every router). Computed from the workload:
+    /// [`Scenario::cold_read_fraction`].
+    ColdReadsBelow {
+        /// Largest share of cold reads.
+        max_frac: f64,
+    },
+    /// All of these.
+    All(Vec<Condition>),
 }
 
 /// Whether the scenario's anchor condition occurred, from each router's diagnostics (valid

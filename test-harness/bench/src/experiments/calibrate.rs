@@ -3,11 +3,11 @@
 //! capacity rather than from any router's results. `--scenario NAME` measures one pod of each
 //! profile of that scenario's fleet on the scenario's own requests.
 
-use crate::arrivals::Arrival;
-use crate::client::{http_client, send};
-use crate::fleet::{FleetSpec, PodEngine, PodSpec};
+use crate::loadgen::arrivals::Arrival;
+use crate::loadgen::client::{http_client, send};
+use crate::loadgen::workload::{generate, Prompts, Range, RequestSpec, WorkloadSpec};
+use crate::stack::fleet::{FleetSpec, PodEngine, PodSpec};
 use crate::stack::start_pods;
-use crate::workload::{generate, Prompts, Range, RequestSpec, WorkloadSpec};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +46,7 @@ pub async fn capacity(
         arrival: Arrival::Poisson { rate: 1000.0 },
         horizon: Duration::from_secs(100),
         max_requests: 20_000,
-        model: crate::fleet::MODEL.into(),
+        model: crate::stack::fleet::MODEL.into(),
         prompts: Prompts::Independent {
             prompt_tokens,
             max_tokens,
@@ -73,11 +73,12 @@ pub async fn scenario_capacity(
     secs: u64,
     twin: bool,
 ) -> Result<Vec<Capacity>, String> {
-    let mode = crate::scenarios::Mode {
+    let mode = crate::experiments::scenarios::Mode {
         quick: false,
-        ..crate::scenarios::Mode::quick(7)
+        ..crate::experiments::scenarios::Mode::quick(7)
     };
-    let sc = crate::scenarios::scenario(name, mode).ok_or_else(|| format!("no scenario {name}"))?;
+    let sc = crate::experiments::scenarios::scenario(name, mode)
+        .ok_or_else(|| format!("no scenario {name}"))?;
     let reqs = generate(&sc.workload);
     let mut out = Vec::new();
     let mut seen = Vec::new();
@@ -101,11 +102,11 @@ pub async fn scenario_capacity(
 }
 
 /// Measures, on this machine, the real-pod capacities the real scenarios among `names` need
-/// and have not got yet ([`crate::scenarios::unmeasured_real`]), and keeps them in
-/// [`crate::scenarios::local_capacity_file`] for every later run on this machine. About
+/// and have not got yet ([`crate::experiments::scenarios::unmeasured_real`]), and keeps them in
+/// [`crate::experiments::scenarios::local_capacity_file`] for every later run on this machine. About
 /// 2 minutes per profile (the pod's start and 60 s of load), once per machine.
 pub async fn ensure_real_capacities(names: &[&str]) -> Result<(), String> {
-    use crate::scenarios::{
+    use crate::experiments::scenarios::{
         local_capacity_file, machine_key, unmeasured_real, REAL_CAPACITY_CLIENTS,
         REAL_CAPACITY_SECS,
     };
@@ -119,7 +120,7 @@ pub async fn ensure_real_capacities(names: &[&str]) -> Result<(), String> {
         );
         let measured =
             scenario_capacity(name, REAL_CAPACITY_CLIENTS, REAL_CAPACITY_SECS, false).await;
-        crate::realpods::release();
+        crate::stack::realpods::release();
         let path = local_capacity_file();
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -248,7 +249,7 @@ pub struct DecodePoint {
 
 /// The gaps of streams started together that come after the last stream's first token: pure
 /// decode steps of the whole batch.
-pub fn decode_gaps(streams: &[crate::client::Outcome]) -> Vec<f64> {
+pub fn decode_gaps(streams: &[crate::loadgen::client::Outcome]) -> Vec<f64> {
     let last_first = streams.iter().filter_map(|o| o.ttft_ms).fold(0.0, f64::max);
     let mut out = Vec::new();
     for o in streams {
@@ -345,11 +346,11 @@ fn probe_body(seed: u64, tokens: u32, max_tokens: u32) -> (bytes::Bytes, usize) 
     // A distinct first block: nothing of the prompt is in the prefix cache.
     let prompt = format!(
         "probe {seed}: {}",
-        crate::workload::text(&mut rng, (tokens as usize) * 4)
+        crate::loadgen::workload::text(&mut rng, (tokens as usize) * 4)
     );
     let chars = prompt.len();
     let v = serde_json::json!({
-        "model": crate::fleet::MODEL,
+        "model": crate::stack::fleet::MODEL,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
         "ignore_eos": true,
@@ -361,7 +362,7 @@ fn probe_body(seed: u64, tokens: u32, max_tokens: u32) -> (bytes::Bytes, usize) 
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    crate::stats::percentile(v, 50.0)
+    crate::analysis::stats::percentile(v, 50.0)
 }
 
 /// Probe one pod of `profile` (real vLLM or model-sim at speed-up 1) `rounds` times and fit the
@@ -589,8 +590,8 @@ pub struct TwinPoint {
 /// model-sim twins (the fitted `cpu-*` profiles, same limits, speed-up 1), one seed each;
 /// the emulator is calibrated where TTFT p50 and p95 agree within 25 %.
 pub async fn compare_twin(name: &str, loads: &[f64], seed: u64) -> Result<Vec<TwinPoint>, String> {
-    use crate::runner::{run_windowed, Windows};
-    use crate::scenarios::{scenario, scenario_at, Mode};
+    use crate::experiments::runner::{run_windowed, Windows};
+    use crate::experiments::scenarios::{scenario, scenario_at, Mode};
     use crate::stack::RouterKind;
     let mode = Mode {
         quick: false,
@@ -646,13 +647,160 @@ pub async fn compare_twin(name: &str, loads: &[f64], seed: u64) -> Result<Vec<Tw
     Ok(out)
 }
 
+/// `bench calibrate`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// GPU profile: h100 or a10g.
+    #[arg(long, default_value = "a10g")]
+    profile: String,
+    /// Prompt tokens, min and max.
+    #[arg(long, num_args = 2, default_values_t = [200u32, 1000])]
+    prompt: Vec<u32>,
+    /// max_tokens, min and max.
+    #[arg(long, num_args = 2, default_values_t = [50u32, 200])]
+    max_tokens: Vec<u32>,
+    /// Concurrent clients (repeatable).
+    #[arg(long, default_values_t = [8usize, 32, 128])]
+    concurrency: Vec<usize>,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 20)]
+    secs: u64,
+    /// Measure one pod of each profile of this scenario on its own requests instead.
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Fit model-sim's step-time terms to one pod of this profile instead (`cpu-small`,
+    /// `cpu-large`; prefill and decode probes, least squares; CALIBRATION.md): prints the
+    /// fit as JSON and writes it to <target>/bench/fit-<profile>-<engine>.json.
+    #[arg(long)]
+    fit: Option<String>,
+    /// The pod `--fit` probes: `vllm` (the real engine, `./build.sh setup-vllm`) or
+    /// `model-sim` (the emulator's profile of that name, to check the fit); with
+    /// `--scenario` on a real scenario, `model-sim` measures its pods' twins.
+    #[arg(long, default_value = "vllm")]
+    engine: String,
+    /// Rounds of `--fit`'s probes (each probe's median over the rounds is fitted).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Run this real-vLLM scenario's workload under round robin on its real pods and on
+    /// their model-sim twins at each `--loads` fraction of its capacity, and compare TTFT
+    /// p50/p95 (CALIBRATION.md); writes <target>/bench/twin-<scenario>.json.
+    #[arg(long)]
+    compare: Option<String>,
+    /// Loads of `--compare`, fractions of the fleet's measured capacity.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.3, 0.6, 0.9])]
+    loads: Vec<f64>,
+}
+
+/// `bench calibrate`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        profile,
+        prompt,
+        max_tokens,
+        concurrency,
+        secs,
+        scenario,
+        fit,
+        engine,
+        rounds,
+        compare,
+        loads,
+    } = args;
+    if let Some(name) = compare {
+        return match compare_twin(&name, &loads, 42).await {
+            Ok(points) => {
+                let json = serde_json::to_string_pretty(&points).unwrap_or_default();
+                println!("{json}");
+                let path = out_dir.join(format!("twin-{name}.json"));
+                let _ = std::fs::create_dir_all(out_dir);
+                if let Err(e) = std::fs::write(&path, json) {
+                    eprintln!("calibrate: writing {}: {e}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("calibrate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(profile) = fit {
+        let engine = match engine.as_str() {
+            "vllm" => crate::stack::fleet::PodEngine::Vllm,
+            "model-sim" => crate::stack::fleet::PodEngine::ModelSim,
+            other => {
+                eprintln!("calibrate: --engine {other}: vllm or model-sim");
+                return ExitCode::FAILURE;
+            }
+        };
+        let Some(profile) = crate::stack::realpods::TWIN_PROFILES
+            .iter()
+            .copied()
+            .find(|p| *p == profile)
+        else {
+            eprintln!(
+                "calibrate: --fit {profile}: one of {:?}",
+                crate::stack::realpods::TWIN_PROFILES
+            );
+            return ExitCode::FAILURE;
+        };
+        let r = self::fit(profile, engine, rounds).await;
+        crate::stack::realpods::release();
+        return match r {
+            Ok(f) => {
+                let json = serde_json::to_string_pretty(&f).unwrap_or_default();
+                println!("{json}");
+                let path = out_dir.join(format!("fit-{profile}-{}.json", f.engine));
+                let _ = std::fs::create_dir_all(out_dir);
+                if let Err(e) = std::fs::write(&path, json) {
+                    eprintln!("calibrate: writing {}: {e}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("calibrate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(name) = scenario {
+        for c in concurrency {
+            match scenario_capacity(&name, c, secs, engine == "model-sim").await {
+                Ok(caps) => {
+                    for cap in caps {
+                        println!("{}", serde_json::to_string(&cap).unwrap_or_default())
+                    }
+                }
+                Err(e) => {
+                    eprintln!("calibrate: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    let profile: &'static str = if profile == "h100" { "h100" } else { "a10g" };
+    let r = |v: &[u32]| crate::loadgen::workload::Range::new(v[0], v[v.len() - 1]);
+    for c in concurrency {
+        match capacity(profile, r(&prompt), r(&max_tokens), c, secs).await {
+            Ok(cap) => println!("{}", serde_json::to_string(&cap).unwrap_or_default()),
+            Err(e) => {
+                eprintln!("calibrate: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn decode_gaps_start_after_the_last_prefill() {
-        let stream = |ttft: f64, gaps: &[f64]| crate::client::Outcome {
+        let stream = |ttft: f64, gaps: &[f64]| crate::loadgen::client::Outcome {
             status: 200,
             ttft_ms: Some(ttft),
             itl_ms: gaps.to_vec(),

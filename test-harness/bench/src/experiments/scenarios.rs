@@ -10,71 +10,18 @@
 //! time, so every wall-clock figure (rates, horizons, SLOs, floors) here is already divided by
 //! `s`.
 
-use crate::arrivals::Arrival;
-use crate::fleet::{FleetSpec, PodEngine, PodSpec, MODEL};
-use crate::workload::{adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec};
+use crate::analysis::diagnostics::Condition;
+use crate::loadgen::arrivals::Arrival;
+use crate::loadgen::workload::{
+    adapter_name, generate, Prompts, Range, RequestSpec, Tagging, WorkloadSpec,
+};
+use crate::scenario_names::{CANARY_TARGET, CANARY_WEIGHTS};
+use crate::stack::fleet::{FleetSpec, PodEngine, PodSpec, MODEL};
 use model_sim::engine::{Engine, Event, NewRequest};
 use model_sim::profile::Profile;
 use model_sim::prompt::{block_hashes, parse, Api};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What must have happened in a run for the scenario to show its anchor condition; the bench
-/// evaluates it from the run's diagnostics and reports the scenario invalid when it fails.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Condition {
-    /// Nothing special to check (the steady, uniform cases).
-    None,
-    /// Under `router`, the pods preempted at least `min` times in the measurement window.
-    PreemptionsUnder {
-        /// Router name (`round_robin`, ...).
-        router: &'static str,
-        /// Fewest preemptions, summed over pods.
-        min: u64,
-    },
-    /// Under `router`, some pod of `profile` had a waiting queue of at least `min_peak`.
-    QueueUnder {
-        /// Router name.
-        router: &'static str,
-        /// GPU profile of the pods to look at.
-        profile: &'static str,
-        /// Smallest peak of `vllm:num_requests_waiting` on one such pod.
-        min_peak: u32,
-    },
-    /// Under `router`, the mean KV use (`model_sim:kv_usage_perc_seconds_sum` over the window)
-    /// of the `slow` profile's pods is at least `min_ratio` times that of the `fast` profile's:
-    /// the slow generation is loaded far beyond its share of the fleet.
-    MeanKvRatioUnder {
-        /// Router name.
-        router: &'static str,
-        /// Profile of the slower pods.
-        slow: &'static str,
-        /// Profile of the faster pods.
-        fast: &'static str,
-        /// Smallest ratio of the two profiles' mean KV use (averaged over their pods).
-        min_ratio: f64,
-    },
-    /// Under `router`, adapters were swapped in from the CPU cache at least `min_cpu` times
-    /// (`model_sim:lora_loads_total` − `model_sim:lora_disk_loads_total`) and read from disk at
-    /// least `min_disk` times (`model_sim:lora_disk_loads_total`), summed over pods.
-    AdapterLoadsUnder {
-        /// Router name.
-        router: &'static str,
-        /// Fewest swap-ins from the CPU cache.
-        min_cpu: u64,
-        /// Fewest loads from disk.
-        min_disk: u64,
-    },
-    /// Steady state: of the requests in the measurement window, fewer than `max_frac` are the
-    /// first read of their shared prefix (cold for every router). Computed from the workload:
-    /// [`Scenario::cold_read_fraction`].
-    ColdReadsBelow {
-        /// Largest share of cold reads.
-        max_frac: f64,
-    },
-    /// All of these.
-    All(Vec<Condition>),
-}
 
 /// One scenario, ready to run.
 #[derive(Debug, Clone)]
@@ -121,7 +68,7 @@ pub struct Scenario {
 impl Scenario {
     /// Share of the measured requests that are cold reads (first read of their shared prefix).
     pub fn cold_read_fraction(&self) -> f64 {
-        crate::workload::cold_read_fraction(&generate(&self.workload), self.warmup)
+        crate::loadgen::workload::cold_read_fraction(&generate(&self.workload), self.warmup)
     }
 }
 
@@ -765,10 +712,6 @@ pub const SLO_HEADER: &str = "x-slo-ttft-ms";
 pub const FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
 /// The model name clients ask for in `flow_canary`; a rewrite rule splits it.
 pub const CANARY_MODEL: &str = "llama";
-/// The canary's served name (an adapter of the pool, so model-sim serves it).
-pub const CANARY_TARGET: &str = "adapter-canary";
-/// The canary rule's weights: stable, canary.
-pub const CANARY_WEIGHTS: (u32, u32) = (90, 10);
 
 /// The deployment a gateway with trusted identity headers has: the shipped `jwt_authn` chain
 /// (`envoy/identity/`) writes them, so the filter trusts them; the objectives allowlist names
@@ -799,7 +742,7 @@ fn drain_past_time_to_live(s: &mut Scenario) {
 }
 
 /// The admission bound an operator gives a router that has one, for `s`'s fleet and requests
-/// ([`crate::fleet::AdmissionBound`]), so routers with admission are compared like with like:
+/// ([`crate::stack::fleet::AdmissionBound`]), so routers with admission are compared like with like:
 ///
 /// - in flight: per pod, as many requests as fit in its KV cache at their longest (prompt plus
 ///   `max_tokens`, the workload's mean), at most its `max_num_seqs`: admitted requests never
@@ -809,14 +752,14 @@ fn drain_past_time_to_live(s: &mut Scenario) {
 ///   queue may hold a request as long as the filter may.
 ///
 /// No figure of a run enters it: it is a rule an operator can apply to any fleet.
-pub fn admission_for(s: &Scenario) -> crate::fleet::AdmissionBound {
+pub fn admission_for(s: &Scenario) -> crate::stack::fleet::AdmissionBound {
     let reqs = generate(&s.workload);
     let mean_tokens = if reqs.is_empty() {
         1.0
     } else {
         reqs.iter()
             .map(|r| {
-                r.prompt_chars as f64 / f64::from(crate::workload::CHARS_PER_TOKEN)
+                r.prompt_chars as f64 / f64::from(crate::loadgen::workload::CHARS_PER_TOKEN)
                     + f64::from(r.max_tokens)
             })
             .sum::<f64>()
@@ -840,7 +783,7 @@ pub fn admission_for(s: &Scenario) -> crate::fleet::AdmissionBound {
         .sum();
     let flow = llm_router_core::flow::FlowConfig::default();
     let ttl_ms = flow.bands.iter().map(|b| b.ttl_ms).max().unwrap_or(0);
-    crate::fleet::AdmissionBound {
+    crate::stack::fleet::AdmissionBound {
         in_flight,
         queue: 100,
         queue_timeout: Duration::from_secs_f64(ttl_ms as f64 / 1000.0 / s.fleet.speedup.max(1.0)),
@@ -1022,9 +965,10 @@ pub fn floor_percentile_ms(
         }
         t += 1.0;
     }
-    ttfts.sort_by(f64::total_cmp);
-    let i = ((ttfts.len() as f64 * percentile / 100.0).ceil() as usize).saturating_sub(1);
-    ttfts.get(i).map_or(0.0, |x| x * 1000.0)
+    if ttfts.is_empty() {
+        return 0.0;
+    }
+    crate::analysis::stats::percentile(&ttfts, percentile) * 1000.0
 }
 
 #[cfg(test)]
@@ -1169,7 +1113,7 @@ mod tests {
                 assert_eq!(s.fleet.engine, PodEngine::Vllm, "{n}");
                 assert_eq!(s.fleet.speedup, 1.0, "{n}: real pods run in real time");
                 assert!(s.fleet.pods.iter().all(|p| {
-                    crate::realpods::model_size(p.profile).is_some()
+                    crate::stack::realpods::model_size(p.profile).is_some()
                         && p.max_num_seqs.is_some()
                         && p.kv_blocks.is_some()
                 }));

@@ -3,9 +3,19 @@
 //! One dispatcher task sleeps until each arrival and spawns the request; it never waits on a
 //! response, so a slow router cannot slow the arrivals down. The run is bounded: requests still
 //! open `drain` after the last arrival are cut and counted as timeouts.
+//!
+//! The folder is what is sent and how: [`arrivals`] (when), [`workload`] (what), [`client`] and
+//! [`sse`] (one request and its stream), this file (the open loop), [`instant`] (a backend that
+//! answers at once, for the overhead bench).
 
-use crate::client::{http_client, ms, send, Outcome};
-use crate::workload::RequestSpec;
+pub mod arrivals;
+pub mod client;
+pub mod instant;
+pub mod sse;
+pub mod workload;
+
+use crate::loadgen::client::{http_client, ms, send, Outcome};
+use crate::loadgen::workload::RequestSpec;
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -9,21 +9,37 @@ use crate::loadgen::RunResult;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+/// The bench's one percentile definition, nearest rank: the 1-based rank, in `n` values sorted
+/// ascending, of the `p`th percentile (`p` in 0..=100): ⌈p/100 · n⌉, at least 1 and at most `n`
+/// (`n` ≥ 1). Every percentile the bench prints (report, intervals, soak, scale, overhead) and
+/// every count of samples at or above one (`p99_tail_samples`) comes from this rank.
+pub fn nearest_rank(p: f64, n: usize) -> usize {
+    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    rank.clamp(1, n)
+}
+
 /// Nearest-rank percentile (`p` in 0..=100) of unsorted values; NaN when there are none.
+/// Non-finite values are left out: figures of served requests only (see [`percentile_inf`]).
 pub fn percentile(values: &[f64], p: f64) -> f64 {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return f64::NAN;
     }
     v.sort_by(f64::total_cmp);
-    percentile_sorted(&v, p)
+    v[nearest_rank(p, v.len()) - 1]
 }
 
-/// Nearest-rank percentile of sorted, finite values (non-empty).
-fn percentile_sorted(v: &[f64], p: f64) -> f64 {
-    let n = v.len();
-    let rank = ((p / 100.0) * n as f64).ceil() as usize;
-    v[rank.clamp(1, n) - 1]
+/// [`percentile`]'s definition over values that may hold +∞ (NaN when empty): a failed request
+/// counts as +∞ and stays in, above every served one, so a router cannot win by dropping
+/// requests. Works in place (reorders `v`) and selects rather than sorts: the intervals over
+/// seeds call it once per resample.
+pub fn percentile_inf(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let k = nearest_rank(p, v.len()) - 1;
+    let (_, x, _) = v.select_nth_unstable_by(k, f64::total_cmp);
+    *x
 }
 
 /// The figures of one router in one scenario. The first eight fields are the JSON contract.
@@ -74,7 +90,7 @@ pub struct Summary {
     pub goodput_rps: Option<f64>,
     /// Per-pod and fleet diagnostics of the measurement window (multi-seed runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub diagnostics: Option<crate::diagnostics::Diagnostics>,
+    pub diagnostics: Option<crate::analysis::diagnostics::Diagnostics>,
     /// Scenario-specific figures (e.g. `adapter_loads`, `prefix_hit_rate`, `preemptions`).
     #[serde(flatten)]
     pub extra: BTreeMap<String, f64>,
@@ -133,7 +149,7 @@ pub fn summarize(run: &RunResult) -> Summary {
         .into_iter()
         .map(|(k, v)| (k, v as f64 / served as f64))
         .collect();
-    let pct = |v: &[f64], p: f64| crate::confidence::percentile_inf(&mut v.to_vec(), p);
+    let pct = |v: &[f64], p: f64| percentile_inf(&mut v.to_vec(), p);
     let served_ttft: Vec<f64> = ttft.iter().copied().filter(|t| t.is_finite()).collect();
     Summary {
         ttft_p50_ms: pct(&ttft, 50.0),
@@ -173,7 +189,7 @@ pub fn summarize(run: &RunResult) -> Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
+    use crate::loadgen::client::Outcome;
     use crate::loadgen::Sample;
 
     fn sample(id: u64, status: u16, ttft: Option<f64>, e2e: f64, pod: &str, tokens: u64) -> Sample {

@@ -13,11 +13,11 @@
 //! identically to every router and excluded, is what evens that out. A fleet of another shape
 //! stops the one running; [`release`] stops whatever runs (the bench calls it before it exits).
 //!
-//! Every instance is pinned to its core ([`crate::fleet::PodSpec::core`], else pod `i` on core
+//! Every instance is pinned to its core ([`crate::stack::fleet::PodSpec::core`], else pod `i` on core
 //! `i mod cores`); Envoy, the sidecar, the peer routers and the load generator share those
 //! cores — the machine has no others.
 
-use crate::fleet::{FleetSpec, PodSpec, MODEL};
+use crate::stack::fleet::{FleetSpec, PodSpec, MODEL};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -181,7 +181,7 @@ async fn load_adapters(addrs: &[SocketAddr], adapters: &[String]) -> Result<(), 
 /// Requests running and waiting on a pod, from its `/metrics`.
 async fn busy(addr: SocketAddr) -> Option<f64> {
     let r = testkit::get(addr, "/metrics", &[]).await.ok()?;
-    let m = crate::podmetrics::sum_metrics(&r.text());
+    let m = crate::analysis::podmetrics::sum_metrics(&r.text());
     Some(
         m.get("vllm:num_requests_running").copied().unwrap_or(0.0)
             + m.get("vllm:num_requests_waiting").copied().unwrap_or(0.0),

@@ -319,7 +319,7 @@ mod tests {
         )
         .is_empty());
     }
-    use crate::client::Outcome;
+    use crate::loadgen::client::Outcome;
 
     #[test]
     fn sums_families_over_labels() {

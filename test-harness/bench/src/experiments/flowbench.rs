@@ -16,20 +16,22 @@
 //! - **canary** (`flow_canary`): the share served by the canary within ±1 percentage point of
 //!   its weight.
 //!
-//! Ratios come with per-seed log-ratio t intervals over the seeds ([`ratio_cis`]).
+//! Ratios come with per-seed log-ratio t intervals over the seeds ([`crate::analysis::confidence::ratio_cis`]).
 
-use crate::confidence::{pooled, ratio_cis, RunData, Stat};
+use crate::analysis::confidence::{pooled, RunData, Stat};
+use crate::analysis::stats::error_kind;
+use crate::experiments::runner::{run_windowed, RunOutcome, Windows};
+use crate::experiments::scenarios::{floor_percentile_ms, flow_scenario, Mode, Scenario};
+use crate::loadgen::workload::generate;
 use crate::loadgen::Sample;
-use crate::runner::{run_windowed, RunOutcome, Windows};
-use crate::scenarios::{
-    floor_percentile_ms, flow_scenario, Mode, Scenario, CANARY_TARGET, CANARY_WEIGHTS,
-};
+#[cfg(test)]
+use crate::report::flow::Check;
+use crate::report::flow::{markdown, select, ArmResult, Experiment, Figures, FlowReport};
+use crate::report::verdicts::checks;
+#[cfg(test)]
+use crate::scenario_names::CANARY_TARGET;
 use crate::stack::RouterKind;
-use crate::stats::error_kind;
-use crate::workload::generate;
-use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -82,7 +84,7 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
             arm(RouterKind::Filter, "flow_tenants_alone"),
         ],
         // Beside the unbounded routers, round robin with Envoy's admission (circuit breakers,
-        // overflow answered 429) at the scenario's bound ([`crate::scenarios::admission_for`]).
+        // overflow answered 429) at the scenario's bound ([`crate::experiments::scenarios::admission_for`]).
         "overload" => vec![
             arm(RouterKind::RoundRobin, "flow_overload"),
             arm(RouterKind::LeastRequest, "flow_overload"),
@@ -113,141 +115,6 @@ fn arms(exp: &str, peers: bool) -> Vec<Arm> {
         }
     }
     v
-}
-
-/// Figures of one group of requests (a band, a tenant, or all) of one arm, pooled over seeds.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Figures {
-    /// Requests that arrived in the window.
-    pub requests: usize,
-    /// Served (2xx, complete stream).
-    pub served: usize,
-    /// Refused with 429.
-    pub refused: usize,
-    /// Of those, refused only after the TTFT SLO had passed: the client waited as long as a
-    /// failure costs it, so the overload checks count these as failures.
-    pub refused_late: usize,
-    /// Neither: an error other than 429, a cut stream, a timeout.
-    pub lost: usize,
-    /// TTFT percentiles, emulated ms, failures (refusals included) +∞.
-    pub ttft_p50_ms: f64,
-    /// p95.
-    pub ttft_p95_ms: f64,
-    /// p99.
-    pub ttft_p99_ms: f64,
-    /// Served requests per emulated second of window.
-    pub throughput_rps: f64,
-    /// Served requests with TTFT within the scenario's SLO per emulated second (goodput).
-    pub goodput_rps: f64,
-    /// End-to-end p95, emulated ms, failures +∞ (what over-admitting costs after the first token).
-    pub e2e_p95_ms: f64,
-    /// Output tokens of served requests per emulated second.
-    pub output_tokens_per_s: f64,
-}
-
-/// One arm's results.
-#[derive(Debug, Clone, Serialize)]
-pub struct ArmResult {
-    /// Router name.
-    pub router: String,
-    /// Scenario variant.
-    pub scenario: String,
-    /// Seeds run.
-    pub seeds: Vec<u64>,
-    /// Runs the protocol's checks invalidated (step lateness), with the reason.
-    pub invalid: Vec<String>,
-    /// All window requests.
-    pub all: Figures,
-    /// By the request's tag (band or tenant), when it had one.
-    pub by_tag: BTreeMap<String, Figures>,
-    /// Preemptions per run (`vllm:num_preemptions_total` over the window, mean over seeds).
-    pub preemptions: Option<f64>,
-    /// 429s by `x-llm-router-dropped-reason`.
-    pub refusals: BTreeMap<String, usize>,
-    /// Lost requests by cause (HTTP status, `timeout` — still open when the run's drain ended —,
-    /// `transport`, `stream`).
-    pub lost_by_cause: BTreeMap<String, usize>,
-    /// What the gateway counted over whole runs (warm-up and tail included), summed over seeds:
-    /// the filter's decisions and flow outcomes, the sidecar's scrapes
-    /// ([`crate::stack::Gateway::counts`]); empty for a peer.
-    pub gateway: BTreeMap<String, f64>,
-    /// Served requests by the model name the rewrite chose (`x-llm-router-served-model`).
-    pub served_models: BTreeMap<String, usize>,
-    /// The same, per run (seed).
-    pub served_models_by_run: Vec<BTreeMap<String, usize>>,
-    #[serde(skip)]
-    runs: Vec<(RunData, BTreeMap<u64, String>)>,
-}
-
-/// One judged target.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Check {
-    /// What is measured.
-    pub what: String,
-    /// The measured value (a ratio, a share, a count).
-    pub value: Option<f64>,
-    /// Its 95 % interval, for ratios.
-    pub ci95: Option<[f64; 2]>,
-    /// The target, as the issue states it.
-    pub target: String,
-    /// Whether the point estimate meets it (`None`: not measurable in this run).
-    pub met: Option<bool>,
-}
-
-/// One experiment's arms and checks.
-#[derive(Debug, Clone, Serialize)]
-pub struct Experiment {
-    /// `bands`, `tenants`, `overload`, `canary`.
-    pub name: String,
-    /// What the scenario is.
-    pub about: String,
-    /// The TTFT SLO of goodput, emulated ms.
-    pub slo_ms: f64,
-    /// Every client request stated it in `x-slo-ttft-ms` (`--slo-header`).
-    pub slo_header: bool,
-    /// Bands: the critical requests' TTFT p99 with each alone on an idle pod of the fleet
-    /// (the first seed's window), emulated ms.
-    pub critical_floor_p99_ms: Option<f64>,
-    /// Every arm.
-    pub arms: Vec<ArmResult>,
-    /// The issue's targets.
-    pub checks: Vec<Check>,
-}
-
-/// Everything `bench flow` measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct FlowReport {
-    /// `quick` or `full`.
-    pub mode: String,
-    /// Emulator speed-up.
-    pub speedup: f64,
-    /// Seeds per arm.
-    pub seeds: usize,
-    /// The experiments run.
-    pub experiments: Vec<Experiment>,
-}
-
-/// Keep the observations of the ids `keep` accepts.
-fn subset(d: &RunData, keep: impl Fn(u64) -> bool) -> RunData {
-    RunData {
-        obs: d
-            .obs
-            .iter()
-            .filter(|(id, _)| keep(**id))
-            .map(|(k, v)| (*k, *v))
-            .collect(),
-        ..d.clone()
-    }
-}
-
-/// Each run's observations of the requests tagged `tag` (`None`: every request).
-fn select(runs: &[(RunData, BTreeMap<u64, String>)], tag: Option<&str>) -> Vec<RunData> {
-    runs.iter()
-        .map(|(d, tags)| match tag {
-            None => d.clone(),
-            Some(t) => subset(d, |id| tags.get(&id).map(String::as_str) == Some(t)),
-        })
-        .collect()
 }
 
 /// The figures of the requests tagged `tag` (`None`: all) over every run of an arm.
@@ -387,254 +254,6 @@ fn arm_from(
     }
 }
 
-/// `stat(a's requests tagged tag_a) ÷ stat(b's tagged tag_b)`, paired by seed and request id
-/// (`None` tag: every request).
-fn ratio(
-    a: &ArmResult,
-    b: &ArmResult,
-    tag: Option<&str>,
-    stat: Stat,
-) -> (Option<f64>, Option<[f64; 2]>) {
-    let r = ratio_cis(&select(&a.runs, tag), &select(&b.runs, tag), &[stat]);
-    r.first().map_or((None, None), |r| (r.ratio, r.ci95))
-}
-
-fn check(
-    what: &str,
-    target: &str,
-    value: Option<f64>,
-    ci95: Option<[f64; 2]>,
-    met: impl Fn(f64) -> bool,
-) -> Check {
-    Check {
-        what: what.to_string(),
-        value,
-        ci95,
-        target: target.to_string(),
-        met: value.filter(|v| v.is_finite()).map(met),
-    }
-}
-
-/// A figure shown beside the targets, judged by none.
-fn info(what: &str, about: &str, value: Option<f64>, ci95: Option<[f64; 2]>) -> Check {
-    Check {
-        met: None,
-        ..check(what, about, value, ci95, |_| false)
-    }
-}
-
-/// Nothing lost: each request served or refused with 429 (a 429 after the SLO counts as lost:
-/// the client waited as long as a failure costs it).
-fn lost(f: &ArmResult) -> Check {
-    check(
-        &format!(
-            "{}: requests lost (neither served nor 429 within the SLO; {} late 429)",
-            f.router, f.all.refused_late
-        ),
-        "0",
-        Some((f.all.lost + f.all.refused_late) as f64),
-        None,
-        |n| n == 0.0,
-    )
-}
-
-/// A check of a ratio met only if the worse end of its interval meets it (the point estimate
-/// when there is no interval): `at_least` targets, so the worse end is the lower one.
-fn check_at_least(what: &str, target: f64, value: Option<f64>, ci95: Option<[f64; 2]>) -> Check {
-    let mut c = check(
-        what,
-        &format!("≥ {target} (worse end)"),
-        value,
-        ci95,
-        |x| x >= target,
-    );
-    if let (Some(ci), Some(_)) = (ci95, c.met) {
-        c.met = Some(ci[0] >= target);
-    }
-    c
-}
-
-fn find<'a>(arms: &'a [ArmResult], router: &str, scenario: &str) -> Option<&'a ArmResult> {
-    arms.iter()
-        .find(|a| a.router == router && a.scenario == scenario)
-}
-
-/// The issue's targets for one experiment's arms.
-/// `floor_ms`: the critical requests' TTFT p99 floor (emulated ms), for bands.
-pub fn checks(exp: &str, arms: &[ArmResult], slo_ms: f64, floor_ms: Option<f64>) -> Vec<Check> {
-    let mut out = Vec::new();
-    let peers: Vec<&ArmResult> = arms
-        .iter()
-        .filter(|a| RouterKind::from_name(&a.router).is_some_and(|r| r.peer().is_some()))
-        .collect();
-    match exp {
-        "bands" => {
-            let (Some(f), Some(rr)) = (
-                find(arms, "filter", "flow_bands"),
-                find(arms, "round_robin", "flow_bands"),
-            ) else {
-                return out;
-            };
-            let (v, ci) = ratio(f, rr, Some("critical"), Stat::Ttft(99.0));
-            out.push(check(
-                "critical TTFT p99, filter ÷ round robin",
-                "≤ 0.05",
-                v,
-                ci,
-                |x| x <= 0.05,
-            ));
-            let share = |t: &str| {
-                f.by_tag
-                    .get(t)
-                    .map(|x| x.refused as f64 / x.requests.max(1) as f64)
-                    .unwrap_or(0.0)
-            };
-            let (shed, std, crit) = (share("sheddable"), share("standard"), share("critical"));
-            out.push(check(
-                "filter: share of sheddable refused − share of standard refused",
-                "≥ 0, and standard refused only when sheddable is",
-                Some(shed - std),
-                None,
-                |d| d >= 0.0 && (std == 0.0 || shed > 0.0),
-            ));
-            out.push(check(
-                "filter: share of critical refused",
-                "0",
-                Some(crit),
-                None,
-                |c| c == 0.0,
-            ));
-            for p in &peers {
-                let (v, ci) = ratio(f, p, Some("critical"), Stat::Ttft(99.0));
-                out.push(info(
-                    &format!("critical TTFT p99, filter ÷ {}", p.router),
-                    "(no target: peers have no bands)",
-                    v,
-                    ci,
-                ));
-            }
-            if let Some(floor) = floor_ms {
-                let b = rr
-                    .by_tag
-                    .get("critical")
-                    .map_or(f64::NAN, |x| x.ttft_p99_ms);
-                out.push(check(
-                    "critical TTFT p99 floor (each alone on an idle pod) ÷ round robin's",
-                    "≤ 0.05, or the target is below the floor",
-                    crate::confidence::safe_ratio(floor, b),
-                    None,
-                    |x| x <= 0.05,
-                ));
-                let fc = f.by_tag.get("critical").map_or(f64::NAN, |x| x.ttft_p99_ms);
-                out.push(info(
-                    "critical TTFT p99, filter ÷ its floor",
-                    "(1 = no router can do better)",
-                    crate::confidence::safe_ratio(fc, floor),
-                    None,
-                ));
-            }
-        }
-        "tenants" => {
-            for r in ["filter", "round_robin"] {
-                let (Some(mix), Some(alone)) = (
-                    find(arms, r, "flow_tenants"),
-                    find(arms, r, "flow_tenants_alone"),
-                ) else {
-                    continue;
-                };
-                let (v, ci) = ratio(mix, alone, Some("light"), Stat::Ttft(95.0));
-                let what = format!("{r}: light tenant's TTFT p95 with heavy ÷ alone");
-                out.push(if r == "filter" {
-                    check(&what, "≤ 1.2", v, ci, |x| x <= 1.2)
-                } else {
-                    info(&what, "(no target: no fairness)", v, ci)
-                });
-            }
-        }
-        "overload" | "overload_vllm" => {
-            let scenario = if exp == "overload" {
-                "flow_overload"
-            } else {
-                "flow_overload_vllm"
-            };
-            let Some(f) = find(arms, "filter", scenario) else {
-                return out;
-            };
-            for b in arms.iter().filter(|a| a.router != "filter") {
-                let (v, ci) = ratio(f, b, None, Stat::WithinSlo(slo_ms));
-                out.push(check(
-                    &format!(
-                        "goodput (served within the TTFT SLO), filter ÷ {}",
-                        b.router
-                    ),
-                    "≥ 1",
-                    v,
-                    ci,
-                    |x| x >= 1.0,
-                ));
-            }
-            // Like with like: the routers that bound what they hold (Envoy's circuit breakers,
-            // SMG's own admission), the best of them by goodput.
-            let admitting = arms.iter().filter(|a| {
-                a.router != "filter"
-                    && a.scenario == scenario
-                    && RouterKind::from_name(&a.router).is_some_and(RouterKind::admits)
-            });
-            if let Some(best) =
-                admitting.max_by(|a, b| a.all.goodput_rps.total_cmp(&b.all.goodput_rps))
-            {
-                let (v, ci) = ratio(f, best, None, Stat::WithinSlo(slo_ms));
-                out.push(check_at_least(
-                    &format!(
-                        "goodput, filter ÷ the best router with admission ({})",
-                        best.router
-                    ),
-                    1.2,
-                    v,
-                    ci,
-                ));
-                let (v, ci) = ratio(f, best, None, Stat::Throughput);
-                out.push(check_at_least(
-                    &format!("requests served, filter ÷ {}", best.router),
-                    0.95,
-                    v,
-                    ci,
-                ));
-            }
-            out.push(lost(f));
-        }
-        "canary" => {
-            if let Some(f) = find(arms, "filter", "flow_canary") {
-                let want = 100.0 * f64::from(CANARY_WEIGHTS.1)
-                    / f64::from(CANARY_WEIGHTS.0 + CANARY_WEIGHTS.1);
-                let share = |m: &BTreeMap<String, usize>| {
-                    let served: usize = m.values().sum();
-                    let canary = m.get(CANARY_TARGET).copied().unwrap_or(0);
-                    (canary, served, 100.0 * canary as f64 / served.max(1) as f64)
-                };
-                // Each run (10,000 requests in full mode) on its own; the worst is judged.
-                for (i, m) in f.served_models_by_run.iter().enumerate() {
-                    let (canary, served, pct) = share(m);
-                    let seed = f
-                        .seeds
-                        .get(i)
-                        .map_or(String::new(), |s| format!(" seed {s}"));
-                    out.push(check(
-                        &format!("% served by the canary,{seed} ({canary} of {served})"),
-                        &format!("{want:.0} ± 1"),
-                        Some(pct),
-                        None,
-                        |s| (s - want).abs() <= 1.0,
-                    ));
-                }
-                out.push(lost(f));
-            }
-        }
-        _ => {}
-    }
-    out
-}
-
 /// The windows of an experiment's runs: the protocol's for the scenario (the mixed workload's
 /// for both tenant variants, so the light tenant alone is measured on the same requests); the
 /// whole 60 s for overload and the whole run for the canary.
@@ -705,7 +324,7 @@ pub async fn run_experiment(exp: &str, cfg: &FlowBenchConfig) -> Result<Experime
                 .ok_or_else(|| format!("no scenario {}", arm.scenario))?;
             if cfg.slo_header && exp.starts_with("overload") {
                 sc.client_headers.push((
-                    crate::scenarios::SLO_HEADER.to_string(),
+                    crate::experiments::scenarios::SLO_HEADER.to_string(),
                     format!("{:.0}", sc.slo_ttft_ms),
                 ));
             }
@@ -770,117 +389,88 @@ fn write(cfg: &FlowBenchConfig, rep: &FlowReport) -> Result<(), String> {
     std::fs::write(cfg.out_dir.join("flow.md"), markdown(rep)).map_err(|e| e.to_string())
 }
 
-fn num(x: f64) -> String {
-    if x.is_nan() {
-        "–".into()
-    } else if x.is_infinite() {
-        "∞".into()
-    } else if x.abs() >= 100.0 {
-        format!("{x:.0}")
-    } else {
-        format!("{x:.2}")
-    }
+/// `bench flow`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// CI-sized windows (speed-up 4) instead of the full protocol (speed-up 3).
+    #[arg(long)]
+    quick: bool,
+    /// Only these experiments (repeatable): bands tenants overload canary; overload_vllm
+    /// (real vLLM pods, `./build.sh setup-vllm`) runs only when named.
+    #[arg(long = "experiment")]
+    experiments: Vec<String>,
+    /// First workload seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Seeds per arm. Default: 1 quick, 3 full.
+    #[arg(long)]
+    seeds: Option<usize>,
+    /// Leave out the peer router (SMG cache_aware).
+    #[arg(long)]
+    no_peers: bool,
+    /// Only these routers' arms (repeatable), e.g. `--router filter`; a target that
+    /// compares with a router left out is not judged.
+    #[arg(long = "router")]
+    routers: Vec<String>,
+    /// In the overload experiments, every client request states the TTFT SLO it is judged
+    /// by (`x-slo-ttft-ms`, llm-d's header; only the filter reads it).
+    #[arg(long)]
+    slo_header: bool,
 }
 
-/// The report: per experiment, a table of every arm and group, then the checks.
-pub fn markdown(rep: &FlowReport) -> String {
-    let mut md = String::new();
-    let _ = writeln!(
-        md,
-        "# Flow control: bands, tenants, overload, canary ({} mode, speed-up {}, {} seed(s) per arm)\n",
-        rep.mode, rep.speedup, rep.seeds
-    );
-    md.push_str(
-        "TTFT in emulated ms, failures and refusals +∞ (Benchmark v2). Goodput: requests served \
-         with TTFT within the SLO per emulated second. Produced by `bench flow`.\n",
-    );
-    for e in &rep.experiments {
-        let _ = writeln!(md, "\n## {} — {}\n", e.name, e.about);
-        let _ = writeln!(md, "SLO (goodput): TTFT ≤ {} ms.\n", num(e.slo_ms));
-        if e.slo_header {
-            md.push_str(
-                "Every client request states that SLO in `x-slo-ttft-ms` (llm-d's header; the \
-                 same requests for every router, only the filter reads it).\n\n",
-            );
-        }
-        md.push_str(
-            "| router | scenario | group | requests | served | 429 (late) | lost | TTFT p50 | p95 | p99 | goodput/s | e2e p95 | tokens/s | preemptions |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        );
-        for a in &e.arms {
-            let pre = a.preemptions.map_or("–".to_string(), num);
-            let groups = std::iter::once(("all", &a.all))
-                .chain(a.by_tag.iter().map(|(k, v)| (k.as_str(), v)));
-            for (g, f) in groups {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {g} | {} | {} | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    a.router,
-                    a.scenario,
-                    f.requests,
-                    f.served,
-                    f.refused,
-                    f.refused_late,
-                    f.lost,
-                    num(f.ttft_p50_ms),
-                    num(f.ttft_p95_ms),
-                    num(f.ttft_p99_ms),
-                    num(f.goodput_rps),
-                    num(f.e2e_p95_ms),
-                    num(f.output_tokens_per_s),
-                    if g == "all" { pre.as_str() } else { "" },
-                );
-            }
-            let counted = |m: &BTreeMap<String, usize>| -> Vec<String> {
-                m.iter().map(|(k, v)| format!("{k} {v}")).collect()
-            };
-            let gateway: Vec<String> = a
-                .gateway
-                .iter()
-                .map(|(k, v)| format!("{k} {}", num(*v)))
-                .collect();
-            for (label, items) in [
-                ("429 by reason", counted(&a.refusals)),
-                ("lost by cause", counted(&a.lost_by_cause)),
-                ("gateway (whole runs)", gateway),
-                ("invalid runs", a.invalid.clone()),
-            ] {
-                if !items.is_empty() {
-                    let sep = if label == "invalid runs" { "; " } else { ", " };
-                    let _ = writeln!(
-                        md,
-                        "| | | {label}: {} | | | | | | | | | | | |",
-                        items.join(sep)
-                    );
-                }
-            }
-        }
-        md.push_str("\n| target | measured | 95 % CI | wanted | met |\n|---|---|---|---|---|\n");
-        for c in &e.checks {
-            let ci = c.ci95.map_or("–".to_string(), |c| {
-                format!("[{}, {}]", num(c[0]), num(c[1]))
-            });
-            let met = match c.met {
-                Some(true) => "yes",
-                Some(false) => "**no**",
-                None => "–",
-            };
-            let _ = writeln!(
-                md,
-                "| {} | {} | {ci} | {} | {met} |",
-                c.what,
-                c.value.map_or("–".to_string(), num),
-                c.target
-            );
+/// `bench flow`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        quick,
+        experiments,
+        seed,
+        seeds,
+        no_peers,
+        routers,
+        slo_header,
+    } = args;
+    let mode = if quick {
+        Mode::quick(seed)
+    } else {
+        Mode::full(seed)
+    };
+    if experiments.iter().any(|e| e == "overload_vllm") {
+        // Offered 1.5× vllm_uneven's capacity: this machine's.
+        if let Err(e) =
+            crate::experiments::calibrate::ensure_real_capacities(&["vllm_uneven"]).await
+        {
+            eprintln!("bench flow: measuring real-pod capacities: {e}");
+            return ExitCode::FAILURE;
         }
     }
-    md
+    let cfg = FlowBenchConfig {
+        mode,
+        seeds: seeds.unwrap_or(if quick { 1 } else { 3 }),
+        experiments,
+        peers: !no_peers,
+        routers,
+        slo_header,
+        out_dir: out_dir.to_path_buf(),
+    };
+    match run_flow(&cfg).await {
+        Ok(rep) => {
+            println!("{}", markdown(&rep));
+            eprintln!("bench flow: wrote {}/flow.{{json,md}}", out_dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("bench flow: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Outcome;
-    use crate::confidence::Obs;
+    use crate::analysis::confidence::Obs;
+    use crate::loadgen::client::Outcome;
 
     /// One synthetic run: requests `(tag, ttft ms or None = failed, status)`.
     fn run(seed: u64, reqs: &[(&str, Option<f64>, u16)]) -> (RunData, Vec<Sample>) {

@@ -17,6 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::json;
+#[cfg(test)]
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -26,7 +27,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router};
 
-use crate::client::{http_client, ms, HttpClient};
+use crate::analysis::stats::percentile;
+use crate::loadgen::client::{http_client, ms, HttpClient};
+use crate::report::soak::{markdown, SoakReport};
+use crate::report::verdicts::verdict;
 use crate::stack::{free_ports, wait_snapshot_at, StackError, SECRET};
 
 /// The two models (one pool each) and the adapters of the first.
@@ -36,9 +40,6 @@ const MODELS: [&str; 2] = [
 ];
 const POOLS: [(&str, &str); 2] = [("llama", "pool_llama"), ("qwen", "pool_qwen")];
 const ADAPTERS: [&str; 3] = ["sql-lora", "chat-lora", "code-lora"];
-/// Allowed growth of resident memory from the warm-up to the end.
-pub const MEMORY_TOLERANCE: f64 = 0.10;
-
 /// How big a soak.
 #[derive(Debug, Clone)]
 pub struct SoakConfig {
@@ -160,141 +161,6 @@ impl End {
             End::Hang => "hang (timeout)".into(),
         }
     }
-}
-
-/// Figures of one run.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct SoakReport {
-    /// Requests sent.
-    pub sent: usize,
-    /// Complete answers (hostile bodies not counted).
-    pub succeeded: usize,
-    /// Hostile bodies refused as documented.
-    pub refused_hostile: usize,
-    /// Every other ending, by cause.
-    pub failed_by_cause: BTreeMap<String, usize>,
-    /// Requests lost before streaming started.
-    pub lost: usize,
-    /// Streams cut after they started.
-    pub cut: usize,
-    /// Requests that outlived their timeout.
-    pub hangs: usize,
-    /// Hostile bodies that were served.
-    pub hostile_served: usize,
-    /// p50 / p99 latency of the succeeded requests, ms.
-    pub p50_ms: f64,
-    /// p99 latency of the succeeded requests, ms.
-    pub p99_ms: f64,
-    /// Longest request of all, ms.
-    pub max_ms: f64,
-    /// Wall time of the run, s.
-    pub wall_s: f64,
-    /// Envoy's VmRSS after the warm-up and at the end, kB.
-    pub envoy_rss_kb: (u64, u64),
-    /// The sidecar's VmRSS after the warm-up (first process) and at the end (the restarted
-    /// one, after the same warm-up), kB.
-    pub sidecar_rss_kb: (u64, u64),
-    /// The pod killed, and when (requests sent).
-    pub killed_pod: String,
-    /// Requests sent when the pod was killed and the sidecar restarted.
-    pub events_at: (usize, usize),
-    /// Per pool: Envoy's retries and failed upstream connects (the killed pod's doing).
-    pub envoy_retries: BTreeMap<String, (u64, u64)>,
-}
-
-/// The pass/fail judgement of a report.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// Every reason it failed (empty: passed).
-    pub failures: Vec<String>,
-}
-
-impl Verdict {
-    /// No failure.
-    pub fn passed(&self) -> bool {
-        self.failures.is_empty()
-    }
-}
-
-/// Judges `r`: nothing lost before streaming, no hang, every hostile body refused, every request
-/// accounted for, memory within [`MEMORY_TOLERANCE`] of its start.
-pub fn verdict(r: &SoakReport) -> Verdict {
-    let mut failures = Vec::new();
-    if r.lost > 0 {
-        failures.push(format!("{} requests lost before streaming started", r.lost));
-    }
-    if r.hangs > 0 {
-        failures.push(format!("{} requests hung past their timeout", r.hangs));
-    }
-    if r.hostile_served > 0 {
-        failures.push(format!("{} hostile bodies were served", r.hostile_served));
-    }
-    let accounted = r.succeeded + r.refused_hostile + r.failed_by_cause.values().sum::<usize>();
-    if accounted != r.sent || r.sent == 0 {
-        failures.push(format!("{accounted} of {} requests accounted for", r.sent));
-    }
-    for (what, (start, end)) in [("Envoy", r.envoy_rss_kb), ("sidecar", r.sidecar_rss_kb)] {
-        if start == 0 || end == 0 {
-            failures.push(format!("{what}'s memory was not measured"));
-        } else if end as f64 > start as f64 * (1.0 + MEMORY_TOLERANCE) {
-            failures.push(format!(
-                "{what}'s memory grew {:.1} % ({start} → {end} kB)",
-                (end as f64 / start as f64 - 1.0) * 100.0
-            ));
-        }
-    }
-    Verdict { failures }
-}
-
-/// The report as Markdown.
-pub fn markdown(r: &SoakReport, v: &Verdict) -> String {
-    let mut s = String::new();
-    s.push_str(&format!(
-        "## Soak: {} ({} requests in {:.0} s)\n\n",
-        if v.passed() { "PASS" } else { "FAIL" },
-        r.sent,
-        r.wall_s
-    ));
-    s.push_str(&format!(
-        "- sent {}, succeeded {}, hostile bodies refused {}\n",
-        r.sent, r.succeeded, r.refused_hostile
-    ));
-    for (cause, n) in &r.failed_by_cause {
-        s.push_str(&format!("- {cause}: {n}\n"));
-    }
-    s.push_str(&format!(
-        "- latency of the succeeded: p50 {:.0} ms, p99 {:.0} ms; longest request {:.0} ms\n",
-        r.p50_ms, r.p99_ms, r.max_ms
-    ));
-    s.push_str(&format!(
-        "- events: pod {} killed after {} requests, sidecar restarted after {}\n",
-        r.killed_pod, r.events_at.0, r.events_at.1
-    ));
-    for (pool, (retries, connect_fail)) in &r.envoy_retries {
-        s.push_str(&format!(
-            "- Envoy, pool {pool}: {retries} retries, {connect_fail} failed connects\n"
-        ));
-    }
-    let pct = |(a, b): (u64, u64)| {
-        if a == 0 {
-            0.0
-        } else {
-            (b as f64 / a as f64 - 1.0) * 100.0
-        }
-    };
-    s.push_str(&format!(
-        "- VmRSS after warm-up → end: Envoy {} → {} kB ({:+.1} %), sidecar {} → {} kB ({:+.1} %)\n",
-        r.envoy_rss_kb.0,
-        r.envoy_rss_kb.1,
-        pct(r.envoy_rss_kb),
-        r.sidecar_rss_kb.0,
-        r.sidecar_rss_kb.1,
-        pct(r.sidecar_rss_kb)
-    ));
-    for f in &v.failures {
-        s.push_str(&format!("- FAILED: {f}\n"));
-    }
-    s
 }
 
 /// `VmRSS` of a process, kB (0 if it cannot be read).
@@ -530,12 +396,14 @@ async fn exchange(client: &HttpClient, uri: &hyper::Uri, kind: Kind, body: Vec<u
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// The bench's percentile ([`percentile`], nearest rank) of the succeeded requests' latencies;
+/// 0 when none succeeded (the report then says so through its counts, not through NaN).
+fn latency_percentile(ok_ms: &[f64], p: f64) -> f64 {
+    if ok_ms.is_empty() {
+        0.0
+    } else {
+        percentile(ok_ms, p)
     }
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted.get(idx).copied().unwrap_or(0.0)
 }
 
 /// Runs the soak and returns its figures (the verdict is [`verdict`]'s).
@@ -654,9 +522,8 @@ pub async fn run(cfg: &SoakConfig) -> Result<SoakReport, StackError> {
     }
     // Every request taken by a worker counts as sent; one without a result is unaccounted.
     report.sent = next.load(Ordering::SeqCst).min(cfg.requests);
-    ok_ms.sort_by(f64::total_cmp);
-    report.p50_ms = percentile(&ok_ms, 0.50);
-    report.p99_ms = percentile(&ok_ms, 0.99);
+    report.p50_ms = latency_percentile(&ok_ms, 50.0);
+    report.p99_ms = latency_percentile(&ok_ms, 99.0);
     for (pool, cluster) in POOLS {
         let count = |stat: &str| {
             stack
@@ -680,6 +547,57 @@ pub async fn run(cfg: &SoakConfig) -> Result<SoakReport, StackError> {
         p.stop();
     }
     Ok(report)
+}
+
+/// `bench soak`'s arguments (the help text is the fields' docs).
+#[derive(clap::Args)]
+pub struct Args {
+    /// The full size (10,000 requests) instead of the CI size (1,500).
+    #[arg(long)]
+    full: bool,
+    /// Requests (overrides the size).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Workload seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// `bench soak`: runs it with `args`, results under `out_dir` (`<target>/bench`).
+pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let Args {
+        full,
+        requests,
+        seed,
+    } = args;
+    let mut cfg = if full {
+        SoakConfig::full()
+    } else {
+        SoakConfig::ci()
+    };
+    cfg.requests = requests.unwrap_or(cfg.requests);
+    cfg.seed = seed;
+    match run(&cfg).await {
+        Ok(rep) => {
+            let v = verdict(&rep);
+            let md = markdown(&rep, &v);
+            println!("{md}");
+            let _ = std::fs::create_dir_all(out_dir);
+            let json = serde_json::to_string_pretty(&rep).unwrap_or_default();
+            let _ = std::fs::write(out_dir.join("soak.json"), json);
+            let _ = std::fs::write(out_dir.join("soak.md"), md);
+            if v.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("soak: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]
