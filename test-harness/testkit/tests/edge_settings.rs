@@ -858,3 +858,80 @@ fn network_policies_wall_the_metrics_hub() {
     }
     assert_eq!(ports, BTreeSet::from([9464, 9465]));
 }
+
+/// Every way the manifests run a gateway pod — the standalone Deployment, the Deployment patch
+/// Istio merges into its gateway, the Deployment patch of Envoy Gateway's `EnvoyProxy` — puts
+/// the sidecar beside Envoy (`sidecar-metrics run --config …`), the hub-credential init
+/// container before it, and the filter's module at `/var/lib/llm-router` in the Envoy
+/// container; and every volume a container mounts is declared in the same pod.
+#[test]
+fn every_gateway_pod_runs_the_sidecar_and_declares_what_it_mounts() {
+    let Some(docs) = example_docs_or_skip("every_gateway_pod_runs_the_sidecar") else {
+        return;
+    };
+    let mut pods: Vec<(String, Value)> = Vec::new();
+    for d in &docs {
+        for v in with_embedded(d) {
+            let spec = &v["spec"]["template"]["spec"];
+            if spec["containers"].is_array() && spec["containers"][0]["name"] != "metrics-hub" {
+                pods.push((d.origin.clone(), spec.clone()));
+            }
+        }
+        let patch =
+            &d.value["spec"]["provider"]["kubernetes"]["envoyDeployment"]["patch"]["value"];
+        if patch.is_object() {
+            pods.push((d.origin.clone(), patch["spec"]["template"]["spec"].clone()));
+        }
+    }
+    let origins: BTreeSet<&str> = pods
+        .iter()
+        .map(|(o, _)| o.split('#').next().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        origins,
+        BTreeSet::from([
+            "envoy/deploy/overlays/envoy-gateway",
+            "envoy/deploy/overlays/istio",
+            "envoy/deploy/overlays/standalone",
+        ]),
+        "a gateway pod in each overlay"
+    );
+    for (origin, spec) in &pods {
+        let list = |key: &str| -> Vec<Value> { spec[key].as_array().cloned().unwrap_or_default() };
+        let containers = list("containers");
+        let sidecar = containers
+            .iter()
+            .find(|c| c["name"] == "sidecar-metrics")
+            .unwrap_or_else(|| panic!("{origin}: no sidecar-metrics container"));
+        assert_eq!(sidecar["args"][0], "run", "{origin}");
+        assert!(
+            list("initContainers")
+                .iter()
+                .any(|c| c["name"] == "hub-credential" && c["args"][0] == "credential"),
+            "{origin}: no hub-credential init container"
+        );
+        let mounts_filter = containers.iter().any(|c| {
+            c["name"] != "sidecar-metrics"
+                && c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["mountPath"] == "/var/lib/llm-router")
+        });
+        assert!(mounts_filter, "{origin}: no Envoy container mounts the module");
+        let volumes: BTreeSet<String> = list("volumes")
+            .iter()
+            .filter_map(|v| v["name"].as_str().map(str::to_string))
+            .collect();
+        for c in containers.iter().chain(&list("initContainers")) {
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                let name = m["name"].as_str().unwrap_or_default();
+                assert!(
+                    volumes.contains(name),
+                    "{origin}: {} mounts {name}, which the pod does not declare",
+                    c["name"]
+                );
+            }
+        }
+    }
+}
