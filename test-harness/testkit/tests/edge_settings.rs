@@ -877,8 +877,7 @@ fn every_gateway_pod_runs_the_sidecar_and_declares_what_it_mounts() {
                 pods.push((d.origin.clone(), spec.clone()));
             }
         }
-        let patch =
-            &d.value["spec"]["provider"]["kubernetes"]["envoyDeployment"]["patch"]["value"];
+        let patch = &d.value["spec"]["provider"]["kubernetes"]["envoyDeployment"]["patch"]["value"];
         if patch.is_object() {
             pods.push((d.origin.clone(), patch["spec"]["template"]["spec"].clone()));
         }
@@ -918,7 +917,10 @@ fn every_gateway_pod_runs_the_sidecar_and_declares_what_it_mounts() {
                     .flatten()
                     .any(|m| m["mountPath"] == "/var/lib/llm-router")
         });
-        assert!(mounts_filter, "{origin}: no Envoy container mounts the module");
+        assert!(
+            mounts_filter,
+            "{origin}: no Envoy container mounts the module"
+        );
         let volumes: BTreeSet<String> = list("volumes")
             .iter()
             .filter_map(|v| v["name"].as_str().map(str::to_string))
