@@ -318,30 +318,7 @@ pub fn rank_in(
     }
     let scored = score_all(pool, cands, f, mode);
     if mode == Mode::Full {
-        let limit = match f.priority {
-            p if p < 0 => Some(1.0),
-            0 if pool.saturation.critical_factor > 0.0 => Some(pool.saturation.critical_factor),
-            _ => None,
-        };
-        let saturated_at = |limit: f64| match scope.unscored {
-            Some(rest) => saturated(cands, &scored, rest, limit),
-            None => {
-                // Judged on the pool, not its best pod: the pods holding most of its capacity.
-                let weights = trust::capacity_weights(cands);
-                let pods: Vec<(f64, f64)> = scored
-                    .iter()
-                    .map(|s| (s.saturation, weights.get(s.index).copied().unwrap_or(1.0)))
-                    .collect();
-                trust::pool_saturation(&pods) >= limit
-            }
-        };
-        if let Some(limit) = limit {
-            if saturated_at(limit) {
-                let (min_s, max_s) = retry_after;
-                let secs = retry_after_s(pool, cands, f, min_s, max_s);
-                return Err(Rejection::saturated(&pool.name, secs));
-            }
-        }
+        refuse_if_saturated(pool, cands, f, &scored, retry_after, scope)?;
     }
     let large = scope.pool_pods > LARGE_POOL;
     let n = scope.pool_pods.max(1) as u64;
@@ -392,6 +369,43 @@ pub fn rank_in(
         best_k(&mut keyed, k, order);
     }
     Ok(keyed.into_iter().map(|(s, ..)| s).collect())
+}
+
+/// A 429 when the pool is saturated for the request's priority: a sheddable request (< 0) at
+/// 1×, a standard one at the pool's `critical_factor` (0: never), a critical one never.
+fn refuse_if_saturated(
+    pool: &PoolConfig,
+    cands: &[Candidate<'_>],
+    f: &Features<'_>,
+    scored: &[Scored],
+    retry_after: (u32, u32),
+    scope: &Scope<'_>,
+) -> Result<(), Rejection> {
+    let limit = match f.priority {
+        p if p < 0 => Some(1.0),
+        0 if pool.saturation.critical_factor > 0.0 => Some(pool.saturation.critical_factor),
+        _ => None,
+    };
+    let saturated_at = |limit: f64| match scope.unscored {
+        Some(rest) => saturated(cands, scored, rest, limit),
+        None => {
+            // Judged on the pool, not its best pod: the pods holding most of its capacity.
+            let weights = trust::capacity_weights(cands);
+            let pods: Vec<(f64, f64)> = scored
+                .iter()
+                .map(|s| (s.saturation, weights.get(s.index).copied().unwrap_or(1.0)))
+                .collect();
+            trust::pool_saturation(&pods) >= limit
+        }
+    };
+    if let Some(limit) = limit {
+        if saturated_at(limit) {
+            let (min_s, max_s) = retry_after;
+            let secs = retry_after_s(pool, cands, f, min_s, max_s);
+            return Err(Rejection::saturated(&pool.name, secs));
+        }
+    }
+    Ok(())
 }
 
 /// Keeps the first `k` of `keyed` in `order`, sorted: a partition in linear time, then a sort

@@ -37,7 +37,7 @@
 use std::collections::HashMap;
 
 use crate::{
-    DecodeError, EncodeError, PeerContext, Reader, Snapshot, Writer, MAX_PEER_CONTEXTS,
+    DecodeError, EncodeError, PeerContext, Pool, Reader, Snapshot, Writer, MAX_PEER_CONTEXTS,
     MAX_PODS_PER_POOL, MAX_POOLS,
 };
 
@@ -239,74 +239,98 @@ pub fn merge_peers(snap: &mut Snapshot, tallies: &[Tally], own: u64) -> Option<u
         return None;
     }
     for pool in &mut snap.pools {
-        let index: HashMap<&str, usize> = pool
-            .pods
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.address.as_str(), i))
-            .collect();
-        let mut add: Vec<(usize, u32, u32)> = Vec::new();
-        let mut mine: Vec<u32> = vec![0; pool.pods.len()];
-        for t in tallies.iter().filter(|t| t.replica == own) {
-            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
-                for pod in &tp.pods {
-                    if let Some(m) = index
-                        .get(pod.address.as_str())
-                        .and_then(|&i| mine.get_mut(i))
-                    {
-                        *m = m.saturating_add(pod.in_flight);
-                    }
-                }
-            }
-        }
-        for t in &others {
-            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
-                for pod in &tp.pods {
-                    if let Some(&i) = index.get(pod.address.as_str()) {
-                        add.push((i, pod.in_flight, pod.pending_tokens));
-                    }
-                }
-            }
-        }
+        let (mine, add) = work_on_pods(pool, tallies, &others, own);
         for (i, n, tokens) in add {
             if let Some(p) = pool.pods.get_mut(i) {
                 p.peers.in_flight = p.peers.in_flight.saturating_add(n);
                 p.peers.pending_tokens = p.peers.pending_tokens.saturating_add(tokens);
             }
         }
-        for (p, mine) in pool.pods.iter_mut().zip(mine) {
-            let reported = p.running.saturating_add(p.waiting);
-            let cap = reported.saturating_sub(mine).saturating_add(PEER_SLACK);
-            p.peers.in_flight = p.peers.in_flight.min(cap);
-            p.peers.pending_tokens = p.peers.pending_tokens.min(
-                p.peers
-                    .in_flight
-                    .saturating_mul(PEER_MAX_TOKENS_PER_REQUEST),
-            );
-        }
-        let mut newest_first: Vec<&Tally> = others.clone();
-        newest_first.sort_by_key(|t| std::cmp::Reverse(t.taken_ms));
-        let mut contexts: HashMap<(u64, u32), u32> = HashMap::new();
-        for t in newest_first {
-            for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
-                for c in tp.contexts.iter() {
-                    if contexts.len() >= MAX_PEER_CONTEXTS
-                        && !contexts.contains_key(&(c.key, c.pod))
-                    {
-                        continue;
-                    }
-                    let blocks = contexts.entry((c.key, c.pod)).or_insert(0);
-                    *blocks = (*blocks).max(c.blocks);
+        cap_peer_work(pool, mine);
+        pool.peer_contexts = peer_contexts(&pool.name, &others);
+    }
+    others.iter().map(|t| t.taken_ms).min()
+}
+
+/// What the tallies say is in flight on the pods of `pool`: `own`'s requests per pod (by the
+/// pod's index), and each of the other replicas' entries for a pod `pool` holds as (index,
+/// requests, pending tokens), in the order of `others`.
+fn work_on_pods(
+    pool: &Pool,
+    tallies: &[Tally],
+    others: &[&Tally],
+    own: u64,
+) -> (Vec<u32>, Vec<(usize, u32, u32)>) {
+    let index: HashMap<&str, usize> = pool
+        .pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.address.as_str(), i))
+        .collect();
+    let mut add: Vec<(usize, u32, u32)> = Vec::new();
+    let mut mine: Vec<u32> = vec![0; pool.pods.len()];
+    for t in tallies.iter().filter(|t| t.replica == own) {
+        for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
+            for pod in &tp.pods {
+                if let Some(m) = index
+                    .get(pod.address.as_str())
+                    .and_then(|&i| mine.get_mut(i))
+                {
+                    *m = m.saturating_add(pod.in_flight);
                 }
             }
         }
-        pool.peer_contexts = contexts
-            .into_iter()
-            .map(|((key, pod), blocks)| PeerContext { key, pod, blocks })
-            .collect();
-        pool.peer_contexts.sort_unstable();
     }
-    others.iter().map(|t| t.taken_ms).min()
+    for t in others {
+        for tp in t.pools.iter().filter(|tp| tp.name == pool.name) {
+            for pod in &tp.pods {
+                if let Some(&i) = index.get(pod.address.as_str()) {
+                    add.push((i, pod.in_flight, pod.pending_tokens));
+                }
+            }
+        }
+    }
+    (mine, add)
+}
+
+/// Caps the others' work on each pod of `pool` (module doc, "What peer work can claim"), given
+/// this replica's own requests there (`mine`, by pod index).
+fn cap_peer_work(pool: &mut Pool, mine: Vec<u32>) {
+    for (p, mine) in pool.pods.iter_mut().zip(mine) {
+        let reported = p.running.saturating_add(p.waiting);
+        let cap = reported.saturating_sub(mine).saturating_add(PEER_SLACK);
+        p.peers.in_flight = p.peers.in_flight.min(cap);
+        p.peers.pending_tokens = p.peers.pending_tokens.min(
+            p.peers
+                .in_flight
+                .saturating_mul(PEER_MAX_TOKENS_PER_REQUEST),
+        );
+    }
+}
+
+/// The contexts `others` placed on the pool named `pool`: once per key and pod (the most
+/// blocks), at most [`MAX_PEER_CONTEXTS`] (the newest tallies' first), sorted by key.
+fn peer_contexts(pool: &str, others: &[&Tally]) -> Vec<PeerContext> {
+    let mut newest_first: Vec<&Tally> = others.to_vec();
+    newest_first.sort_by_key(|t| std::cmp::Reverse(t.taken_ms));
+    let mut contexts: HashMap<(u64, u32), u32> = HashMap::new();
+    for t in newest_first {
+        for tp in t.pools.iter().filter(|tp| tp.name == pool) {
+            for c in tp.contexts.iter() {
+                if contexts.len() >= MAX_PEER_CONTEXTS && !contexts.contains_key(&(c.key, c.pod)) {
+                    continue;
+                }
+                let blocks = contexts.entry((c.key, c.pod)).or_insert(0);
+                *blocks = (*blocks).max(c.blocks);
+            }
+        }
+    }
+    let mut out: Vec<PeerContext> = contexts
+        .into_iter()
+        .map(|((key, pod), blocks)| PeerContext { key, pod, blocks })
+        .collect();
+    out.sort_unstable();
+    out
 }
 
 #[cfg(test)]
