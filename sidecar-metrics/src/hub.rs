@@ -287,7 +287,7 @@ async fn take_tally(
     };
     match s
         .board
-        .offer(t, std::time::Instant::now(), crate::sidecar::now_ms())
+        .offer(t, std::time::Instant::now(), crate::clock::now_ms())
     {
         Ok(_) => {
             s.stats.hub_tally("accepted");

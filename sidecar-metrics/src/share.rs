@@ -315,7 +315,7 @@ pub async fn share(
         }
         last_empty = empty;
         t.replica = cred.replica;
-        seq = next_seq(seq, crate::sidecar::now_ms());
+        seq = next_seq(seq, crate::clock::now_ms());
         t.seq = seq;
         let bytes = match t.encode() {
             Ok(b) if b.len() <= MAX_TALLY_BYTES => b,

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -27,10 +27,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::budget::{self, Budget, Trim};
+use crate::clock::now_ms;
 use crate::config::{Config, Mode, MIN_SNAPSHOT_MAX_BYTES};
-use crate::discovery::{self, DiscoveryError, Endpoints};
+use crate::discovery::{self, DiscoveryError};
+use crate::endpoints::Endpoints;
 use crate::engines::PodMetrics;
-use crate::face;
+use crate::admin;
 use crate::http1::Target;
 use crate::hub::HubEvent;
 use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
@@ -78,14 +80,6 @@ enum TrimState {
     Whole,
     Trimmed,
     OverBudget,
-}
-
-/// Unix time in ms.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 struct PodSlot {
@@ -1267,7 +1261,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             "sidecar-metrics hub started"
         ),
     }
-    let face_task = tokio::spawn(face::serve(
+    let face_task = tokio::spawn(admin::serve(
         listener,
         stats.clone(),
         cfg.scrape.interval_ms,
