@@ -204,7 +204,7 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
     };
     apply_push_flags(a, &mut cfg)?;
     apply_hub_flags(a, &mut cfg);
-    apply_scrape_flags(a, &mut cfg);
+    apply_timing_and_log_flags(a, &mut cfg);
     if cfg.push.secret.is_none() && cfg.push.secret_env.is_none() && cfg.push.secret_file.is_none()
     {
         return Err(CliError::NoSecret);
@@ -286,7 +286,7 @@ fn apply_hub_flags(a: &RunArgs, cfg: &mut Config) {
 }
 
 /// The timing flags, `--listen` and the log flags.
-fn apply_scrape_flags(a: &RunArgs, cfg: &mut Config) {
+fn apply_timing_and_log_flags(a: &RunArgs, cfg: &mut Config) {
     if let Some(v) = a.interval_ms {
         cfg.scrape.interval_ms = v;
     }
