@@ -28,15 +28,17 @@ use tokio::task::JoinHandle;
 
 use crate::budget::{self, Budget, Trim};
 use crate::clock::now_ms;
-use crate::config::{Config, Mode, MIN_SNAPSHOT_MAX_BYTES};
+use crate::config::{Config, Mode, PoolConfig, MIN_SNAPSHOT_MAX_BYTES};
 use crate::discovery::{self, DiscoveryError};
 use crate::endpoints::Endpoints;
 use crate::engines::PodMetrics;
 use crate::admin;
 use crate::http1::Target;
 use crate::hub::HubEvent;
+use crate::keys::{Credential, HubKeys};
 use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
 use crate::scrape::{self, PodIo, ScrapeError};
+use TallyBoard;
 use crate::stats::Stats;
 
 /// Consecutive failures are reported up to this count; beyond it the snapshot stops changing
@@ -183,9 +185,9 @@ enum Output {
     /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`), with the
     /// replicas' tallies on the board.
     Publish {
-        keys: crate::keys::HubKeys,
+        keys: HubKeys,
         frames: watch::Sender<Option<Bytes>>,
-        board: Arc<crate::share::TallyBoard>,
+        board: Arc<TallyBoard>,
     },
 }
 
@@ -684,7 +686,7 @@ impl Loop {
     }
 
     /// Mode hub: the board, when tallies are to wake the loop (`hub.tally_frame_ms` > 0).
-    fn tally_board(&self) -> Option<Arc<crate::share::TallyBoard>> {
+    fn tally_board(&self) -> Option<Arc<TallyBoard>> {
         match &self.out {
             Output::Publish { board, .. } if self.cfg.hub.tally_frame_ms > 0 => Some(board.clone()),
             _ => None,
@@ -768,7 +770,7 @@ impl Loop {
 const PEER_PUSH_SPACING: u32 = 3;
 
 /// Resolves when the board (if any) changed; never without one.
-async fn board_changed(board: &Option<Arc<crate::share::TallyBoard>>) {
+async fn board_changed(board: &Option<Arc<TallyBoard>>) {
     match board {
         Some(b) => b.changed().await,
         None => std::future::pending().await,
@@ -881,144 +883,191 @@ async fn next_event(f: &mut Option<Follow>) -> Option<HubEvent> {
     }
 }
 
-async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch::Receiver<bool>) {
-    let mut inflight: FuturesUnordered<BoxFut<Done>> = FuturesUnordered::new();
-    let mut push_fut: Option<BoxFut<PushOutcome>> = None;
-    let mut round: u64 = 0;
-    let mut pending = 0usize;
-    let mut round_open = false;
-    let mut next_round = tokio::time::Instant::now();
-    let coalesce = Duration::from_millis(lp.cfg.scrape.coalesce_ms);
-    // Following hubs: no scraping of our own until they stay silent.
-    let mut scraping = follow.is_none();
+/// The scrape loop: rounds of scrapes (or, following hubs, their snapshots), pushes and their
+/// answers, hub frames, and (mode hub) tally frames, until `shutdown`.
+async fn run_loop(lp: Loop, follow: Option<Follow>, mut shutdown: watch::Receiver<bool>) {
+    let mut d = Driver::new(lp, follow);
     let far = || tokio::time::Instant::now() + Duration::from_secs(86_400);
-    // Mode hub: a changed tally schedules a frame, at most one per `tally_frame_ms` after the
-    // last frame of any kind.
-    let board = lp.tally_board();
-    let tally_gap = Duration::from_millis(lp.cfg.hub.tally_frame_ms);
-    let mut tally_frame_due: Option<tokio::time::Instant> = None;
     loop {
-        let hub_deadline = follow
+        let hub_deadline = d
+            .follow
             .as_ref()
-            .filter(|_| !scraping)
+            .filter(|_| !d.scraping)
             .map_or_else(far, |f| f.deadline);
         let mut fall_back = None;
-        let queued_due = lp.queued_due(push_fut.is_some());
+        let queued_due = d.lp.queued_due(d.push_fut.is_some());
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            Some(first) = inflight.next(), if !inflight.is_empty() => {
-                // Take every answer that is already there, then, if the round still waits for
-                // some, pause briefly so the rest arrive together: one wake-up per batch instead
-                // of one per pod (context switches were the largest cost in the profile).
-                let mut next = Some(first);
-                while let Some(done) = next {
-                    let this_round = done.round == round;
-                    lp.apply(done);
-                    if this_round && round_open {
-                        pending = pending.saturating_sub(1);
-                        if pending == 0 {
-                            round_open = false;
-                            lp.finish_round(&mut push_fut);
-                        }
-                    }
-                    next = inflight.next().now_or_never().flatten();
-                }
-                if round_open && !inflight.is_empty() && !coalesce.is_zero() {
-                    tokio::time::sleep(coalesce).await;
-                }
+            Some(first) = d.inflight.next(), if !d.inflight.is_empty() => {
+                d.scrapes_back(first).await;
             }
-            outcome = poll_opt(&mut push_fut) => {
-                push_fut = None;
-                lp.push_answered(outcome);
+            outcome = poll_opt(&mut d.push_fut) => {
+                d.push_fut = None;
+                d.lp.push_answered(outcome);
             }
             _ = sleep_opt(queued_due) => {
-                if let Some((snap, trim, peer_only)) = lp.queued.take() {
-                    lp.deliver(snap, trim, now_ms(), peer_only, &mut push_fut);
+                if let Some((snap, trim, peer_only)) = d.lp.queued.take() {
+                    d.lp.deliver(snap, trim, now_ms(), peer_only, &mut d.push_fut);
                 }
             }
-            _ = board_changed(&board), if tally_frame_due.is_none() => {
+            _ = board_changed(&d.board), if d.tally_frame_due.is_none() => {
                 let now = tokio::time::Instant::now();
-                tally_frame_due = Some(lp.published_at.map_or(now, |t| (t + tally_gap).max(now)));
+                d.tally_frame_due =
+                    Some(d.lp.published_at.map_or(now, |t| (t + d.tally_gap).max(now)));
             }
-            _ = sleep_opt(tally_frame_due) => {
-                tally_frame_due = None;
-                lp.republish();
+            _ = sleep_opt(d.tally_frame_due) => {
+                d.tally_frame_due = None;
+                d.lp.republish();
             }
-            Some(ev) = next_event(&mut follow) => {
-                let Some(f) = follow.as_mut() else { continue };
-                let now = Instant::now();
-                match ev {
-                    HubEvent::Frame { hub, snapshot, tallies } => {
-                        match f.on_frame(hub, snapshot.created_ms, now, now_ms()) {
-                            FollowStep::Use => {
-                                if scraping {
-                                    scraping = false;
-                                    // Scrapes still in flight finish and are applied to the
-                                    // pods' state, without closing a round.
-                                    round_open = false;
-                                    lp.stats.hub_source("hub", None);
-                                    tracing::info!(hub, "using the hub's snapshots; not scraping on our own");
-                                }
-                                lp.offer_hub(snapshot, &tallies, &mut push_fut);
-                            }
-                            FollowStep::Old => lp.stats.hub_frame_refused("old"),
-                            _ => {}
-                        }
-                    }
-                    HubEvent::Down { hub, reason } => {
-                        if f.on_down(hub, now) == FollowStep::Fallback && !scraping {
-                            tracing::debug!(hub, reason = %reason, "the hub in use is gone");
-                            fall_back = Some("closed");
-                        }
-                    }
-                }
-            }
-            _ = tokio::time::sleep_until(hub_deadline), if follow.is_some() && !scraping => {
-                if let Some(f) = follow.as_mut() {
+            Some(ev) = next_event(&mut d.follow) => fall_back = d.hub_event(ev),
+            _ = tokio::time::sleep_until(hub_deadline), if d.follow.is_some() && !d.scraping => {
+                if let Some(f) = d.follow.as_mut() {
                     f.current = None;
                 }
                 fall_back = Some("silent");
             }
-            _ = tokio::time::sleep_until(next_round), if scraping => {
-                if round_open {
-                    round_open = false;
-                    lp.finish_round(&mut push_fut);
-                }
-                round += 1;
-                pending = lp.start_round(round, &mut inflight);
-                let now = tokio::time::Instant::now();
-                next_round += lp.jittered();
-                if next_round < now {
-                    next_round = now + lp.jittered();
-                }
-                if pending == 0 {
-                    lp.finish_round(&mut push_fut);
-                } else {
-                    round_open = true;
-                }
-            }
+            _ = tokio::time::sleep_until(d.next_round), if d.scraping => d.next_round_due(),
         }
         if let Some(reason) = fall_back {
-            scraping = true;
-            next_round = tokio::time::Instant::now();
-            lp.stats.hub_source("scrape", Some(reason));
+            d.scraping = true;
+            d.next_round = tokio::time::Instant::now();
+            d.lp.stats.hub_source("scrape", Some(reason));
             tracing::warn!(reason, "no hub answers; scraping on our own until one does");
         }
     }
     // Let a push in flight finish (bounded by its timeout) so the last state is not lost.
-    if let Some(f) = push_fut {
+    if let Some(f) = d.push_fut {
         let o = f.await;
-        lp.push_answered(o);
+        d.lp.push_answered(o);
     }
     tracing::info!("scrape loop stopped");
+}
+
+/// What [`run_loop`] tracks besides [`Loop`]: the scrapes and the push in flight, the round
+/// being collected, whether it scrapes on its own or follows hubs, and (mode hub) when the next
+/// tally frame is due.
+struct Driver {
+    lp: Loop,
+    follow: Option<Follow>,
+    inflight: FuturesUnordered<BoxFut<Done>>,
+    push_fut: Option<BoxFut<PushOutcome>>,
+    round: u64,
+    /// Scrapes of the open round not back yet.
+    pending: usize,
+    round_open: bool,
+    next_round: tokio::time::Instant,
+    coalesce: Duration,
+    /// Following hubs: no scraping of our own until they stay silent.
+    scraping: bool,
+    /// Mode hub: a changed tally schedules a frame, at most one per `tally_frame_ms` after the
+    /// last frame of any kind.
+    board: Option<Arc<TallyBoard>>,
+    tally_gap: Duration,
+    tally_frame_due: Option<tokio::time::Instant>,
+}
+
+impl Driver {
+    fn new(lp: Loop, follow: Option<Follow>) -> Driver {
+        Driver {
+            inflight: FuturesUnordered::new(),
+            push_fut: None,
+            round: 0,
+            pending: 0,
+            round_open: false,
+            next_round: tokio::time::Instant::now(),
+            coalesce: Duration::from_millis(lp.cfg.scrape.coalesce_ms),
+            scraping: follow.is_none(),
+            board: lp.tally_board(),
+            tally_gap: Duration::from_millis(lp.cfg.hub.tally_frame_ms),
+            tally_frame_due: None,
+            lp,
+            follow,
+        }
+    }
+
+    /// Scrapes came back, `first` among them. Take every answer that is already there, then, if
+    /// the round still waits for some, pause briefly so the rest arrive together: one wake-up
+    /// per batch instead of one per pod (context switches were the largest cost in the profile).
+    async fn scrapes_back(&mut self, first: Done) {
+        let mut next = Some(first);
+        while let Some(done) = next {
+            let this_round = done.round == self.round;
+            self.lp.apply(done);
+            if this_round && self.round_open {
+                self.pending = self.pending.saturating_sub(1);
+                if self.pending == 0 {
+                    self.round_open = false;
+                    self.lp.finish_round(&mut self.push_fut);
+                }
+            }
+            next = self.inflight.next().now_or_never().flatten();
+        }
+        if self.round_open && !self.inflight.is_empty() && !self.coalesce.is_zero() {
+            tokio::time::sleep(self.coalesce).await;
+        }
+    }
+
+    /// The next round is due: the open one ends as it is, the next one starts.
+    fn next_round_due(&mut self) {
+        if self.round_open {
+            self.round_open = false;
+            self.lp.finish_round(&mut self.push_fut);
+        }
+        self.round += 1;
+        self.pending = self.lp.start_round(self.round, &mut self.inflight);
+        let now = tokio::time::Instant::now();
+        self.next_round += self.lp.jittered();
+        if self.next_round < now {
+            self.next_round = now + self.lp.jittered();
+        }
+        if self.pending == 0 {
+            self.lp.finish_round(&mut self.push_fut);
+        } else {
+            self.round_open = true;
+        }
+    }
+
+    /// A hub's frame or loss; the reason to scrape on our own from now on, if it is one.
+    fn hub_event(&mut self, ev: HubEvent) -> Option<&'static str> {
+        let f = self.follow.as_mut()?;
+        let now = Instant::now();
+        match ev {
+            HubEvent::Frame {
+                hub,
+                snapshot,
+                tallies,
+            } => match f.on_frame(hub, snapshot.created_ms, now, now_ms()) {
+                FollowStep::Use => {
+                    if self.scraping {
+                        self.scraping = false;
+                        // Scrapes still in flight finish and are applied to the pods' state,
+                        // without closing a round.
+                        self.round_open = false;
+                        self.lp.stats.hub_source("hub", None);
+                        tracing::info!(hub, "using the hub's snapshots; not scraping on our own");
+                    }
+                    self.lp.offer_hub(snapshot, &tallies, &mut self.push_fut);
+                }
+                FollowStep::Old => self.lp.stats.hub_frame_refused("old"),
+                _ => {}
+            },
+            HubEvent::Down { hub, reason } => {
+                if f.on_down(hub, now) == FollowStep::Fallback && !self.scraping {
+                    tracing::debug!(hub, reason = %reason, "the hub in use is gone");
+                    return Some("closed");
+                }
+            }
+        }
+        None
+    }
 }
 
 /// What this process holds of the hub's keys: all of them in mode hub (or when it derives its own
 /// credential from the hub secret), and its replica's credential.
 struct HubSecrets {
-    hub: Option<crate::keys::HubKeys>,
-    credential: crate::keys::Credential,
+    hub: Option<HubKeys>,
+    credential: Credential,
 }
 
 /// The hub keys from `hub.credential_file`, else `hub.secret*`, else (the configuration from
@@ -1032,7 +1081,7 @@ fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, Start
         let text =
             std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
         let credential =
-            crate::keys::Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
+            Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
         return Ok(HubSecrets {
             hub: None,
             credential,
@@ -1046,7 +1095,7 @@ fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, Start
         tracing::warn!("this sidecar holds the hub secret: it could speak for any replica; give it hub.credential_file (`sidecar-metrics credential`) instead");
     }
     let keys =
-        crate::keys::HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
+        HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
     Ok(HubSecrets {
         credential: keys.credential(crate::share::replica_id()),
         hub: Some(keys),
@@ -1097,9 +1146,60 @@ impl Running {
 pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let stats = Arc::new(Stats::default());
-    let mut pools = Vec::with_capacity(cfg.pools.len());
-    for p in &cfg.pools {
-        let rx = discovery::start(&p.name, &p.discovery, shutdown_rx.clone())?;
+    let pools = cfg
+        .pools
+        .iter()
+        .map(|p| PoolRt::start(p, &cfg, shutdown_rx.clone(), &stats))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (frames_tx, frames_rx) = watch::channel(None);
+    let board = Arc::new(TallyBoard::new(Duration::from_millis(cfg.hub.tally_ttl_ms)));
+    let hub_secret = resolve_hub_keys(&cfg, &secret)?;
+    let cred = hub_secret.credential;
+    let out = output(&cfg, &secret, hub_secret.hub.clone(), frames_tx, board.clone())?;
+    let mut tasks = Vec::new();
+    let hub_addr = match cfg.mode {
+        Mode::Hub => {
+            let keys = hub_secret.hub;
+            let (addr, task) = serve_hub(&cfg, keys, frames_rx, board, &stats, &shutdown_rx).await?;
+            tasks.push(task);
+            Some(addr)
+        }
+        Mode::Sidecar => None,
+    };
+    let follow = follow_hubs(&cfg, &cred, &stats, &shutdown_rx, &mut tasks)?;
+    let (listener, face_addr) = bind(&cfg.listen).await?;
+    stats.snapshot_budget(cfg.snapshot.max_bytes);
+    let (snap_tx, snap_rx) = watch::channel(None);
+    log_started(&out, face_addr, hub_addr, &cfg);
+    let face_task = tokio::spawn(admin::serve(
+        listener,
+        stats.clone(),
+        cfg.scrape.interval_ms,
+        shutdown_rx.clone(),
+    ));
+    let lp = Loop::new(cfg, pools, out, stats.clone(), snap_tx, cred.replica);
+    let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
+    tasks.push(loop_task);
+    tasks.push(face_task);
+    Ok(Running {
+        face_addr,
+        hub_addr,
+        stats,
+        accepted: snap_rx,
+        shutdown: shutdown_tx,
+        tasks,
+    })
+}
+
+impl PoolRt {
+    /// Starts the discovery of pool `p` and takes the pods it already knows.
+    fn start(
+        p: &PoolConfig,
+        cfg: &Config,
+        shutdown: watch::Receiver<bool>,
+        stats: &Stats,
+    ) -> Result<PoolRt, StartError> {
+        let rx = discovery::start(&p.name, &p.discovery, shutdown)?;
         let path = p
             .metrics_path
             .clone()
@@ -1122,129 +1222,158 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             pods: Vec::new(),
         };
         let initial = rt.rx.borrow_and_update().clone();
-        rt.resync(&initial, &stats);
-        pools.push(rt);
+        rt.resync(&initial, stats);
+        Ok(rt)
     }
-    let (frames_tx, frames_rx) = watch::channel(None);
-    let board = Arc::new(crate::share::TallyBoard::new(Duration::from_millis(
-        cfg.hub.tally_ttl_ms,
-    )));
-    let hub_secret = resolve_hub_keys(&cfg, &secret)?;
-    let cred = hub_secret.credential;
-    let replica = cred.replica;
-    let out = match cfg.mode {
+}
+
+/// Where this process's snapshots go: the local proxy (mode sidecar) or the hub's streams.
+fn output(
+    cfg: &Config,
+    secret: &str,
+    hub_keys: Option<HubKeys>,
+    frames: watch::Sender<Option<Bytes>>,
+    board: Arc<TallyBoard>,
+) -> Result<Output, StartError> {
+    Ok(match cfg.mode {
         Mode::Sidecar => Output::Push(Box::new(Pusher::new(
             &cfg.push.address,
             &cfg.push.path,
-            &secret,
+            secret,
             Duration::from_millis(cfg.push.timeout_ms),
         )?)),
         Mode::Hub => {
-            llm_router_snapshot::check_secret(&secret).map_err(PushSetupError::BadSecret)?;
+            llm_router_snapshot::check_secret(secret).map_err(PushSetupError::BadSecret)?;
             Output::Publish {
-                keys: hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
-                    hub: cfg.hub.listen.clone(),
-                    reason: "no hub secret".into(),
-                })?,
-                frames: frames_tx,
-                board: board.clone(),
+                keys: hub_keys.ok_or_else(|| no_hub_secret(cfg))?,
+                frames,
+                board,
             }
         }
+    })
+}
+
+fn no_hub_secret(cfg: &Config) -> StartError {
+    StartError::Hub {
+        hub: cfg.hub.listen.clone(),
+        reason: "no hub secret".into(),
+    }
+}
+
+/// Binds `addr`; the address it got (the port, for `:0`).
+async fn bind(addr: &str) -> Result<(tokio::net::TcpListener, SocketAddr), StartError> {
+    let bind_error = |source| StartError::Bind {
+        addr: addr.to_owned(),
+        source,
     };
-    let mut tasks = Vec::new();
-    let mut hub_addr = None;
-    if cfg.mode == Mode::Hub {
-        let l = tokio::net::TcpListener::bind(&cfg.hub.listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: cfg.hub.listen.clone(),
-                source,
-            })?;
-        hub_addr = Some(l.local_addr().map_err(|source| StartError::Bind {
-            addr: cfg.hub.listen.clone(),
-            source,
-        })?);
-        tasks.push(tokio::spawn(crate::hub::serve(
-            l,
-            hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
-                hub: cfg.hub.listen.clone(),
-                reason: "no hub secret".into(),
-            })?,
-            frames_rx,
-            board,
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
+}
+
+/// Mode hub: listens on `hub.listen` and serves the snapshot stream; the address it got and
+/// the task.
+async fn serve_hub(
+    cfg: &Config,
+    keys: Option<HubKeys>,
+    frames: watch::Receiver<Option<Bytes>>,
+    board: Arc<TallyBoard>,
+    stats: &Arc<Stats>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+    let (listener, addr) = bind(&cfg.hub.listen).await?;
+    let keys = keys.ok_or_else(|| no_hub_secret(cfg))?;
+    let task = tokio::spawn(crate::hub::serve(
+        listener,
+        keys,
+        frames,
+        board,
+        stats.clone(),
+        shutdown.clone(),
+    ));
+    Ok((addr, task))
+}
+
+/// Mode sidecar with `hub.upstreams`: a subscription to each hub and, with `hub.share_ms`, this
+/// replica's tally sent to them (tasks in `tasks`); `None` when it follows no hub.
+fn follow_hubs(
+    cfg: &Config,
+    cred: &Credential,
+    stats: &Arc<Stats>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<Option<Follow>, StartError> {
+    if cfg.mode != Mode::Sidecar || cfg.hub.upstreams.is_empty() {
+        return Ok(None);
+    }
+    let (tx, rx) = mpsc::channel(8);
+    let mut hub_uris = Vec::with_capacity(cfg.hub.upstreams.len());
+    let opts = crate::hub::SubscribeOptions {
+        timeout: Duration::from_millis(cfg.hub.timeout_ms),
+        max_backoff: Duration::from_secs(1),
+    };
+    for (i, u) in cfg.hub.upstreams.iter().enumerate() {
+        let uri = crate::hub::hub_uri(u).map_err(|reason| StartError::Hub {
+            hub: u.clone(),
+            reason,
+        })?;
+        hub_uris.push(uri.clone());
+        tasks.push(tokio::spawn(crate::hub::subscribe(
+            i,
+            uri,
+            cred.clone(),
+            opts,
+            tx.clone(),
             stats.clone(),
-            shutdown_rx.clone(),
+            shutdown.clone(),
         )));
     }
-    let follow = if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
-        let (tx, rx) = mpsc::channel(8);
-        let mut hub_uris = Vec::with_capacity(cfg.hub.upstreams.len());
-        let opts = crate::hub::SubscribeOptions {
-            timeout: Duration::from_millis(cfg.hub.timeout_ms),
-            max_backoff: Duration::from_secs(1),
-        };
-        for (i, u) in cfg.hub.upstreams.iter().enumerate() {
-            let uri = crate::hub::hub_uri(u).map_err(|reason| StartError::Hub {
-                hub: u.clone(),
-                reason,
-            })?;
-            hub_uris.push(uri.clone());
-            tasks.push(tokio::spawn(crate::hub::subscribe(
-                i,
-                uri,
-                cred.clone(),
-                opts,
-                tx.clone(),
-                stats.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
-        if cfg.hub.share_ms > 0 {
-            let tally_uri: hyper::Uri =
-                format!("http://{}{}", cfg.push.address, cfg.push.tally_path)
-                    .parse()
-                    .map_err(|e: hyper::http::uri::InvalidUri| StartError::Hub {
-                        hub: cfg.push.address.clone(),
-                        reason: format!("push.tally_path: {e}"),
-                    })?;
-            tasks.push(tokio::spawn(crate::share::share(
-                crate::share::ShareOptions {
-                    interval: Duration::from_millis(cfg.hub.share_ms),
-                    tally_uri,
-                    hubs: hub_uris,
-                    timeout: Duration::from_millis(cfg.hub.timeout_ms),
-                },
-                cred.clone(),
-                stats.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
-        let fallback_after = cfg.hub_fallback_after();
-        stats.hub_source("hub", None);
-        Some(Follow {
-            events: rx,
-            fallback_after,
-            current: None,
-            seen: vec![None; cfg.hub.upstreams.len()],
-            last_created_ms: now_ms().saturating_sub(MAX_FRAME_AGE_MS),
-            deadline: tokio::time::Instant::now() + fallback_after,
-        })
-    } else {
-        None
-    };
-    let listener = tokio::net::TcpListener::bind(&cfg.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: cfg.listen.clone(),
-            source,
+    if cfg.hub.share_ms > 0 {
+        tasks.push(spawn_share(cfg, hub_uris, cred, stats, shutdown)?);
+    }
+    let fallback_after = cfg.hub_fallback_after();
+    stats.hub_source("hub", None);
+    Ok(Some(Follow {
+        events: rx,
+        fallback_after,
+        current: None,
+        seen: vec![None; cfg.hub.upstreams.len()],
+        last_created_ms: now_ms().saturating_sub(MAX_FRAME_AGE_MS),
+        deadline: tokio::time::Instant::now() + fallback_after,
+    }))
+}
+
+/// Sends this replica's tally (read from `push.tally_path`) to the `hubs` every `hub.share_ms`.
+fn spawn_share(
+    cfg: &Config,
+    hubs: Vec<hyper::Uri>,
+    cred: &Credential,
+    stats: &Arc<Stats>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, StartError> {
+    let tally_uri: hyper::Uri = format!("http://{}{}", cfg.push.address, cfg.push.tally_path)
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| StartError::Hub {
+            hub: cfg.push.address.clone(),
+            reason: format!("push.tally_path: {e}"),
         })?;
-    let face_addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: cfg.listen.clone(),
-        source,
-    })?;
-    stats.snapshot_budget(cfg.snapshot.max_bytes);
-    let (snap_tx, snap_rx) = watch::channel(None);
-    match &out {
+    Ok(tokio::spawn(crate::share::share(
+        crate::share::ShareOptions {
+            interval: Duration::from_millis(cfg.hub.share_ms),
+            tally_uri,
+            hubs,
+            timeout: Duration::from_millis(cfg.hub.timeout_ms),
+        },
+        cred.clone(),
+        stats.clone(),
+        shutdown.clone(),
+    )))
+}
+
+fn log_started(out: &Output, face_addr: SocketAddr, hub_addr: Option<SocketAddr>, cfg: &Config) {
+    match out {
         Output::Push(p) => tracing::info!(
             face = %face_addr,
             push = %p.uri(),
@@ -1261,50 +1390,46 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
             "sidecar-metrics hub started"
         ),
     }
-    let face_task = tokio::spawn(admin::serve(
-        listener,
-        stats.clone(),
-        cfg.scrape.interval_ms,
-        shutdown_rx.clone(),
-    ));
-    let lp = Loop {
-        pools,
-        out,
-        stats: stats.clone(),
-        last_generation: 0,
-        budget: Budget {
-            max_bytes: cfg.snapshot.max_bytes,
-            max_pod_bytes: cfg.snapshot.max_pod_bytes,
-        },
-        trim_state: TrimState::Whole,
-        future_logged: false,
-        last_accepted: None,
-        last_accepted_at: None,
-        in_flight_snapshot: None,
-        retry: false,
-        last_push_label: "none",
-        snapshots: snap_tx,
-        next_pod: 0,
-        replica,
-        last_trim: Trim::default(),
-        published_at: None,
-        queued: None,
-        last_hub_pods: None,
-        push_started: None,
-        peer_push_at: None,
-        cfg,
-    };
-    let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
-    tasks.push(loop_task);
-    tasks.push(face_task);
-    Ok(Running {
-        face_addr,
-        hub_addr,
-        stats,
-        accepted: snap_rx,
-        shutdown: shutdown_tx,
-        tasks,
-    })
+}
+
+impl Loop {
+    /// The loop's state before its first round.
+    fn new(
+        cfg: Config,
+        pools: Vec<PoolRt>,
+        out: Output,
+        stats: Arc<Stats>,
+        snapshots: watch::Sender<Option<Snapshot>>,
+        replica: u64,
+    ) -> Loop {
+        Loop {
+            pools,
+            out,
+            stats,
+            last_generation: 0,
+            budget: Budget {
+                max_bytes: cfg.snapshot.max_bytes,
+                max_pod_bytes: cfg.snapshot.max_pod_bytes,
+            },
+            trim_state: TrimState::Whole,
+            future_logged: false,
+            last_accepted: None,
+            last_accepted_at: None,
+            in_flight_snapshot: None,
+            retry: false,
+            last_push_label: "none",
+            snapshots,
+            next_pod: 0,
+            replica,
+            last_trim: Trim::default(),
+            published_at: None,
+            queued: None,
+            last_hub_pods: None,
+            push_started: None,
+            peer_push_at: None,
+            cfg,
+        }
+    }
 }
 
 #[cfg(test)]
