@@ -11,7 +11,7 @@
 //! jumped past unless that generation is from the future ([`after_conflict`]). Before a push the
 //! snapshot is trimmed to its byte budgets (`crate::budget`).
 //!
-//! Where things are: this file holds the pools' pods and the loop's state ([`Loop`]: what a
+//! Where things are: this file holds the pools' pods and the loop's state (`Loop`: what a
 //! round's end, a push's answer or a hub snapshot does to it); `sidecar/start.rs` starts it all
 //! ([`start`]), `sidecar/run_loop.rs` is the loop's `select!`, and `sidecar/follow.rs` decides
 //! which hub a sidecar following hubs listens to.
