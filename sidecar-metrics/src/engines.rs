@@ -417,7 +417,11 @@ pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError
         num_blocks: f.num_blocks,
         lora: f.lora,
         models: acc.models.iter().cloned().collect(),
-        missing: missing.iter().filter(|(_, m)| *m).map(|(n, _)| *n).collect(),
+        missing: missing
+            .iter()
+            .filter(|(_, m)| *m)
+            .map(|(n, _)| *n)
+            .collect(),
         bad_lines,
     })
 }

@@ -73,7 +73,13 @@ impl Follow {
     /// A verified frame from `hub`, created at `created_ms`, at `now_ms` by our clock (a frame
     /// from further in the future than the clocks' skew is refused: it would make every honest
     /// frame after it look old).
-    pub(super) fn on_frame(&mut self, hub: usize, created_ms: u64, now: Instant, now_ms: u64) -> FollowStep {
+    pub(super) fn on_frame(
+        &mut self,
+        hub: usize,
+        created_ms: u64,
+        now: Instant,
+        now_ms: u64,
+    ) -> FollowStep {
         if created_ms > now_ms.saturating_add(llm_router_snapshot::tally::MAX_CLOCK_SKEW_MS) {
             return FollowStep::Old;
         }
@@ -120,7 +126,6 @@ pub(super) async fn next_event(f: &mut Option<Follow>) -> Option<HubEvent> {
         None => std::future::pending().await,
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -42,7 +42,11 @@ async fn poll_opt<F: Future + Unpin>(f: &mut Option<F>) -> F::Output {
 
 /// The scrape loop: rounds of scrapes (or, following hubs, their snapshots), pushes and their
 /// answers, hub frames, and (mode hub) tally frames, until `shutdown`.
-pub(super) async fn run_loop(lp: Loop, follow: Option<Follow>, mut shutdown: watch::Receiver<bool>) {
+pub(super) async fn run_loop(
+    lp: Loop,
+    follow: Option<Follow>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut d = Driver::new(lp, follow);
     let far = || tokio::time::Instant::now() + Duration::from_secs(86_400);
     loop {

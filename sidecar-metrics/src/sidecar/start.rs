@@ -56,8 +56,7 @@ fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, Start
     if let Some(path) = &cfg.hub.credential_file {
         let text =
             std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
-        let credential =
-            Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
+        let credential = Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
         return Ok(HubSecrets {
             hub: None,
             credential,
@@ -70,8 +69,7 @@ fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, Start
     } else if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
         tracing::warn!("this sidecar holds the hub secret: it could speak for any replica; give it hub.credential_file (`sidecar-metrics credential`) instead");
     }
-    let keys =
-        HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
+    let keys = HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
     Ok(HubSecrets {
         credential: keys.credential(crate::share::replica_id()),
         hub: Some(keys),
@@ -126,12 +124,19 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     let board = Arc::new(TallyBoard::new(Duration::from_millis(cfg.hub.tally_ttl_ms)));
     let hub_secret = resolve_hub_keys(&cfg, &secret)?;
     let cred = hub_secret.credential;
-    let out = output(&cfg, &secret, hub_secret.hub.clone(), frames_tx, board.clone())?;
+    let out = output(
+        &cfg,
+        &secret,
+        hub_secret.hub.clone(),
+        frames_tx,
+        board.clone(),
+    )?;
     let mut tasks = Vec::new();
     let hub_addr = match cfg.mode {
         Mode::Hub => {
             let keys = hub_secret.hub;
-            let (addr, task) = serve_hub(&cfg, keys, frames_rx, board, &stats, &shutdown_rx).await?;
+            let (addr, task) =
+                serve_hub(&cfg, keys, frames_rx, board, &stats, &shutdown_rx).await?;
             tasks.push(task);
             Some(addr)
         }
@@ -306,7 +311,11 @@ fn follow_hubs(
     }
     let fallback_after = cfg.hub_fallback_after();
     stats.hub_source("hub", None);
-    Ok(Some(Follow::new(rx, fallback_after, cfg.hub.upstreams.len())))
+    Ok(Some(Follow::new(
+        rx,
+        fallback_after,
+        cfg.hub.upstreams.len(),
+    )))
 }
 
 /// Sends this replica's tally (read from `push.tally_path`) to the `hubs` every `hub.share_ms`.
