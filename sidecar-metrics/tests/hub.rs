@@ -422,7 +422,7 @@ async fn the_push_secret_does_not_open_the_hub_and_no_replica_speaks_for_another
         assert_eq!(r.status, 403);
     }
     let keys = HubKeys::from_secret(HUB_SECRET.as_bytes());
-    let now = sidecar_metrics::clock::now_ms();
+    let now = sidecar_metrics::sidecar::now_ms();
     let tally = |replica: u64, seq: u64| {
         llm_router_snapshot::Tally {
             replica,
