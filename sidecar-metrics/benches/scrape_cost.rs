@@ -24,6 +24,16 @@ use sidecar_metrics::engines::{normalise, Options};
 fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> String {
     let l = format!("engine=\"0\",model_name=\"{model}\"");
     let mut o = String::with_capacity(32 * 1024);
+    process_families(&mut o);
+    vllm_load(&mut o, &l, waiting, running, kv);
+    vllm_counters(&mut o, &l, seq);
+    vllm_histograms(&mut o, &l, seq);
+    vllm_info(&mut o);
+    o
+}
+
+/// The Python process families every prometheus_client server prints first.
+fn process_families(o: &mut String) {
     for (name, kind, v) in [
         ("python_gc_objects_collected_total{generation=\"0\"}", "counter", 12345.0),
         ("python_gc_objects_collected_total{generation=\"1\"}", "counter", 2345.0),
@@ -39,33 +49,46 @@ fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> Stri
         let base = name.split('{').next().unwrap_or(name);
         let _ = writeln!(o, "# HELP {base} Process metric.\n# TYPE {base} {kind}\n{name} {v:?}");
     }
-    let g = |o: &mut String, name: &str, help: &str, kind: &str, v: f64| {
-        let _ = writeln!(
-            o,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v:?}"
-        );
-    };
-    g(
-        &mut o,
+}
+
+/// One family of one series labelled `l`, with its HELP and TYPE lines.
+fn family(o: &mut String, l: &str, name: &str, help: &str, kind: &str, v: f64) {
+    let _ = writeln!(
+        o,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{l}}} {v:?}"
+    );
+}
+
+/// The load gauges the sidecar reads.
+fn vllm_load(o: &mut String, l: &str, waiting: u32, running: u32, kv: f64) {
+    family(
+        o,
+        l,
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
         "gauge",
         f64::from(running),
     );
-    g(
-        &mut o,
+    family(
+        o,
+        l,
         "vllm:num_requests_waiting",
         "Number of requests waiting to be processed.",
         "gauge",
         f64::from(waiting),
     );
-    g(
-        &mut o,
+    family(
+        o,
+        l,
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
         "gauge",
         kv,
     );
+}
+
+/// Counters the sidecar skips, moving with `seq`.
+fn vllm_counters(o: &mut String, l: &str, seq: u64) {
     for c in [
         "prefix_cache_queries",
         "prefix_cache_hits",
@@ -73,15 +96,17 @@ fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> Stri
         "prompt_tokens",
         "generation_tokens",
     ] {
-        g(
-            &mut o,
+        family(
+            o,
+            l,
             &format!("vllm:{c}_total"),
             "Counter.",
             "counter",
             (seq * 37) as f64,
         );
-        g(
-            &mut o,
+        family(
+            o,
+            l,
             &format!("vllm:{c}_created"),
             "Counter.",
             "gauge",
@@ -96,6 +121,10 @@ fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> Stri
             (seq * 3) as f64
         );
     }
+}
+
+/// The latency and token histograms (most of the text's lines), skipped by the sidecar.
+fn vllm_histograms(o: &mut String, l: &str, seq: u64) {
     let hist = |o: &mut String, name: &str, bounds: &[f64]| {
         let _ = writeln!(o, "# HELP {name} Histogram.\n# TYPE {name} histogram");
         let mut n = 0u64;
@@ -123,7 +152,7 @@ fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> Stri
         "vllm:request_prefill_time_seconds",
         "vllm:request_decode_time_seconds",
     ] {
-        hist(&mut o, h, &secs);
+        hist(o, h, &secs);
     }
     for h in [
         "vllm:request_prompt_tokens",
@@ -131,13 +160,16 @@ fn vllm_text(model: &str, waiting: u32, running: u32, kv: f64, seq: u64) -> Stri
         "vllm:iteration_tokens_total",
         "vllm:request_max_num_generation_tokens",
     ] {
-        hist(&mut o, h, &toks);
+        hist(o, h, &toks);
     }
+}
+
+/// The cache geometry and LoRA info families the sidecar reads last.
+fn vllm_info(o: &mut String) {
     let _ = writeln!(o, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge");
     let _ = writeln!(o, "vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"27000\",num_gpu_blocks_override=\"None\"}} 1.0");
     let _ = writeln!(o, "# HELP vllm:lora_requests_info Running stats on lora requests.\n# TYPE vllm:lora_requests_info gauge");
     let _ = writeln!(o, "vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"sql-lora\",waiting_lora_adapters=\"\"}} 1.7769301736864316e9");
-    o
 }
 
 /// What prometheus_client does with `?name[]=a&name[]=b`: only those families (by sample name).
@@ -373,29 +405,9 @@ fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    let secs: u64 = std::env::var("BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    let pods: usize = std::env::var("BENCH_PODS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let exe = std::env::current_exe().expect("current exe");
-    let mut child = KillOnDrop(
-        Command::new(exe)
-            .args(["--serve", &pods.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn server"),
-    );
-    let mut line = String::new();
-    BufReader::new(child.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("ports");
-    let (push_port, ports) = line.trim().split_once(' ').expect("ports line");
-    let endpoints: Vec<String> = ports.split(',').map(|p| format!("127.0.0.1:{p}")).collect();
-    let push: SocketAddr = format!("127.0.0.1:{push_port}").parse().expect("push addr");
+    let secs: u64 = env_or("BENCH_SECS", 10);
+    let pods: usize = env_or("BENCH_PODS", 100);
+    let (_child, endpoints, push) = start_fleet(pods);
 
     let text = vllm_text("meta-llama/Llama-3.1-8B-Instruct", 3, 5, 0.5, 7);
     let small = restrict(
@@ -419,57 +431,107 @@ fn main() {
             continue;
         }
         let p = phase(&endpoints, push, secs, filter);
-        let cores = p.cpu / p.wall;
         let scrapes = p.rounds as f64 * pods as f64;
-        let scrape_us = p.cpu * 1e6 / scrapes.max(1.0);
         // Baseline in the same run: reading the same text alone, as many times.
-        let n = (scrapes as usize).clamp(1, 20_000);
-        let c0 = cpu_seconds();
-        let t = Instant::now();
-        let mut sink = 0u64;
-        for _ in 0..n {
-            let m = normalise(
-                body,
-                Options {
-                    engine: None,
-                    detailed: false,
-                },
-            )
-            .expect("parse");
-            sink = sink.wrapping_add(u64::from(m.waiting));
-        }
-        let parse_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-        let parse_cpu_us = (cpu_seconds() - c0) * 1e6 / n as f64;
-        println!("  [{label}]");
-        println!(
-            "    rounds {} ({:.1}/s), pushes {} ({:.1}/s), pods ok at end {}, last push {}, context switches {:.0}/s",
-            p.rounds,
-            p.rounds as f64 / p.wall,
-            p.pushes,
-            p.pushes as f64 / p.wall,
-            p.pods_ok,
-            p.last_push,
-            p.switches as f64 / p.wall
-        );
-        println!(
-            "    sidecar CPU {:.3} s in {:.1} s = {cores:.4} cores ({:.2}x the 0.05 goal; {:.0}x below the 7.5-core anchor)",
-            p.cpu,
-            p.wall,
-            cores / 0.05,
-            7.5 / cores.max(1e-9)
-        );
-        println!("    CPU per pod scrape {scrape_us:.1} µs all-in (HTTP, read, snapshot, push)");
-        println!(
-            "    baseline, reading the text alone: {parse_us:.1} µs wall / {parse_cpu_us:.1} µs CPU per text = {:.0}% of all-in (sink {sink})",
-            100.0 * parse_us / scrape_us.max(1e-9)
-        );
-        json.push(format!(
-            "{{\"name_filter\":{filter},\"cores\":{cores:.5},\"cpu_seconds\":{:.4},\"seconds\":{:.2},\"scrape_cpu_us\":{scrape_us:.2},\"parse_only_us\":{parse_us:.2},\"rounds\":{},\"pushes\":{}}}",
-            p.cpu, p.wall, p.rounds, p.pushes
-        ));
+        let base = baseline(body, (scrapes as usize).clamp(1, 20_000));
+        json.push(report(label, filter, scrapes, &p, &base));
     }
     println!(
         "{{\"bench\":\"scrape_cost\",\"pods\":{pods},\"interval_ms\":50,\"phases\":[{}]}}",
         json.join(",")
     );
+}
+
+/// The number in environment variable `name`, else `default`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The fake fleet of `pods` and the fake proxy, in a child process (`--serve`): the child
+/// (killed when dropped), the pods' addresses and the push address.
+fn start_fleet(pods: usize) -> (KillOnDrop, Vec<String>, SocketAddr) {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut child = KillOnDrop(
+        Command::new(exe)
+            .args(["--serve", &pods.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn server"),
+    );
+    let mut line = String::new();
+    BufReader::new(child.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("ports");
+    let (push_port, ports) = line.trim().split_once(' ').expect("ports line");
+    let endpoints: Vec<String> = ports.split(',').map(|p| format!("127.0.0.1:{p}")).collect();
+    let push: SocketAddr = format!("127.0.0.1:{push_port}").parse().expect("push addr");
+    (child, endpoints, push)
+}
+
+/// Reading one text alone, `n` times.
+struct Baseline {
+    /// Wall and CPU µs per text.
+    parse_us: f64,
+    parse_cpu_us: f64,
+    /// Keeps the reads from being optimised away.
+    sink: u64,
+}
+
+fn baseline(body: &str, n: usize) -> Baseline {
+    let c0 = cpu_seconds();
+    let t = Instant::now();
+    let mut sink = 0u64;
+    for _ in 0..n {
+        let m = normalise(
+            body,
+            Options {
+                engine: None,
+                detailed: false,
+            },
+        )
+        .expect("parse");
+        sink = sink.wrapping_add(u64::from(m.waiting));
+    }
+    Baseline {
+        parse_us: t.elapsed().as_secs_f64() * 1e6 / n as f64,
+        parse_cpu_us: (cpu_seconds() - c0) * 1e6 / n as f64,
+        sink,
+    }
+}
+
+/// Prints one phase's figures; its JSON object.
+fn report(label: &str, filter: bool, scrapes: f64, p: &Phase, b: &Baseline) -> String {
+    let cores = p.cpu / p.wall;
+    let scrape_us = p.cpu * 1e6 / scrapes.max(1.0);
+    let (parse_us, parse_cpu_us, sink) = (b.parse_us, b.parse_cpu_us, b.sink);
+    println!("  [{label}]");
+    println!(
+        "    rounds {} ({:.1}/s), pushes {} ({:.1}/s), pods ok at end {}, last push {}, context switches {:.0}/s",
+        p.rounds,
+        p.rounds as f64 / p.wall,
+        p.pushes,
+        p.pushes as f64 / p.wall,
+        p.pods_ok,
+        p.last_push,
+        p.switches as f64 / p.wall
+    );
+    println!(
+        "    sidecar CPU {:.3} s in {:.1} s = {cores:.4} cores ({:.2}x the 0.05 goal; {:.0}x below the 7.5-core anchor)",
+        p.cpu,
+        p.wall,
+        cores / 0.05,
+        7.5 / cores.max(1e-9)
+    );
+    println!("    CPU per pod scrape {scrape_us:.1} µs all-in (HTTP, read, snapshot, push)");
+    println!(
+        "    baseline, reading the text alone: {parse_us:.1} µs wall / {parse_cpu_us:.1} µs CPU per text = {:.0}% of all-in (sink {sink})",
+        100.0 * parse_us / scrape_us.max(1e-9)
+    );
+    format!(
+        "{{\"name_filter\":{filter},\"cores\":{cores:.5},\"cpu_seconds\":{:.4},\"seconds\":{:.2},\"scrape_cpu_us\":{scrape_us:.2},\"parse_only_us\":{parse_us:.2},\"rounds\":{},\"pushes\":{}}}",
+        p.cpu, p.wall, p.rounds, p.pushes
+    )
 }

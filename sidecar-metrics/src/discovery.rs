@@ -18,10 +18,8 @@ use hickory_resolver::TokioResolver;
 use tokio::sync::watch;
 
 use crate::config::{Discovery, DnsConfig};
+use crate::endpoints::{normalise_set, Endpoints};
 use crate::kube;
-
-/// The current pods of one pool.
-pub type Endpoints = Arc<Vec<SocketAddr>>;
 
 /// Why a discovery source could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +33,6 @@ pub enum DiscoveryError {
         pool: String,
         source: kube::KubeError,
     },
-}
-
-/// Sorts and de-duplicates.
-pub fn normalise_set(mut v: Vec<SocketAddr>) -> Vec<SocketAddr> {
-    v.sort();
-    v.dedup();
-    v
 }
 
 /// Starts the source for one pool. Static lists are published at once; DNS and Kubernetes run

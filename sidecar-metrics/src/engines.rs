@@ -379,11 +379,68 @@ pub struct Options {
 /// Reads one pod's exposition text.
 pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError> {
     let configured = opts.engine.filter(|e| *e != Engine::Unknown);
+    let Pass {
+        mut acc,
+        bad_lines,
+        bad_count,
+    } = read(text, configured.is_none(), opts.detailed);
+    // In fast mode skipped samples are not voted on; detection still sees every HELP/TYPE line
+    // and every wanted sample, which is enough for all known engines.
+    let engine = match configured.or_else(|| acc.detected()) {
+        Some(e) => e,
+        None => {
+            return Err(NormaliseError::UnknownEngine {
+                bad_lines: bad_count,
+                first_bad: bad_lines.first().map(|e| e.line),
+            })
+        }
+    };
+    let f = acc.figures(engine);
+    if f.waiting.is_none() && f.running.is_none() && f.kv.is_none() {
+        return Err(NormaliseError::NoLoadGauges {
+            engine: engine.name(),
+            expected: load_gauges(engine),
+        });
+    }
+    let missing = [
+        ("waiting", f.waiting.is_none()),
+        ("running", f.running.is_none()),
+        ("kv_usage", f.kv.is_none()),
+    ];
+    Ok(PodMetrics {
+        engine,
+        engine_detected: configured.is_none(),
+        waiting: f.waiting.unwrap_or(0),
+        running: f.running.unwrap_or(0),
+        kv_usage: f.kv.map(|k| k as f32),
+        block_size: f.block_size,
+        num_blocks: f.num_blocks,
+        lora: f.lora,
+        models: acc.models.iter().cloned().collect(),
+        missing: missing
+            .iter()
+            .filter(|(_, m)| *m)
+            .map(|(n, _)| *n)
+            .collect(),
+        bad_lines,
+    })
+}
+
+/// What one pass over a text found.
+struct Pass {
+    acc: Acc,
+    /// Every bad line in detailed mode, else only the first.
+    bad_lines: Vec<LineError>,
+    bad_count: usize,
+}
+
+/// The pass over the text: wanted samples accumulated, the engine voted on (`detect`), bad
+/// lines counted; `detailed` reads every sample in full (so every bad line is reported) and
+/// collects model names.
+fn read(text: &str, detect: bool, detailed: bool) -> Pass {
     let mut acc = Acc::default();
     let mut bad_lines = Vec::new();
     let mut bad_count = 0usize;
-    let detect = configured.is_none();
-    let detailed = opts.detailed;
     prom::for_each_line(
         text,
         |name| {
@@ -413,104 +470,106 @@ pub fn normalise(text: &str, opts: Options) -> Result<PodMetrics, NormaliseError
             }
         },
     );
-    // In fast mode skipped samples are not voted on; detection still sees every HELP/TYPE line
-    // and every wanted sample, which is enough for all known engines.
-    let engine = match configured.or_else(|| acc.detected()) {
-        Some(e) => e,
-        None => {
-            return Err(NormaliseError::UnknownEngine {
-                bad_lines: bad_count,
-                first_bad: bad_lines.first().map(|e| e.line),
-            })
-        }
-    };
-    let mut m = PodMetrics {
-        engine,
-        engine_detected: configured.is_none(),
-        waiting: 0,
-        running: 0,
-        kv_usage: None,
-        block_size: 0,
-        num_blocks: 0,
-        lora: None,
-        models: acc.models.iter().cloned().collect(),
-        missing: Vec::new(),
+    Pass {
+        acc,
         bad_lines,
-    };
-    let (waiting, running, kv, expected): (Option<u32>, Option<u32>, Option<f64>, &'static str) =
+        bad_count,
+    }
+}
+
+/// One engine's figures, taken from its own gauges in [`Acc`].
+#[derive(Default)]
+struct Figures {
+    waiting: Option<u32>,
+    running: Option<u32>,
+    kv: Option<f64>,
+    block_size: u32,
+    num_blocks: u32,
+    lora: Option<LoraState>,
+}
+
+/// The load gauges each engine should export, named when a text carries none of them.
+const LOAD_GAUGES: [(Engine, &str); 6] = [
+    (
+        Engine::Vllm,
+        "vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc",
+    ),
+    (
+        Engine::Sglang,
+        "sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage",
+    ),
+    (
+        Engine::TrtllmServe,
+        "trtllm_num_requests_waiting, trtllm_num_requests_running, trtllm_kv_cache_utilization",
+    ),
+    (
+        Engine::TritonTrtllm,
+        "nv_trt_llm_request_metrics{request_type=\"waiting\"|\"scheduled\"}, nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}, nv_inference_pending_request_count",
+    ),
+    (Engine::Tgi, "tgi_queue_size, tgi_batch_current_size"),
+    (
+        Engine::LlamaCpp,
+        "llamacpp:requests_deferred, llamacpp:requests_processing",
+    ),
+];
+
+fn load_gauges(engine: Engine) -> &'static str {
+    LOAD_GAUGES
+        .iter()
+        .find(|(e, _)| *e == engine)
+        .map_or("none", |(_, names)| names)
+}
+
+impl Acc {
+    /// The figures of `engine`: its gauges' sums and highest KV use, its cache geometry, and
+    /// (vLLM) its LoRA residency.
+    fn figures(&mut self, engine: Engine) -> Figures {
         match engine {
-            Engine::Vllm => {
-                (m.block_size, m.num_blocks) = acc.vllm_block;
-                m.lora = acc.vllm_lora.take().map(|(_, l)| l);
-                (
-                    acc.vllm_waiting.count(),
-                    acc.vllm_running.count(),
-                    acc.vllm_kv_new.value.or(acc.vllm_kv_old.value),
-                    "vllm:num_requests_waiting, vllm:num_requests_running, vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc",
-                )
-            }
-            Engine::Sglang => {
-                (m.block_size, m.num_blocks) = acc.sgl_block;
-                (
-                    acc.sgl_waiting.count(),
-                    acc.sgl_running.count(),
-                    acc.sgl_kv.value,
-                    "sglang:num_queue_reqs, sglang:num_running_reqs, sglang:token_usage",
-                )
-            }
-            Engine::TrtllmServe => {
-                m.block_size = acc.trt_block_size.unwrap_or(0);
-                m.num_blocks = acc.trt_blocks.unwrap_or(0);
-                (
-                    acc.trt_waiting.count(),
-                    acc.trt_running.count(),
-                    acc.trt_kv.value,
-                    "trtllm_num_requests_waiting, trtllm_num_requests_running, trtllm_kv_cache_utilization",
-                )
-            }
-            Engine::TritonTrtllm => {
-                m.block_size = acc.triton_block_size.unwrap_or(0);
-                m.num_blocks = acc.triton_blocks.unwrap_or(0);
-                (
-                    acc.triton_waiting.count().or(acc.triton_pending.count()),
-                    acc.triton_running.count(),
-                    acc.triton_kv.value,
-                    "nv_trt_llm_request_metrics{request_type=\"waiting\"|\"scheduled\"}, nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=\"fraction\"}, nv_inference_pending_request_count",
-                )
-            }
-            Engine::Tgi => (
-                acc.tgi_waiting.count(),
-                acc.tgi_running.count(),
-                None,
-                "tgi_queue_size, tgi_batch_current_size",
-            ),
-            Engine::LlamaCpp => (
-                acc.llama_waiting.count(),
-                acc.llama_running.count(),
-                None,
-                "llamacpp:requests_deferred, llamacpp:requests_processing",
-            ),
-            Engine::Unknown => (None, None, None, "none"),
-        };
-    if waiting.is_none() && running.is_none() && kv.is_none() {
-        return Err(NormaliseError::NoLoadGauges {
-            engine: engine.name(),
-            expected,
-        });
+            Engine::Vllm => Figures {
+                waiting: self.vllm_waiting.count(),
+                running: self.vllm_running.count(),
+                kv: self.vllm_kv_new.value.or(self.vllm_kv_old.value),
+                block_size: self.vllm_block.0,
+                num_blocks: self.vllm_block.1,
+                lora: self.vllm_lora.take().map(|(_, l)| l),
+            },
+            Engine::Sglang => Figures {
+                waiting: self.sgl_waiting.count(),
+                running: self.sgl_running.count(),
+                kv: self.sgl_kv.value,
+                block_size: self.sgl_block.0,
+                num_blocks: self.sgl_block.1,
+                lora: None,
+            },
+            Engine::TrtllmServe => Figures {
+                waiting: self.trt_waiting.count(),
+                running: self.trt_running.count(),
+                kv: self.trt_kv.value,
+                block_size: self.trt_block_size.unwrap_or(0),
+                num_blocks: self.trt_blocks.unwrap_or(0),
+                lora: None,
+            },
+            Engine::TritonTrtllm => Figures {
+                waiting: self.triton_waiting.count().or(self.triton_pending.count()),
+                running: self.triton_running.count(),
+                kv: self.triton_kv.value,
+                block_size: self.triton_block_size.unwrap_or(0),
+                num_blocks: self.triton_blocks.unwrap_or(0),
+                lora: None,
+            },
+            Engine::Tgi => Figures {
+                waiting: self.tgi_waiting.count(),
+                running: self.tgi_running.count(),
+                ..Figures::default()
+            },
+            Engine::LlamaCpp => Figures {
+                waiting: self.llama_waiting.count(),
+                running: self.llama_running.count(),
+                ..Figures::default()
+            },
+            Engine::Unknown => Figures::default(),
+        }
     }
-    m.kv_usage = kv.map(|k| k as f32);
-    if waiting.is_none() {
-        m.missing.push("waiting");
-    }
-    if running.is_none() {
-        m.missing.push("running");
-    }
-    if kv.is_none() {
-        m.missing.push("kv_usage");
-    }
-    m.waiting = waiting.unwrap_or(0);
-    m.running = running.unwrap_or(0);
-    Ok(m)
 }
 
 #[cfg(test)]

@@ -287,7 +287,7 @@ async fn take_tally(
     };
     match s
         .board
-        .offer(t, std::time::Instant::now(), crate::sidecar::now_ms())
+        .offer(t, std::time::Instant::now(), crate::clock::now_ms())
     {
         Ok(_) => {
             s.stats.hub_tally("accepted");
@@ -510,75 +510,13 @@ pub async fn subscribe(
     stats: Arc<Stats>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut conn = HttpConnector::new();
-    conn.set_nodelay(true);
-    conn.set_connect_timeout(Some(opts.timeout));
-    let client: hyper_util::client::legacy::Client<_, Empty<Bytes>> =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(0)
-            .build(conn);
-    let token = subscribe_token(&cred.subscribe);
+    let sub = Subscription::new(hub, uri, cred, opts, events, stats);
     let mut backoff = Duration::from_millis(50);
     let mut logged_down = false;
     loop {
         let mut delivered = false;
-        let session = async {
-            let req = hyper::Request::get(uri.clone())
-                .header(SIGNATURE_HEADER, token.as_str())
-                .body(Empty::<Bytes>::new())
-                .map_err(|e| e.to_string())?;
-            let resp = tokio::time::timeout(opts.timeout, client.request(req))
-                .await
-                .map_err(|_| format!("no answer within {:?}", opts.timeout))?
-                .map_err(|e| error_chain(&e))?;
-            if resp.status() != StatusCode::OK {
-                return Err(format!("answered {}", resp.status()));
-            }
-            let body = resp
-                .into_body()
-                .into_data_stream()
-                .map(|r| r.map_err(std::io::Error::other));
-            let mut frames = FramedRead::new(tokio_util::io::StreamReader::new(body), codec());
-            let mut first = true;
-            loop {
-                let next = tokio::time::timeout(opts.timeout, frames.next())
-                    .await
-                    .map_err(|_| format!("no frame within {:?}", opts.timeout))?;
-                let payload = match next {
-                    None => return Err("the hub closed the stream".to_string()),
-                    Some(Err(e)) => return Err(format!("stream broken: {e}")),
-                    Some(Ok(p)) => p,
-                };
-                match open(&cred.frame, &payload) {
-                    Ok(Opened { snapshot, tallies }) => {
-                        if first {
-                            first = false;
-                            delivered = true;
-                            tracing::info!(hub = %uri, "subscribed to the hub");
-                        }
-                        stats.hub_frame_received();
-                        if events
-                            .send(HubEvent::Frame {
-                                hub,
-                                snapshot,
-                                tallies,
-                            })
-                            .await
-                            .is_err()
-                        {
-                            return Ok(());
-                        }
-                    }
-                    Err(e) => {
-                        stats.hub_frame_refused(e.label());
-                        // A stranger (or a hub with another secret): never fed from it.
-                        return Err(e.to_string());
-                    }
-                }
-            }
-        };
         let reason = tokio::select! {
-            r = session => r,
+            r = sub.session(&mut delivered) => r,
             _ = shutdown.changed() => return,
         };
         let reason = match reason {
@@ -591,12 +529,13 @@ pub async fn subscribe(
             backoff = Duration::from_millis(50);
         }
         if logged_down {
-            tracing::debug!(hub = %uri, reason = %reason, "hub still unavailable");
+            tracing::debug!(hub = %sub.uri, reason = %reason, "hub still unavailable");
         } else {
-            tracing::warn!(hub = %uri, reason = %reason, "hub subscription lost");
+            tracing::warn!(hub = %sub.uri, reason = %reason, "hub subscription lost");
             logged_down = true;
         }
-        if events
+        if sub
+            .events
             .send(HubEvent::Down {
                 hub,
                 reason: reason.clone(),
@@ -611,6 +550,113 @@ pub async fn subscribe(
             _ = shutdown.changed() => return,
         }
         backoff = (backoff * 2).min(opts.max_backoff);
+    }
+}
+
+type SubscribeClient = hyper_util::client::legacy::Client<HttpConnector, Empty<Bytes>>;
+
+/// What every connection of one subscription uses.
+struct Subscription {
+    hub: usize,
+    uri: Uri,
+    cred: Credential,
+    opts: SubscribeOptions,
+    events: mpsc::Sender<HubEvent>,
+    stats: Arc<Stats>,
+    client: SubscribeClient,
+    /// The signed subscribe request's header value.
+    token: String,
+}
+
+impl Subscription {
+    fn new(
+        hub: usize,
+        uri: Uri,
+        cred: Credential,
+        opts: SubscribeOptions,
+        events: mpsc::Sender<HubEvent>,
+        stats: Arc<Stats>,
+    ) -> Subscription {
+        let mut conn = HttpConnector::new();
+        conn.set_nodelay(true);
+        conn.set_connect_timeout(Some(opts.timeout));
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build(conn);
+        let token = subscribe_token(&cred.subscribe);
+        Subscription {
+            hub,
+            uri,
+            cred,
+            opts,
+            events,
+            stats,
+            client,
+            token,
+        }
+    }
+
+    /// One connection, frames passed on until it ends: `Err` with why, `Ok` when the loop is
+    /// gone. `delivered` turns true with the first verified frame.
+    async fn session(&self, delivered: &mut bool) -> Result<(), String> {
+        let timeout = self.opts.timeout;
+        let body = self
+            .connect()
+            .await?
+            .into_body()
+            .into_data_stream()
+            .map(|r| r.map_err(std::io::Error::other));
+        let mut frames = FramedRead::new(tokio_util::io::StreamReader::new(body), codec());
+        loop {
+            let next = tokio::time::timeout(timeout, frames.next())
+                .await
+                .map_err(|_| format!("no frame within {timeout:?}"))?;
+            let payload = match next {
+                None => return Err("the hub closed the stream".to_string()),
+                Some(Err(e)) => return Err(format!("stream broken: {e}")),
+                Some(Ok(p)) => p,
+            };
+            if !self.pass_on(&payload, delivered).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The signed subscribe request, answered 200 within the timeout.
+    async fn connect(&self) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+        let req = hyper::Request::get(self.uri.clone())
+            .header(SIGNATURE_HEADER, self.token.as_str())
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| e.to_string())?;
+        let resp = tokio::time::timeout(self.opts.timeout, self.client.request(req))
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.opts.timeout))?
+            .map_err(|e| error_chain(&e))?;
+        if resp.status() != StatusCode::OK {
+            return Err(format!("answered {}", resp.status()));
+        }
+        Ok(resp)
+    }
+
+    /// Verifies one frame and sends it to the loop: `Ok(false)` when the loop is gone, `Err`
+    /// for a frame that does not verify (a stranger, or a hub with another secret: never fed
+    /// from it).
+    async fn pass_on(&self, payload: &[u8], delivered: &mut bool) -> Result<bool, String> {
+        let Opened { snapshot, tallies } = open(&self.cred.frame, payload).map_err(|e| {
+            self.stats.hub_frame_refused(e.label());
+            e.to_string()
+        })?;
+        if !*delivered {
+            *delivered = true;
+            tracing::info!(hub = %self.uri, "subscribed to the hub");
+        }
+        self.stats.hub_frame_received();
+        let frame = HubEvent::Frame {
+            hub: self.hub,
+            snapshot,
+            tallies,
+        };
+        Ok(self.events.send(frame).await.is_ok())
     }
 }
 

@@ -37,7 +37,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, PortRef};
-use crate::discovery::{normalise_set, Endpoints};
+use crate::endpoints::{normalise_set, Endpoints};
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// A single watch event line larger than this is refused (a slice holds at most 1000 endpoints).

@@ -3,11 +3,13 @@
 //! whenever the fleet changed or a heartbeat is due. The binary (`src/main.rs`) is a thin shell
 //! around these modules so tests and benchmarks can drive the same code.
 
+pub mod admin;
 pub mod budget;
+pub mod clock;
 pub mod config;
 pub mod discovery;
+pub mod endpoints;
 pub mod engines;
-pub mod face;
 pub mod http1;
 pub mod hub;
 pub mod keys;

@@ -194,39 +194,57 @@ fn parse_push(s: &str) -> Result<(String, Option<String>), CliError> {
     Ok((addr.to_owned(), path.filter(|p| p != "/")))
 }
 
+/// The configuration `run` uses: the file (or the flags alone, or the embedded demo), then each
+/// flag given in place of its field, then validated.
 fn build_config(a: &RunArgs) -> Result<Config, CliError> {
     let mut cfg = match &a.config {
         Some(p) => Config::load(p)?,
-        None if !a.pools.is_empty() => {
-            let hub = a.mode.as_deref() == Some("hub");
-            let (address, path) = match a.push.as_deref() {
-                Some(push) => parse_push(push)?,
-                None if hub => (String::new(), None),
-                None => return Err(CliError::PushSpec(String::new())),
-            };
-            Config {
-                push: PushConfig {
-                    address,
-                    path: path.unwrap_or_else(|| "/__llm_router/snapshot".into()),
-                    tally_path: "/__llm_router/tally".into(),
-                    secret: a.secret.clone(),
-                    secret_env: a.secret_env.clone(),
-                    secret_file: a.secret_file.clone(),
-                    timeout_ms: 1000,
-                },
-                scrape: Default::default(),
-                snapshot: Default::default(),
-                heartbeat_ms: 1000,
-                pod_stale_after_ms: 1000,
-                mode: Default::default(),
-                hub: Default::default(),
-                listen: "127.0.0.1:9464".into(),
-                log: Default::default(),
-                pools: Vec::new(),
-            }
-        }
+        None if !a.pools.is_empty() => flags_only_config(a)?,
         None => Config::embedded_default()?,
     };
+    apply_push_flags(a, &mut cfg)?;
+    apply_hub_flags(a, &mut cfg);
+    apply_timing_and_log_flags(a, &mut cfg);
+    if cfg.push.secret.is_none() && cfg.push.secret_env.is_none() && cfg.push.secret_file.is_none()
+    {
+        return Err(CliError::NoSecret);
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Without `--config` but with `--pool`: the defaults, pushing to `--push` (none in mode hub).
+fn flags_only_config(a: &RunArgs) -> Result<Config, CliError> {
+    let hub = a.mode.as_deref() == Some("hub");
+    let (address, path) = match a.push.as_deref() {
+        Some(push) => parse_push(push)?,
+        None if hub => (String::new(), None),
+        None => return Err(CliError::PushSpec(String::new())),
+    };
+    Ok(Config {
+        push: PushConfig {
+            address,
+            path: path.unwrap_or_else(|| "/__llm_router/snapshot".into()),
+            tally_path: "/__llm_router/tally".into(),
+            secret: a.secret.clone(),
+            secret_env: a.secret_env.clone(),
+            secret_file: a.secret_file.clone(),
+            timeout_ms: 1000,
+        },
+        scrape: Default::default(),
+        snapshot: Default::default(),
+        heartbeat_ms: 1000,
+        pod_stale_after_ms: 1000,
+        mode: Default::default(),
+        hub: Default::default(),
+        listen: "127.0.0.1:9464".into(),
+        log: Default::default(),
+        pools: Vec::new(),
+    })
+}
+
+/// `--push`, the secret flags (all three replace the file's, together) and `--pool`.
+fn apply_push_flags(a: &RunArgs, cfg: &mut Config) -> Result<(), CliError> {
     if let Some(p) = &a.push {
         let (address, path) = parse_push(p)?;
         cfg.push.address = address;
@@ -246,6 +264,11 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
             .map(|s| parse_pool(s))
             .collect::<Result<_, _>>()?;
     }
+    Ok(())
+}
+
+/// `--mode`, `--hub-listen`, `--hub` and `--hub-fallback-ms`.
+fn apply_hub_flags(a: &RunArgs, cfg: &mut Config) {
     match a.mode.as_deref() {
         Some("hub") => cfg.mode = Mode::Hub,
         Some(_) => cfg.mode = Mode::Sidecar,
@@ -260,6 +283,10 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
     if let Some(v) = a.hub_fallback_ms {
         cfg.hub.fallback_after_ms = Some(v);
     }
+}
+
+/// The timing flags, `--listen` and the log flags.
+fn apply_timing_and_log_flags(a: &RunArgs, cfg: &mut Config) {
     if let Some(v) = a.interval_ms {
         cfg.scrape.interval_ms = v;
     }
@@ -284,12 +311,6 @@ fn build_config(a: &RunArgs) -> Result<Config, CliError> {
     if let Some(l) = &a.log_level {
         cfg.log.level = Some(l.clone());
     }
-    if cfg.push.secret.is_none() && cfg.push.secret_env.is_none() && cfg.push.secret_file.is_none()
-    {
-        return Err(CliError::NoSecret);
-    }
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 fn init_logs(cfg: &Config) {

@@ -244,10 +244,6 @@ pub fn parse_line<'a>(
     line_no: usize,
     want: impl Fn(&str) -> bool,
 ) -> Result<Line<'a>, LineError> {
-    let err = |reason| LineError {
-        line: line_no,
-        reason,
-    };
     let line = raw
         .strip_suffix('\r')
         .unwrap_or(raw)
@@ -256,45 +252,77 @@ pub fn parse_line<'a>(
         return Ok(Line::Skip);
     }
     if let Some(comment) = line.strip_prefix('#') {
-        let c = comment.trim_start_matches([' ', '\t']);
-        if c.trim_end() == "EOF" {
-            return Ok(Line::Eof);
-        }
-        for kw in ["HELP", "TYPE"] {
-            if let Some(rest) = c.strip_prefix(kw) {
-                let rest = rest.trim_start_matches([' ', '\t']);
-                let n = name_len(rest.as_bytes());
-                if n > 0 {
-                    return Ok(Line::Meta {
-                        name: rest.get(..n).unwrap_or(""),
-                    });
-                }
+        return Ok(comment_line(comment));
+    }
+    sample_line(line, want).map_err(|reason| LineError {
+        line: line_no,
+        reason,
+    })
+}
+
+/// A comment (the text after `#`): `# EOF`, the name of `# HELP` / `# TYPE`, or nothing.
+#[inline]
+fn comment_line(comment: &str) -> Line<'_> {
+    let c = comment.trim_start_matches([' ', '\t']);
+    if c.trim_end() == "EOF" {
+        return Line::Eof;
+    }
+    for kw in ["HELP", "TYPE"] {
+        if let Some(rest) = c.strip_prefix(kw) {
+            let rest = rest.trim_start_matches([' ', '\t']);
+            let n = name_len(rest.as_bytes());
+            if n > 0 {
+                return Line::Meta {
+                    name: rest.get(..n).unwrap_or(""),
+                };
             }
         }
-        return Ok(Line::Skip);
     }
-    let bytes = line.as_bytes();
-    let n = name_len(bytes);
+    Line::Skip
+}
+
+/// A sample line (trimmed at the start): name, labels, value, timestamp; the error is the reason.
+#[inline]
+fn sample_line<'a>(line: &'a str, want: impl Fn(&str) -> bool) -> Result<Line<'a>, &'static str> {
+    let n = name_len(line.as_bytes());
     if n == 0 {
-        return Err(err("does not start with a metric name"));
+        return Err("does not start with a metric name");
     }
-    let name = line.get(..n).ok_or(err("bad metric name"))?;
+    let name = line.get(..n).ok_or("bad metric name")?;
     if !want(name) {
         return Ok(Line::Unwanted { name });
     }
-    let mut pos = n;
-    let mut labels = "";
-    if bytes.get(pos) == Some(&b'{') {
-        let rest = bytes.get(pos + 1..).unwrap_or(&[]);
-        let len = scan_labels(rest).map_err(err)?;
-        labels = line
-            .get(pos + 1..pos + 1 + len)
-            .ok_or(err("bad label set"))?;
-        pos += len + 2;
+    let (labels, pos) = label_set(line, n)?;
+    let rest = line.get(pos..).ok_or("bad sample")?;
+    let (value, timestamp) = value_and_timestamp(rest)?;
+    Ok(Line::Sample(Sample {
+        name,
+        labels,
+        value,
+        timestamp,
+    }))
+}
+
+/// The label text between `{` and `}` when one opens at `pos` ("" otherwise), and where the
+/// line goes on after it.
+#[inline]
+fn label_set(line: &str, pos: usize) -> Result<(&str, usize), &'static str> {
+    let bytes = line.as_bytes();
+    if bytes.get(pos) != Some(&b'{') {
+        return Ok(("", pos));
     }
-    let rest = line.get(pos..).ok_or(err("bad sample"))?;
+    let rest = bytes.get(pos + 1..).unwrap_or(&[]);
+    let len = scan_labels(rest)?;
+    let labels = line.get(pos + 1..pos + 1 + len).ok_or("bad label set")?;
+    Ok((labels, pos + len + 2))
+}
+
+/// What follows the name and labels: a space, the value, an optional timestamp (and an
+/// OpenMetrics exemplar, ignored).
+#[inline]
+fn value_and_timestamp(rest: &str) -> Result<(f64, Option<i64>), &'static str> {
     if !rest.starts_with([' ', '\t']) {
-        return Err(err("metric name or labels not followed by a space"));
+        return Err("metric name or labels not followed by a space");
     }
     // OpenMetrics exemplars follow " # "; they carry nothing we use.
     let rest = match rest.find(" #") {
@@ -302,24 +330,19 @@ pub fn parse_line<'a>(
         None => rest,
     };
     let mut fields = rest.split_ascii_whitespace();
-    let value = fields.next().ok_or(err("missing value"))?;
-    let value = parse_value(value).ok_or(err("value is not a number"))?;
+    let value = fields.next().ok_or("missing value")?;
+    let value = parse_value(value).ok_or("value is not a number")?;
     let timestamp = match fields.next() {
         None => None,
         Some(t) => Some(
             t.parse::<i64>()
-                .map_err(|_| err("timestamp is not an integer"))?,
+                .map_err(|_| "timestamp is not an integer")?,
         ),
     };
     if fields.next().is_some() {
-        return Err(err("unexpected text after the value"));
+        return Err("unexpected text after the value");
     }
-    Ok(Line::Sample(Sample {
-        name,
-        labels,
-        value,
-        timestamp,
-    }))
+    Ok((value, timestamp))
 }
 
 /// Calls `on_line` for every line of `text` (1-based numbers), stopping at `# EOF`.

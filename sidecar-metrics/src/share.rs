@@ -315,19 +315,10 @@ pub async fn share(
         }
         last_empty = empty;
         t.replica = cred.replica;
-        seq = next_seq(seq, crate::sidecar::now_ms());
+        seq = next_seq(seq, crate::clock::now_ms());
         t.seq = seq;
-        let bytes = match t.encode() {
-            Ok(b) if b.len() <= MAX_TALLY_BYTES => b,
-            Ok(b) => {
-                tracing::error!(
-                    bytes = b.len(),
-                    max = MAX_TALLY_BYTES,
-                    "this replica's tally is larger than a hub reads; not sent"
-                );
-                continue;
-            }
-            Err(_) => continue,
+        let Some(bytes) = encode_tally(&t) else {
+            continue;
         };
         let signature = llm_router_snapshot::sign(&cred.tally, &bytes);
         let bytes = Bytes::from(bytes);
@@ -343,18 +334,40 @@ pub async fn share(
             )
         });
         let results = join_all(sends).await;
-        let failed = results.iter().filter(|r| r.is_err()).count();
-        for r in &results {
-            stats.tally_shared(if r.is_ok() { "sent" } else { "hub_error" });
+        count_sends(&results, &stats, &mut logged, hubs.len());
+    }
+}
+
+/// The stamped tally's bytes, `None` when it cannot be encoded or is larger than a hub reads.
+fn encode_tally(t: &Tally) -> Option<Vec<u8>> {
+    match t.encode() {
+        Ok(b) if b.len() <= MAX_TALLY_BYTES => Some(b),
+        Ok(b) => {
+            tracing::error!(
+                bytes = b.len(),
+                max = MAX_TALLY_BYTES,
+                "this replica's tally is larger than a hub reads; not sent"
+            );
+            None
         }
-        if failed > 0 && !logged {
-            if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                tracing::warn!(error = %e, failed, hubs = hubs.len(), "a tally did not reach every hub");
-            }
-            logged = true;
-        } else if failed == 0 {
-            logged = false;
+        Err(_) => None,
+    }
+}
+
+/// Counts each hub's answer to one tally and logs the first failure after a success (`logged`
+/// holds whether a failure is already logged; a tally every hub took clears it).
+fn count_sends(results: &[Result<(), String>], stats: &Stats, logged: &mut bool, hubs: usize) {
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    for r in results {
+        stats.tally_shared(if r.is_ok() { "sent" } else { "hub_error" });
+    }
+    if failed > 0 && !*logged {
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            tracing::warn!(error = %e, failed, hubs, "a tally did not reach every hub");
         }
+        *logged = true;
+    } else if failed == 0 {
+        *logged = false;
     }
 }
 

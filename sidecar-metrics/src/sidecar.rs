@@ -10,52 +10,49 @@
 //! previous life and no generation runs ahead of the clock; a 409 naming a newer generation is
 //! jumped past unless that generation is from the future ([`after_conflict`]). Before a push the
 //! snapshot is trimmed to its byte budgets (`crate::budget`).
+//!
+//! Where things are: this file holds the pools' pods and the loop's state (`Loop`: what a
+//! round's end, a push's answer or a hub snapshot does to it); `sidecar/start.rs` starts it all
+//! ([`start`]), `sidecar/run_loop.rs` is the loop's `select!`, and `sidecar/follow.rs` decides
+//! which hub a sidecar following hubs listens to.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::FutureExt;
+use futures_util::stream::FuturesUnordered;
 use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
 use rand::Rng;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 
 use crate::budget::{self, Budget, Trim};
-use crate::config::{Config, Mode, MIN_SNAPSHOT_MAX_BYTES};
-use crate::discovery::{self, DiscoveryError, Endpoints};
+use crate::config::{Config, MIN_SNAPSHOT_MAX_BYTES};
+use crate::endpoints::Endpoints;
 use crate::engines::PodMetrics;
-use crate::face;
 use crate::http1::Target;
-use crate::hub::HubEvent;
-use crate::push::{PushOutcome, PushResult, PushSetupError, Pusher};
+use crate::keys::HubKeys;
+use crate::push::{PushOutcome, PushResult, Pusher};
 use crate::scrape::{self, PodIo, ScrapeError};
+use crate::share::TallyBoard;
 use crate::stats::Stats;
+
+mod follow;
+mod run_loop;
+mod start;
+
+/// The clock lives in `crate::clock` (a leaf, so no module needs the sidecar for it); named here
+/// too, where callers of [`start`] have always found it.
+pub use crate::clock::now_ms;
+pub use follow::MAX_FRAME_AGE_MS;
+pub use start::{start, Running, StartError};
 
 /// Consecutive failures are reported up to this count; beyond it the snapshot stops changing
 /// (so an outage does not turn into a push every round). The exact count is on `/metrics`.
 pub const MAX_REPORTED_FAILURES: u32 = 10;
-
-/// Why the sidecar could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Discovery(#[from] DiscoveryError),
-    #[error(transparent)]
-    Push(#[from] PushSetupError),
-    #[error("hub.upstreams {hub:?}: {reason}")]
-    Hub { hub: String, reason: String },
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
-}
 
 /// The generation of the next push: one past the last one used (or past the newest a 409 named)
 /// and never behind the clock, `max(last + 1, now_ms)`; `None` only at the end of `u64`.
@@ -78,14 +75,6 @@ enum TrimState {
     Whole,
     Trimmed,
     OverBudget,
-}
-
-/// Unix time in ms.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 struct PodSlot {
@@ -189,9 +178,9 @@ enum Output {
     /// Mode `hub`: signed into a frame for every subscriber's stream (`crate::hub`), with the
     /// replicas' tallies on the board.
     Publish {
-        keys: crate::keys::HubKeys,
+        keys: HubKeys,
         frames: watch::Sender<Option<Bytes>>,
-        board: Arc<crate::share::TallyBoard>,
+        board: Arc<TallyBoard>,
     },
 }
 
@@ -690,7 +679,7 @@ impl Loop {
     }
 
     /// Mode hub: the board, when tallies are to wake the loop (`hub.tally_frame_ms` > 0).
-    fn tally_board(&self) -> Option<Arc<crate::share::TallyBoard>> {
+    fn tally_board(&self) -> Option<Arc<TallyBoard>> {
         match &self.out {
             Output::Publish { board, .. } if self.cfg.hub.tally_frame_ms > 0 => Some(board.clone()),
             _ => None,
@@ -773,546 +762,6 @@ impl Loop {
 /// ≈ 5 ms of Wasm at 1,024 pods), while in a small fleet (a push ≈ 1 ms) it waits a few ms.
 const PEER_PUSH_SPACING: u32 = 3;
 
-/// Resolves when the board (if any) changed; never without one.
-async fn board_changed(board: &Option<Arc<crate::share::TallyBoard>>) {
-    match board {
-        Some(b) => b.changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sleeps until `at`; never when `None`.
-async fn sleep_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn poll_opt<F: Future + Unpin>(f: &mut Option<F>) -> F::Output {
-    match f.as_mut() {
-        Some(f) => f.await,
-        None => std::future::pending().await,
-    }
-}
-
-/// A sidecar following hubs: which one it uses, and when it last heard from each.
-struct Follow {
-    events: mpsc::Receiver<HubEvent>,
-    /// No hub snapshot for this long: scrape on our own.
-    fallback_after: Duration,
-    /// The hub whose snapshots are used.
-    current: Option<usize>,
-    /// When each hub last sent a verified frame.
-    seen: Vec<Option<Instant>>,
-    /// `created_ms` of the last hub snapshot used: an older or equal one (a replay, or a
-    /// restarted hub whose clock went back) is never used.
-    last_created_ms: u64,
-    /// When the current hub's silence becomes a fallback.
-    deadline: tokio::time::Instant,
-}
-
-/// What a hub event means for the loop.
-#[derive(Debug, PartialEq, Eq)]
-enum FollowStep {
-    /// Use this snapshot (and stop scraping on our own if we were).
-    Use,
-    /// Ignore it: a standby hub's (the current one is alive).
-    Standby,
-    /// Ignore it: not newer than the last one used.
-    Old,
-    /// Nothing to use any more: scrape on our own now.
-    Fallback,
-    /// Nothing changes.
-    Nothing,
-}
-
-impl Follow {
-    fn fresh(&self, hub: usize, now: Instant) -> bool {
-        self.seen
-            .get(hub)
-            .copied()
-            .flatten()
-            .is_some_and(|t| now.duration_since(t) < self.fallback_after)
-    }
-
-    /// A verified frame from `hub`, created at `created_ms`, at `now_ms` by our clock (a frame
-    /// from further in the future than the clocks' skew is refused: it would make every honest
-    /// frame after it look old).
-    fn on_frame(&mut self, hub: usize, created_ms: u64, now: Instant, now_ms: u64) -> FollowStep {
-        if created_ms > now_ms.saturating_add(llm_router_snapshot::tally::MAX_CLOCK_SKEW_MS) {
-            return FollowStep::Old;
-        }
-        if let Some(slot) = self.seen.get_mut(hub) {
-            *slot = Some(now);
-        }
-        if let Some(c) = self.current {
-            if c != hub && self.fresh(c, now) {
-                return FollowStep::Standby;
-            }
-        }
-        if created_ms <= self.last_created_ms {
-            return FollowStep::Old;
-        }
-        self.current = Some(hub);
-        self.last_created_ms = created_ms;
-        self.deadline = tokio::time::Instant::from_std(now + self.fallback_after);
-        FollowStep::Use
-    }
-
-    /// The connection to `hub` ended. Another hub heard from recently takes over; else fall back.
-    fn on_down(&mut self, hub: usize, now: Instant) -> FollowStep {
-        if let Some(slot) = self.seen.get_mut(hub) {
-            *slot = None;
-        }
-        if self.current != Some(hub) {
-            return FollowStep::Nothing;
-        }
-        let other = (0..self.seen.len()).find(|&h| h != hub && self.fresh(h, now));
-        self.current = other;
-        match other.and_then(|h| self.seen.get(h).copied().flatten()) {
-            Some(t) => {
-                self.deadline = tokio::time::Instant::from_std(t + self.fallback_after);
-                FollowStep::Nothing
-            }
-            None => FollowStep::Fallback,
-        }
-    }
-}
-
-async fn next_event(f: &mut Option<Follow>) -> Option<HubEvent> {
-    match f.as_mut() {
-        Some(f) => f.events.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn run_loop(mut lp: Loop, mut follow: Option<Follow>, mut shutdown: watch::Receiver<bool>) {
-    let mut inflight: FuturesUnordered<BoxFut<Done>> = FuturesUnordered::new();
-    let mut push_fut: Option<BoxFut<PushOutcome>> = None;
-    let mut round: u64 = 0;
-    let mut pending = 0usize;
-    let mut round_open = false;
-    let mut next_round = tokio::time::Instant::now();
-    let coalesce = Duration::from_millis(lp.cfg.scrape.coalesce_ms);
-    // Following hubs: no scraping of our own until they stay silent.
-    let mut scraping = follow.is_none();
-    let far = || tokio::time::Instant::now() + Duration::from_secs(86_400);
-    // Mode hub: a changed tally schedules a frame, at most one per `tally_frame_ms` after the
-    // last frame of any kind.
-    let board = lp.tally_board();
-    let tally_gap = Duration::from_millis(lp.cfg.hub.tally_frame_ms);
-    let mut tally_frame_due: Option<tokio::time::Instant> = None;
-    loop {
-        let hub_deadline = follow
-            .as_ref()
-            .filter(|_| !scraping)
-            .map_or_else(far, |f| f.deadline);
-        let mut fall_back = None;
-        let queued_due = lp.queued_due(push_fut.is_some());
-        tokio::select! {
-            biased;
-            _ = shutdown.changed() => break,
-            Some(first) = inflight.next(), if !inflight.is_empty() => {
-                // Take every answer that is already there, then, if the round still waits for
-                // some, pause briefly so the rest arrive together: one wake-up per batch instead
-                // of one per pod (context switches were the largest cost in the profile).
-                let mut next = Some(first);
-                while let Some(done) = next {
-                    let this_round = done.round == round;
-                    lp.apply(done);
-                    if this_round && round_open {
-                        pending = pending.saturating_sub(1);
-                        if pending == 0 {
-                            round_open = false;
-                            lp.finish_round(&mut push_fut);
-                        }
-                    }
-                    next = inflight.next().now_or_never().flatten();
-                }
-                if round_open && !inflight.is_empty() && !coalesce.is_zero() {
-                    tokio::time::sleep(coalesce).await;
-                }
-            }
-            outcome = poll_opt(&mut push_fut) => {
-                push_fut = None;
-                lp.push_answered(outcome);
-            }
-            _ = sleep_opt(queued_due) => {
-                if let Some((snap, trim, peer_only)) = lp.queued.take() {
-                    lp.deliver(snap, trim, now_ms(), peer_only, &mut push_fut);
-                }
-            }
-            _ = board_changed(&board), if tally_frame_due.is_none() => {
-                let now = tokio::time::Instant::now();
-                tally_frame_due = Some(lp.published_at.map_or(now, |t| (t + tally_gap).max(now)));
-            }
-            _ = sleep_opt(tally_frame_due) => {
-                tally_frame_due = None;
-                lp.republish();
-            }
-            Some(ev) = next_event(&mut follow) => {
-                let Some(f) = follow.as_mut() else { continue };
-                let now = Instant::now();
-                match ev {
-                    HubEvent::Frame { hub, snapshot, tallies } => {
-                        match f.on_frame(hub, snapshot.created_ms, now, now_ms()) {
-                            FollowStep::Use => {
-                                if scraping {
-                                    scraping = false;
-                                    // Scrapes still in flight finish and are applied to the
-                                    // pods' state, without closing a round.
-                                    round_open = false;
-                                    lp.stats.hub_source("hub", None);
-                                    tracing::info!(hub, "using the hub's snapshots; not scraping on our own");
-                                }
-                                lp.offer_hub(snapshot, &tallies, &mut push_fut);
-                            }
-                            FollowStep::Old => lp.stats.hub_frame_refused("old"),
-                            _ => {}
-                        }
-                    }
-                    HubEvent::Down { hub, reason } => {
-                        if f.on_down(hub, now) == FollowStep::Fallback && !scraping {
-                            tracing::debug!(hub, reason = %reason, "the hub in use is gone");
-                            fall_back = Some("closed");
-                        }
-                    }
-                }
-            }
-            _ = tokio::time::sleep_until(hub_deadline), if follow.is_some() && !scraping => {
-                if let Some(f) = follow.as_mut() {
-                    f.current = None;
-                }
-                fall_back = Some("silent");
-            }
-            _ = tokio::time::sleep_until(next_round), if scraping => {
-                if round_open {
-                    round_open = false;
-                    lp.finish_round(&mut push_fut);
-                }
-                round += 1;
-                pending = lp.start_round(round, &mut inflight);
-                let now = tokio::time::Instant::now();
-                next_round += lp.jittered();
-                if next_round < now {
-                    next_round = now + lp.jittered();
-                }
-                if pending == 0 {
-                    lp.finish_round(&mut push_fut);
-                } else {
-                    round_open = true;
-                }
-            }
-        }
-        if let Some(reason) = fall_back {
-            scraping = true;
-            next_round = tokio::time::Instant::now();
-            lp.stats.hub_source("scrape", Some(reason));
-            tracing::warn!(reason, "no hub answers; scraping on our own until one does");
-        }
-    }
-    // Let a push in flight finish (bounded by its timeout) so the last state is not lost.
-    if let Some(f) = push_fut {
-        let o = f.await;
-        lp.push_answered(o);
-    }
-    tracing::info!("scrape loop stopped");
-}
-
-/// What this process holds of the hub's keys: all of them in mode hub (or when it derives its own
-/// credential from the hub secret), and its replica's credential.
-struct HubSecrets {
-    hub: Option<crate::keys::HubKeys>,
-    credential: crate::keys::Credential,
-}
-
-/// The hub keys from `hub.credential_file`, else `hub.secret*`, else (the configuration from
-/// before the roles were split) the push secret, logged as opening the hub to the proxy.
-fn resolve_hub_keys(cfg: &Config, push_secret: &str) -> Result<HubSecrets, StartError> {
-    let bad = |reason: String| StartError::Hub {
-        hub: "hub.secret".into(),
-        reason,
-    };
-    if let Some(path) = &cfg.hub.credential_file {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read {path}: {e}")))?;
-        let credential =
-            crate::keys::Credential::parse(&text).map_err(|e| bad(format!("{path}: {e}")))?;
-        return Ok(HubSecrets {
-            hub: None,
-            credential,
-        });
-    }
-    let hub_secret = cfg.resolve_hub_secret().map_err(|e| bad(e.to_string()))?;
-    let uses_hub = cfg.mode == Mode::Hub || !cfg.hub.upstreams.is_empty();
-    if hub_secret.is_none() && uses_hub {
-        tracing::warn!("no hub.secret_file: the push secret serves as the hub secret, so whoever holds it (the proxy's environment included) can subscribe, forge frames and speak for every replica; give the hubs hub.secret_file and each gateway sidecar hub.credential_file (`sidecar-metrics credential`)");
-    } else if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
-        tracing::warn!("this sidecar holds the hub secret: it could speak for any replica; give it hub.credential_file (`sidecar-metrics credential`) instead");
-    }
-    let keys =
-        crate::keys::HubKeys::from_secret(hub_secret.as_deref().unwrap_or(push_secret).as_bytes());
-    Ok(HubSecrets {
-        credential: keys.credential(crate::share::replica_id()),
-        hub: Some(keys),
-    })
-}
-
-/// A restarted subscriber takes no frame created more than this before it started: a replay of
-/// an older capture is refused (frames come every scrape interval; a restart reconnects within
-/// the fallback time).
-pub const MAX_FRAME_AGE_MS: u64 = 2_000;
-
-/// A started sidecar.
-pub struct Running {
-    /// Where its own `/metrics` and `/healthz` listen.
-    pub face_addr: SocketAddr,
-    /// Mode hub: where the snapshot stream listens.
-    pub hub_addr: Option<SocketAddr>,
-    pub stats: Arc<Stats>,
-    /// Every snapshot the proxy accepted (latest), for tests and debugging.
-    pub accepted: watch::Receiver<Option<Snapshot>>,
-    shutdown: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Running {
-    /// Stops scraping, lets the last push finish, stops the face.
-    pub async fn stop(self) {
-        let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-    }
-
-    /// Asks the loop and the face to stop; [`Running::wait`] then resolves.
-    pub fn signal_stop(&self) {
-        let _ = self.shutdown.send(true);
-    }
-
-    /// Resolves when the loop and the face have ended.
-    pub async fn wait(self) {
-        for t in self.tasks {
-            let _ = t.await;
-        }
-    }
-}
-
-/// Starts discovery, the scrape loop and the face. `cfg` must be validated.
-pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let stats = Arc::new(Stats::default());
-    let mut pools = Vec::with_capacity(cfg.pools.len());
-    for p in &cfg.pools {
-        let rx = discovery::start(&p.name, &p.discovery, shutdown_rx.clone())?;
-        let path = p
-            .metrics_path
-            .clone()
-            .unwrap_or_else(|| cfg.scrape.path.clone());
-        let filtered_path = cfg.scrape.name_filter.then(|| {
-            let sep = if path.contains('?') { '&' } else { '?' };
-            format!(
-                "{path}{sep}{}",
-                crate::engines::name_filter_query(p.engine())
-            )
-        });
-        let mut rt = PoolRt {
-            name: p.name.clone(),
-            cluster: p.cluster.clone(),
-            models: p.models.clone(),
-            engine: p.engine(),
-            path,
-            filtered_path,
-            rx,
-            pods: Vec::new(),
-        };
-        let initial = rt.rx.borrow_and_update().clone();
-        rt.resync(&initial, &stats);
-        pools.push(rt);
-    }
-    let (frames_tx, frames_rx) = watch::channel(None);
-    let board = Arc::new(crate::share::TallyBoard::new(Duration::from_millis(
-        cfg.hub.tally_ttl_ms,
-    )));
-    let hub_secret = resolve_hub_keys(&cfg, &secret)?;
-    let cred = hub_secret.credential;
-    let replica = cred.replica;
-    let out = match cfg.mode {
-        Mode::Sidecar => Output::Push(Box::new(Pusher::new(
-            &cfg.push.address,
-            &cfg.push.path,
-            &secret,
-            Duration::from_millis(cfg.push.timeout_ms),
-        )?)),
-        Mode::Hub => {
-            llm_router_snapshot::check_secret(&secret).map_err(PushSetupError::BadSecret)?;
-            Output::Publish {
-                keys: hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
-                    hub: cfg.hub.listen.clone(),
-                    reason: "no hub secret".into(),
-                })?,
-                frames: frames_tx,
-                board: board.clone(),
-            }
-        }
-    };
-    let mut tasks = Vec::new();
-    let mut hub_addr = None;
-    if cfg.mode == Mode::Hub {
-        let l = tokio::net::TcpListener::bind(&cfg.hub.listen)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: cfg.hub.listen.clone(),
-                source,
-            })?;
-        hub_addr = Some(l.local_addr().map_err(|source| StartError::Bind {
-            addr: cfg.hub.listen.clone(),
-            source,
-        })?);
-        tasks.push(tokio::spawn(crate::hub::serve(
-            l,
-            hub_secret.hub.clone().ok_or_else(|| StartError::Hub {
-                hub: cfg.hub.listen.clone(),
-                reason: "no hub secret".into(),
-            })?,
-            frames_rx,
-            board,
-            stats.clone(),
-            shutdown_rx.clone(),
-        )));
-    }
-    let follow = if cfg.mode == Mode::Sidecar && !cfg.hub.upstreams.is_empty() {
-        let (tx, rx) = mpsc::channel(8);
-        let mut hub_uris = Vec::with_capacity(cfg.hub.upstreams.len());
-        let opts = crate::hub::SubscribeOptions {
-            timeout: Duration::from_millis(cfg.hub.timeout_ms),
-            max_backoff: Duration::from_secs(1),
-        };
-        for (i, u) in cfg.hub.upstreams.iter().enumerate() {
-            let uri = crate::hub::hub_uri(u).map_err(|reason| StartError::Hub {
-                hub: u.clone(),
-                reason,
-            })?;
-            hub_uris.push(uri.clone());
-            tasks.push(tokio::spawn(crate::hub::subscribe(
-                i,
-                uri,
-                cred.clone(),
-                opts,
-                tx.clone(),
-                stats.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
-        if cfg.hub.share_ms > 0 {
-            let tally_uri: hyper::Uri =
-                format!("http://{}{}", cfg.push.address, cfg.push.tally_path)
-                    .parse()
-                    .map_err(|e: hyper::http::uri::InvalidUri| StartError::Hub {
-                        hub: cfg.push.address.clone(),
-                        reason: format!("push.tally_path: {e}"),
-                    })?;
-            tasks.push(tokio::spawn(crate::share::share(
-                crate::share::ShareOptions {
-                    interval: Duration::from_millis(cfg.hub.share_ms),
-                    tally_uri,
-                    hubs: hub_uris,
-                    timeout: Duration::from_millis(cfg.hub.timeout_ms),
-                },
-                cred.clone(),
-                stats.clone(),
-                shutdown_rx.clone(),
-            )));
-        }
-        let fallback_after = cfg.hub_fallback_after();
-        stats.hub_source("hub", None);
-        Some(Follow {
-            events: rx,
-            fallback_after,
-            current: None,
-            seen: vec![None; cfg.hub.upstreams.len()],
-            last_created_ms: now_ms().saturating_sub(MAX_FRAME_AGE_MS),
-            deadline: tokio::time::Instant::now() + fallback_after,
-        })
-    } else {
-        None
-    };
-    let listener = tokio::net::TcpListener::bind(&cfg.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
-    let face_addr = listener.local_addr().map_err(|source| StartError::Bind {
-        addr: cfg.listen.clone(),
-        source,
-    })?;
-    stats.snapshot_budget(cfg.snapshot.max_bytes);
-    let (snap_tx, snap_rx) = watch::channel(None);
-    match &out {
-        Output::Push(p) => tracing::info!(
-            face = %face_addr,
-            push = %p.uri(),
-            hubs = ?cfg.hub.upstreams,
-            pools = cfg.pools.len(),
-            interval_ms = cfg.scrape.interval_ms,
-            "sidecar-metrics started"
-        ),
-        Output::Publish { .. } => tracing::info!(
-            face = %face_addr,
-            hub = ?hub_addr,
-            pools = cfg.pools.len(),
-            interval_ms = cfg.scrape.interval_ms,
-            "sidecar-metrics hub started"
-        ),
-    }
-    let face_task = tokio::spawn(face::serve(
-        listener,
-        stats.clone(),
-        cfg.scrape.interval_ms,
-        shutdown_rx.clone(),
-    ));
-    let lp = Loop {
-        pools,
-        out,
-        stats: stats.clone(),
-        last_generation: 0,
-        budget: Budget {
-            max_bytes: cfg.snapshot.max_bytes,
-            max_pod_bytes: cfg.snapshot.max_pod_bytes,
-        },
-        trim_state: TrimState::Whole,
-        future_logged: false,
-        last_accepted: None,
-        last_accepted_at: None,
-        in_flight_snapshot: None,
-        retry: false,
-        last_push_label: "none",
-        snapshots: snap_tx,
-        next_pod: 0,
-        replica,
-        last_trim: Trim::default(),
-        published_at: None,
-        queued: None,
-        last_hub_pods: None,
-        push_started: None,
-        peer_push_at: None,
-        cfg,
-    };
-    let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
-    tasks.push(loop_task);
-    tasks.push(face_task);
-    Ok(Running {
-        face_addr,
-        hub_addr,
-        stats,
-        accepted: snap_rx,
-        shutdown: shutdown_tx,
-        tasks,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1330,97 +779,6 @@ mod tests {
         assert_eq!(next_generation(9_000, 5_000), Some(9_001));
         assert_eq!(next_generation(u64::MAX - 1, 5), Some(u64::MAX));
         assert_eq!(next_generation(u64::MAX, 5), None);
-    }
-
-    fn follow(hubs: usize) -> Follow {
-        let (_tx, rx) = mpsc::channel(1);
-        Follow {
-            events: rx,
-            fallback_after: Duration::from_millis(150),
-            current: None,
-            seen: vec![None; hubs],
-            last_created_ms: 0,
-            deadline: tokio::time::Instant::now(),
-        }
-    }
-
-    #[tokio::test]
-    async fn one_hub_is_followed_and_its_old_snapshots_are_not() {
-        let mut f = follow(1);
-        let t0 = Instant::now();
-        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Use);
-        assert_eq!(f.current, Some(0));
-        // A replay, or a restarted hub whose clock went back: never used.
-        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Old);
-        assert_eq!(f.on_frame(0, 999, t0, 2_000), FollowStep::Old);
-        assert_eq!(f.on_frame(0, 1_050, t0, 2_000), FollowStep::Use);
-        assert_eq!(
-            f.deadline,
-            tokio::time::Instant::from_std(t0 + Duration::from_millis(150))
-        );
-        // Its connection ends and no other hub is there: scrape on our own.
-        assert_eq!(f.on_down(0, t0), FollowStep::Fallback);
-        assert_eq!(f.current, None);
-        // Back: its next newer snapshot is used again.
-        assert_eq!(f.on_frame(0, 1_100, t0, 2_000), FollowStep::Use);
-    }
-
-    #[tokio::test]
-    async fn two_hubs_one_in_use_the_other_standing_by() {
-        let mut f = follow(2);
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        assert_eq!(f.on_frame(0, 1_000, t0, 2_000), FollowStep::Use);
-        assert_eq!(
-            f.on_frame(1, 1_010, t0 + ms(10), 2_000),
-            FollowStep::Standby
-        );
-        assert_eq!(f.on_frame(0, 1_050, t0 + ms(50), 2_000), FollowStep::Use);
-        assert_eq!(
-            f.on_frame(1, 1_060, t0 + ms(60), 2_000),
-            FollowStep::Standby
-        );
-        // Hub 0's connection ends: hub 1, heard from 10 ms ago, takes over without a fallback.
-        assert_eq!(f.on_down(0, t0 + ms(70)), FollowStep::Nothing);
-        assert_eq!(f.current, Some(1));
-        assert_eq!(
-            f.deadline,
-            tokio::time::Instant::from_std(t0 + ms(60) + ms(150))
-        );
-        assert_eq!(f.on_frame(1, 1_110, t0 + ms(110), 2_000), FollowStep::Use);
-        // Hub 0 is back, but hub 1 is alive: it stays standby.
-        assert_eq!(
-            f.on_frame(0, 1_120, t0 + ms(120), 2_000),
-            FollowStep::Standby
-        );
-        // Hub 1 goes silent (no close): after fallback_after, hub 0's frames are used.
-        assert_eq!(f.on_frame(0, 1_300, t0 + ms(300), 2_000), FollowStep::Use);
-        assert_eq!(f.current, Some(0));
-        // A standby's loss changes nothing.
-        assert_eq!(f.on_down(1, t0 + ms(310)), FollowStep::Nothing);
-        assert_eq!(f.current, Some(0));
-        // Losing the last one falls back.
-        assert_eq!(f.on_down(0, t0 + ms(320)), FollowStep::Fallback);
-    }
-
-    /// A restarted subscriber refuses a frame older than it could have seen (a replay of an old
-    /// capture), and any subscriber one from beyond the clocks' skew.
-    #[tokio::test]
-    async fn a_restarted_subscriber_refuses_old_and_future_frames() {
-        let now = 1_700_000_000_000u64;
-        let mut f = follow(1);
-        f.last_created_ms = now - MAX_FRAME_AGE_MS;
-        let t0 = Instant::now();
-        assert_eq!(f.on_frame(0, now - 60_000, t0, now), FollowStep::Old);
-        assert_eq!(
-            f.on_frame(0, now - MAX_FRAME_AGE_MS, t0, now),
-            FollowStep::Old
-        );
-        let skew = llm_router_snapshot::tally::MAX_CLOCK_SKEW_MS;
-        assert_eq!(f.on_frame(0, now + skew + 1, t0, now), FollowStep::Old);
-        assert_eq!(f.on_frame(0, u64::MAX, t0, now), FollowStep::Old);
-        assert_eq!(f.on_frame(0, now - 10, t0, now), FollowStep::Use);
-        assert_eq!(f.on_frame(0, now + skew, t0, now), FollowStep::Use);
     }
 
     #[test]

@@ -31,26 +31,7 @@ const CRATES: &[&str] = &[
 /// Cycles tolerated for now: (crate folder, the modules of the cycle). A cycle is tolerated when
 /// its modules are among an entry's, so no module can join it; an entry that matches no cycle, or
 /// only a smaller one, fails the test too, so the list only shrinks.
-const ALLOWED: &[(&str, &[&str])] = &[
-    // The sidecar's cycles (discovery ↔ kube, face ↔ sidecar, and hub ↔ sidecar, share ↔ sidecar
-    // with them, which join config, engines and scrape into one component) go when its discovery
-    // change (InferencePool discovery: kube.rs, discovery.rs, config.rs) merges; then shrink or
-    // delete this entry as the test says.
-    (
-        "sidecar-metrics",
-        &[
-            "config",
-            "discovery",
-            "engines",
-            "face",
-            "hub",
-            "kube",
-            "scrape",
-            "share",
-            "sidecar",
-        ],
-    ),
-];
+const ALLOWED: &[(&str, &[&str])] = &[];
 
 #[test]
 fn no_import_cycles_between_top_level_modules() {

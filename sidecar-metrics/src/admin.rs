@@ -1,5 +1,6 @@
-//! The sidecar's own HTTP face: `/metrics` (its numbers in Prometheus text) and `/healthz`
-//! (200 while scrape rounds or hub snapshots keep coming, 503 otherwise), with graceful shutdown.
+//! The sidecar's own HTTP face, its admin endpoints (README "Its own face"): `/metrics` (its
+//! numbers in Prometheus text) and `/healthz` (200 while scrape rounds or hub snapshots keep
+//! coming, 503 otherwise), with graceful shutdown.
 
 use std::sync::Arc;
 
@@ -10,11 +11,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tokio::sync::watch;
 
-use crate::sidecar::now_ms;
+use crate::clock::now_ms;
 use crate::stats::Stats;
 
 #[derive(Clone)]
-struct FaceState {
+struct AdminState {
     stats: Arc<Stats>,
     interval_ms: u64,
 }
@@ -24,17 +25,17 @@ pub fn router(stats: Arc<Stats>, interval_ms: u64) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .with_state(FaceState { stats, interval_ms })
+        .with_state(AdminState { stats, interval_ms })
 }
 
-async fn metrics(State(s): State<FaceState>) -> impl IntoResponse {
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, crate::stats::CONTENT_TYPE)],
         s.stats.render(now_ms()),
     )
 }
 
-async fn healthz(State(s): State<FaceState>) -> impl IntoResponse {
+async fn healthz(State(s): State<AdminState>) -> impl IntoResponse {
     let sum = s.stats.summary();
     // Alive when a round finished recently, or (subscribed to a hub) a hub snapshot was applied
     // recently: five intervals, and never less than two seconds.
