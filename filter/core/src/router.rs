@@ -79,7 +79,7 @@ pub struct Routed {
     pub pending_tokens: u32,
     /// Prefill work ahead of and including this request on that pod when it was routed: with
     /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
-    /// when the pod was chosen on a guess of what it has cached ([`crate::prior`]).
+    /// when the pod was chosen on a guess of what it has cached ([`crate::replica_prior`]).
     pub work_tokens: f64,
     /// The LoRA adapter counted in flight on that pod ([`lora::note`]; report its end with
     /// [`Router::adapter_ended`]).
