@@ -12,21 +12,21 @@ use crate::reject::Rejection;
 use crate::request::ParsedRequest;
 use crate::store::SharedStore;
 
-mod account;
 mod admit;
 mod candidates;
 mod features;
 mod fleet;
 mod rank;
+mod record;
 mod resolve;
 mod shortlisted;
 mod view;
 
-use account::account;
 use admit::{admit_or_wait, Admitted};
 use candidates::candidates;
 use features::features;
 pub use fleet::Fleet;
+use record::record;
 #[cfg(test)]
 use shortlisted::SHORTLISTED;
 use view::Viewed;
@@ -139,7 +139,7 @@ impl Router {
     }
 
     /// The decision as a pipeline: resolve → pool view → candidates → admit or wait → features
-    /// → rank → account. With [`Hold::IfFull`], a request no pod can take now
+    /// → rank → record. With [`Hold::IfFull`], a request no pod can take now
     /// ([`flow::admit`]) comes back as [`Decision::Wait`], with [`Hold::Behind`] every request
     /// does; either way one the pool would shed (sheddable in a saturated pool, standard far
     /// past it) is refused instead: sheddable requests are the first to go.
@@ -183,12 +183,12 @@ impl Router {
                 pool: view.pool.name,
             });
         }
-        // Owned here: the features borrow it while `view` moves into the accounting.
+        // Owned here: the features borrow it while `view` moves into [`record`].
         let served = view.served_model.clone();
         let model = served.as_deref().unwrap_or(req.model.as_ref());
         let (features, credits) = features(&view, &mut cands, req, model, ctx);
         let ranked = self.rank(&view, &cands, &features, admitted.fits())?;
-        Ok(Decision::Routed(account(
+        Ok(Decision::Routed(record(
             store,
             view,
             &cands,

@@ -35,7 +35,7 @@ pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &Peer
         .take_while(move |p| p.key == key)
 }
 
-/// What [`features`] credited, for [`super::account::account`] to read.
+/// What [`features`] credited, for [`super::record::record`] to read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Credits {
     /// `(candidate, its own prefix record)` for the candidates credited: the work accounting
@@ -43,7 +43,7 @@ pub(super) struct Credits {
     pub(super) credited: Vec<(usize, u32)>,
     /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
     /// holds less of it than the anchor depth (a new copy: no record of this replica's and
-    /// no other replica's note puts it there), the accounting shares where it went
+    /// no other replica's note puts it there), [`super::record::record`] shares where it went
     /// ([`crate::placed::note_placed`]).
     pub(super) anchor: Option<(u64, usize)>,
     /// Candidates other replicas' notes put the anchor on (not a new copy there).

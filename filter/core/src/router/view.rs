@@ -104,7 +104,7 @@ impl Router {
             Mode::Full
         };
         // Read once: ranks the pods and, with its CAS token, is the base of the write in
-        // [`account`].
+        // [`record`].
         let (live, live_cas) = inflight::read_for_update(store, &pool.name);
         Ok(Viewed::Ready(PoolView {
             pool,

@@ -9,10 +9,10 @@ use crate::score;
 use crate::store::SharedStore;
 use llm_router_snapshot::PeerContext;
 
-/// Stage 7: the decision, accounted: the chosen pod's in-flight count and pending work go up
-/// in the shared load table, the prompt's blocks are recorded for it in the prefix index, an
-/// adapter is noted as used there.
-pub(super) fn account<S: SharedStore>(
+/// Stage 7: the decision, recorded in shared data: the chosen pod's in-flight count and pending
+/// work go up in the shared load table, the prompt's blocks are recorded for it in the prefix
+/// index, an adapter is noted as used there.
+pub(super) fn record<S: SharedStore>(
     store: &S,
     view: PoolView<'_>,
     c: &Candidates<'_>,
