@@ -216,7 +216,7 @@ impl Router {
 
     /// The stream of a routed request ended: its pod has one request less in flight, and the
     /// `pending` tokens it still had (no first byte came) are released. False when the update
-    /// did not land (the caller owes it: [`inflight::Ledger`]).
+    /// did not land (the caller defers it: [`inflight::Ledger`]).
     pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) -> bool {
         inflight::finished(store, pool, pod, pending)
     }

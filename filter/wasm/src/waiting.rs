@@ -330,7 +330,8 @@ fn abandoned(w: &mut Worker, routed: &llm_router_core::Routed) {
         .router
         .finished(&HostStore, &routed.pool, pod, routed.pending_tokens)
     {
-        w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+        w.ledger
+            .defer_decrement(&routed.pool, pod, 1, routed.pending_tokens);
     }
     if let Some(adapter) = &routed.adapter {
         w.router
