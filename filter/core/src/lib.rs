@@ -50,5 +50,5 @@ mod wire;
 pub use config::Config;
 pub use reject::Rejection;
 pub use request::{parse, ApiKind, ParsedRequest, RequestError};
-pub use router::{Context, Fleet, Hold, RouteMode, Routed, Router};
+pub use router::{Context, Fleet, Hold, Route, RouteMode, Router};
 pub use store::{MemoryStore, SharedStore, StoreError};

@@ -52,9 +52,11 @@ impl RouteMode {
     }
 }
 
-/// A routing decision.
+/// Where a request goes (the routing decision when it is placed, [`Decision::Routed`]): its
+/// pool, cluster and endpoints best first, the model rewrite, and what was counted for it on the
+/// chosen pod (in flight, pending prefill, adapter) to release when it ends.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Routed {
+pub struct Route {
     pub pool: String,
     pub cluster: String,
     /// Best first; empty when Envoy's fallback policy should choose.
@@ -130,7 +132,7 @@ impl Router {
         fleet: Option<&Fleet>,
         req: &ParsedRequest<'_>,
         ctx: Context,
-    ) -> Result<Routed, Rejection> {
+    ) -> Result<Route, Rejection> {
         match self.decide(store, fleet, req, ctx, Hold::Never)? {
             Decision::Routed(r) => Ok(r),
             // Not reached: with `Hold::Never` the admission stage admits every request.
@@ -241,7 +243,7 @@ impl Router {
     }
 
     /// A request for LoRA adapter `adapter` that was counted on `pod` has ended
-    /// ([`Routed::adapter`]).
+    /// ([`Route::adapter`]).
     pub fn adapter_ended(&self, store: &impl SharedStore, pool: &str, pod: &str, adapter: &str) {
         lora::ended(store, pool, pod, adapter);
     }
@@ -297,7 +299,7 @@ pub enum Hold {
 /// What the decision came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    Routed(Routed),
+    Routed(Route),
     /// No pod of pool `pool` can take the request now: hold it and ask again later.
     Wait {
         pool: String,

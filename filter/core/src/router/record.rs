@@ -1,7 +1,7 @@
 use super::candidates::{prefix_index, Candidates};
 use super::features::Credits;
 use super::view::PoolView;
-use super::{RouteMode, Routed};
+use super::{Route, RouteMode};
 use crate::candidate::{Candidate, Features, Mode};
 use crate::inflight;
 use crate::lora;
@@ -20,7 +20,7 @@ pub(super) fn record<S: SharedStore>(
     features: &Features<'_>,
     ranked: &[score::Scored],
     top_k: usize,
-) -> Routed {
+) -> Route {
     let pool = &view.pool;
     let (endpoints, scores) = listed(c, ranked, top_k);
     let best = ranked.first().map(|s| s.index);
@@ -61,7 +61,7 @@ pub(super) fn record<S: SharedStore>(
             lora::note(store, &pool.name, cand.address, a, cand.in_flight == 0);
         }
     }
-    Routed {
+    Route {
         pool: pool.name.clone(),
         cluster: pool.cluster.clone(),
         endpoints,
