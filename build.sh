@@ -284,8 +284,8 @@ ensure_wasm_target() {
 
 build_wasm() {
   ensure_wasm_target
-  step "cargo build --profile wasm --target $WASM_TARGET -p llm-router-filter"
-  cargo build --profile wasm --target "$WASM_TARGET" -p llm-router-filter
+  step "cargo build --profile wasm --target $WASM_TARGET -p llm-router-wasm"
+  cargo build --profile wasm --target "$WASM_TARGET" -p llm-router-wasm
   local wasm="$TARGET_DIR/$WASM_TARGET/wasm/llm_router_filter.wasm"
   [ -f "$wasm" ] || die "expected $wasm after the build"
   optimise_wasm "$wasm"
@@ -355,9 +355,9 @@ cmd_check() {
   ensure_wasm_target
   step "cargo clippy (filter crates, sidecar; host and wasm) -- -D warnings"
   cargo clippy --release --all-targets -p llm-router-snapshot -p llm-router-core \
-    -p llm-router-filter -p sidecar-metrics -- -D warnings
+    -p llm-router-wasm -p sidecar-metrics -- -D warnings
   cargo clippy --profile wasm --target "$WASM_TARGET" \
-    -p llm-router-filter -p llm-router-core -p llm-router-snapshot -- -D warnings
+    -p llm-router-wasm -p llm-router-core -p llm-router-snapshot -- -D warnings
   step "cargo test --release -p llm-router-snapshot -p llm-router-core"
   cargo test --release -p llm-router-snapshot -p llm-router-core
   step "check passed (the whole suite: ./build.sh test)"
@@ -369,7 +369,7 @@ cmd_clippy() {
   cargo clippy --release --workspace --all-targets -- -D warnings
   step "cargo clippy --profile wasm --target $WASM_TARGET (filter, core, snapshot) -- -D warnings"
   cargo clippy --profile wasm --target "$WASM_TARGET" \
-    -p llm-router-filter -p llm-router-core -p llm-router-snapshot -- -D warnings
+    -p llm-router-wasm -p llm-router-core -p llm-router-snapshot -- -D warnings
 }
 
 run_tests() {

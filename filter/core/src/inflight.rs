@@ -458,82 +458,84 @@ pub fn moved(store: &impl SharedStore, pool: &str, from: &str, to: &str, pending
     })
 }
 
-/// Most (pool, pod) entries a [`Ledger`] holds; past it new debts are dropped (and counted).
+/// Most (pool, pod) entries a [`Ledger`] holds; past it new decrements are dropped (and
+/// counted).
 pub const MAX_LEDGER_ENTRIES: usize = 1024;
 
-/// What one worker still owes a pod's entry: decrements whose compare-and-swap lost every one of
-/// its attempts under contention (see [`update`]).
+/// Decrements one worker still has to apply to a pod's entry (at the next [`Ledger::settle`]):
+/// their compare-and-swap lost every one of its attempts under contention (see [`update`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Owed {
+pub struct Decrements {
     pub in_flight: u32,
     pub pending_tokens: u32,
 }
 
 /// A worker's ledger of decrements that did not land. Without it a lost `finished` would leave
-/// the pod one request busier for as long as the proxy runs; with it the debt is paid on the
-/// next [`Ledger::settle`] (the filter's once-a-second tick), in one update per pool.
+/// the pod one request busier for as long as the proxy runs; with it the decrement is deferred
+/// to the next [`Ledger::settle`] (the filter's once-a-second tick), in one update per pool.
 ///
 /// Only decrements are kept: a count that is low for a while is an estimate that heals when its
 /// request ends (saturating at zero), a count that is high forever is not. So a lost
-/// [`moved`] owes its `from` entry and drops the `to` increment; a lost [`first_byte`] owes its
-/// pending tokens (its timing sample is dropped). Bounded by [`MAX_LEDGER_ENTRIES`].
+/// [`moved`] defers its `from` entry's decrement and drops the `to` increment; a lost
+/// [`first_byte`] defers its pending tokens (its timing sample is dropped). Bounded by [`MAX_LEDGER_ENTRIES`].
 #[derive(Debug, Default)]
 pub struct Ledger {
-    owed: BTreeMap<(String, String), Owed>,
-    /// Debts not recorded because the ledger was full.
+    deferred: BTreeMap<(String, String), Decrements>,
+    /// Decrements not deferred because the ledger was full.
     pub dropped: u64,
 }
 
 impl Ledger {
-    /// Records that `addr` in `pool` is owed these decrements.
-    pub fn owe(&mut self, pool: &str, addr: &str, in_flight: u32, pending_tokens: u32) {
+    /// Defers these decrements of `addr` in `pool` to the next [`Ledger::settle`] (they add up
+    /// with any already deferred there).
+    pub fn defer_decrement(&mut self, pool: &str, addr: &str, in_flight: u32, pending_tokens: u32) {
         if in_flight == 0 && pending_tokens == 0 {
             return;
         }
         let key = (pool.to_string(), addr.to_string());
-        if !self.owed.contains_key(&key) && self.owed.len() >= MAX_LEDGER_ENTRIES {
+        if !self.deferred.contains_key(&key) && self.deferred.len() >= MAX_LEDGER_ENTRIES {
             self.dropped = self.dropped.saturating_add(1);
             return;
         }
-        let o = self.owed.entry(key).or_default();
+        let o = self.deferred.entry(key).or_default();
         o.in_flight = o.in_flight.saturating_add(in_flight);
         o.pending_tokens = o.pending_tokens.saturating_add(pending_tokens);
     }
 
-    /// Whether nothing is owed.
+    /// Whether nothing is deferred.
     pub fn is_empty(&self) -> bool {
-        self.owed.is_empty()
+        self.deferred.is_empty()
     }
 
-    /// What `addr` in `pool` is owed (zero when nothing).
-    pub fn owed(&self, pool: &str, addr: &str) -> Owed {
-        self.owed
+    /// The decrements deferred for `addr` in `pool` (zero when none).
+    pub fn deferred(&self, pool: &str, addr: &str) -> Decrements {
+        self.deferred
             .get(&(pool.to_string(), addr.to_string()))
             .copied()
             .unwrap_or_default()
     }
 
-    /// Pays what is owed, one table update per pool; a pool whose update fails again stays
-    /// owed for the next call. Returns the number of entries settled.
+    /// Applies the deferred decrements, one table update per pool; a pool whose update fails
+    /// again stays deferred to the next call. Returns the number of entries settled.
     pub fn settle(&mut self, store: &impl SharedStore) -> usize {
-        if self.owed.is_empty() {
+        if self.deferred.is_empty() {
             return 0;
         }
         let pools: Vec<String> = {
-            let mut p: Vec<String> = self.owed.keys().map(|(pool, _)| pool.clone()).collect();
+            let mut p: Vec<String> = self.deferred.keys().map(|(pool, _)| pool.clone()).collect();
             p.dedup();
             p
         };
         let mut settled = 0;
         for pool in pools {
-            let debts: Vec<(String, Owed)> = self
-                .owed
+            let due: Vec<(String, Decrements)> = self
+                .deferred
                 .iter()
                 .filter(|((p, _), _)| *p == pool)
                 .map(|((_, a), o)| (a.clone(), *o))
                 .collect();
             let landed = update(store, &pool, |t| {
-                for (addr, o) in &debts {
+                for (addr, o) in &due {
                     t.with(addr, |l| {
                         l.in_flight = l.in_flight.saturating_sub(o.in_flight);
                         l.pending_tokens = l.pending_tokens.saturating_sub(o.pending_tokens);
@@ -541,10 +543,10 @@ impl Ledger {
                 }
             });
             if landed {
-                for (addr, _) in &debts {
-                    self.owed.remove(&(pool.clone(), addr.clone()));
+                for (addr, _) in &due {
+                    self.deferred.remove(&(pool.clone(), addr.clone()));
                 }
-                settled += debts.len();
+                settled += due.len();
             }
         }
         settled
@@ -761,14 +763,14 @@ mod tests {
         assert!(routed(&s, "p", "b:2", 10));
         s.fail.set(1000);
         assert!(!finished(&s, "p", "a:1", 100), "lost under contention");
-        ledger.owe("p", "a:1", 1, 100);
+        ledger.defer_decrement("p", "a:1", 1, 100);
         assert!(!moved(&s, "p", "b:2", "c:3", 10));
-        ledger.owe("p", "b:2", 1, 10);
+        ledger.defer_decrement("p", "b:2", 1, 10);
         assert!(!first_byte(&s, "p", "b:2", 10, None));
-        ledger.owe("p", "b:2", 0, 10);
+        ledger.defer_decrement("p", "b:2", 0, 10);
         assert_eq!(
-            ledger.owed("p", "b:2"),
-            Owed {
+            ledger.deferred("p", "b:2"),
+            Decrements {
                 in_flight: 1,
                 pending_tokens: 20
             }
@@ -796,10 +798,10 @@ mod tests {
     fn the_ledger_is_bounded() {
         let mut ledger = Ledger::default();
         for i in 0..MAX_LEDGER_ENTRIES + 10 {
-            ledger.owe("p", &format!("10.0.{}.{}:1", i / 256, i % 256), 1, 0);
+            ledger.defer_decrement("p", &format!("10.0.{}.{}:1", i / 256, i % 256), 1, 0);
         }
-        ledger.owe("p", "10.0.0.0:1", 1, 0); // an existing entry still adds up
-        assert_eq!(ledger.owed("p", "10.0.0.0:1").in_flight, 2);
+        ledger.defer_decrement("p", "10.0.0.0:1", 1, 0); // an existing entry still adds up
+        assert_eq!(ledger.deferred("p", "10.0.0.0:1").in_flight, 2);
         assert_eq!(ledger.dropped, 10);
         let s = MemoryStore::new();
         assert_eq!(ledger.settle(&s), MAX_LEDGER_ENTRIES);

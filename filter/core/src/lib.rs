@@ -8,7 +8,7 @@
 //! - [`priority`]: the priority classes (sheddable, standard, critical).
 //! - [`request`]: one pass over an OpenAI / Anthropic body → model, stream, prompt pieces.
 //! - [`prefix`]: chained block hashes and the shared, bounded prefix index.
-//! - [`prior`]: where other gateway replicas probably put a prompt this one has not seen.
+//! - [`replica_prior`]: where other gateway replicas probably put a prompt this one has not seen.
 //! - [`placed`]: the ring of long contexts this replica placed, served to the other replicas.
 //! - [`inflight`]: this proxy's load per pod (in flight, pending prefill work, learned rate),
 //!   shared by all workers.
@@ -33,9 +33,9 @@ pub mod metrics;
 pub mod placed;
 pub mod predict;
 pub mod prefix;
-pub mod prior;
 pub mod priority;
 pub mod reject;
+pub mod replica_prior;
 pub mod request;
 pub mod rewrite;
 pub mod router;
@@ -50,5 +50,5 @@ mod wire;
 pub use config::Config;
 pub use reject::Rejection;
 pub use request::{parse, ApiKind, ParsedRequest, RequestError};
-pub use router::{Context, Fleet, Hold, RouteMode, Routed, Router};
+pub use router::{Context, Fleet, Hold, Route, RouteMode, Router};
 pub use store::{MemoryStore, SharedStore, StoreError};

@@ -132,10 +132,10 @@ pub fn key(pool: &str) -> String {
     format!("llmr/lora/{pool}")
 }
 
-/// An adapter recently routed to a pod, with this proxy's requests for it there that have not
-/// ended.
+/// One entry of a pod's [`Recent`] list: an adapter this proxy recently routed to the pod,
+/// with its requests for it there that have not ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Routed {
+pub struct RecentAdapter {
     pub adapter: String,
     pub in_flight: u16,
 }
@@ -143,7 +143,7 @@ pub struct Routed {
 /// Per pod, the adapters most recently routed there (most recent first).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recent {
-    pub pods: Vec<(String, Vec<Routed>)>,
+    pub pods: Vec<(String, Vec<RecentAdapter>)>,
 }
 
 impl Recent {
@@ -165,9 +165,9 @@ impl Recent {
                 .map(|_| {
                     let adapter = r.str8()?.to_string();
                     let in_flight = r.u16()?;
-                    Some(Routed { adapter, in_flight })
+                    Some(RecentAdapter { adapter, in_flight })
                 })
-                .collect::<Option<Vec<Routed>>>()?;
+                .collect::<Option<Vec<RecentAdapter>>>()?;
             pods.push((addr, adapters));
         }
         r.done().then_some(Recent { pods })
@@ -175,7 +175,7 @@ impl Recent {
 
     pub fn encode(&self) -> Vec<u8> {
         let ok = |s: &String| s.len() <= 255;
-        let pods: Vec<&(String, Vec<Routed>)> = self
+        let pods: Vec<&(String, Vec<RecentAdapter>)> = self
             .pods
             .iter()
             .filter(|(a, _)| ok(a))
@@ -187,7 +187,7 @@ impl Recent {
         for (addr, adapters) in pods {
             out.push(addr.len() as u8);
             out.extend_from_slice(addr.as_bytes());
-            let kept: Vec<&Routed> = adapters
+            let kept: Vec<&RecentAdapter> = adapters
                 .iter()
                 .filter(|a| ok(&a.adapter))
                 .take(RECENT)
@@ -203,7 +203,7 @@ impl Recent {
     }
 
     /// The adapters recently routed to `addr`, most recent first.
-    pub fn of(&self, addr: &str) -> &[Routed] {
+    pub fn of(&self, addr: &str) -> &[RecentAdapter] {
         self.pods
             .iter()
             .find(|(a, _)| a == addr)
@@ -246,7 +246,7 @@ pub fn note(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str, idl
                     .map_or(0, |i| list.remove(i).in_flight);
                 list.insert(
                     0,
-                    Routed {
+                    RecentAdapter {
                         adapter: adapter.to_string(),
                         in_flight: in_flight.saturating_add(1),
                     },
@@ -255,7 +255,7 @@ pub fn note(store: &impl SharedStore, pool: &str, addr: &str, adapter: &str, idl
             }
             None => recent.pods.push((
                 addr.to_string(),
-                vec![Routed {
+                vec![RecentAdapter {
                     adapter: adapter.to_string(),
                     in_flight: 1,
                 }],
@@ -349,7 +349,7 @@ pub fn price(placement: &Placement, costs: &crate::config::LoraConfig, life_ms: 
 /// waiting for a slot, in the order they started waiting ([`placement`]).
 fn batch_and_waiters<'a>(
     engine: Option<&'a LoraState>,
-    recent: &'a [Routed],
+    recent: &'a [RecentAdapter],
     slots: usize,
     in_flight: u32,
 ) -> (Vec<&'a str>, Vec<&'a str>) {
@@ -381,7 +381,7 @@ fn batch_and_waiters<'a>(
 /// This proxy's requests on the pod for the batch adapter with the fewest (never more than it
 /// has there in all, `in_flight`: a count a lost update left behind does not outlive the pod's
 /// load).
-fn drain_of(batch: &[&str], recent: &[Routed], in_flight: u32) -> u16 {
+fn drain_of(batch: &[&str], recent: &[RecentAdapter], in_flight: u32) -> u16 {
     let cap = u16::try_from(in_flight).unwrap_or(u16::MAX);
     batch
         .iter()
@@ -411,7 +411,7 @@ fn drain_of(batch: &[&str], recent: &[Routed], in_flight: u32) -> u16 {
 pub fn placement(
     adapter: &str,
     engine: Option<&LoraState>,
-    recent: &[Routed],
+    recent: &[RecentAdapter],
     home: bool,
     in_flight: u32,
 ) -> Placement {
@@ -472,10 +472,10 @@ mod tests {
     use crate::store::MemoryStore;
 
     /// Recent adapters with no request in flight.
-    fn routed(names: &[&str]) -> Vec<Routed> {
+    fn routed(names: &[&str]) -> Vec<RecentAdapter> {
         names
             .iter()
-            .map(|n| Routed {
+            .map(|n| RecentAdapter {
                 adapter: n.to_string(),
                 in_flight: 0,
             })

@@ -36,7 +36,7 @@ pub const LORA_HITS: &str = "llm_router_lora_hits_total";
 pub const IN_FLIGHT: &str = "llm_router_in_flight";
 /// This proxy's share of the requests the pool's engines report running or waiting, in percent
 /// (`pool`; gauge): below 100 when other gateway replicas (or clients going around the
-/// gateway) send to the pool too. It weighs the prefix prior of [`crate::prior`].
+/// gateway) send to the pool too. It weighs the prefix prior of [`crate::replica_prior`].
 pub const TRAFFIC_SHARE: &str = "llm_router_traffic_share_percent";
 /// Tokens reported in the responses' `usage` (`pool`, `model`, `kind`; counter).
 pub const TOKENS: &str = "llm_router_tokens_total";

@@ -1,7 +1,7 @@
 //! This replica's ring of the long contexts it placed (in shared data, per pool), which its
 //! tally serves to a metrics hub so other replicas find them: [`note_placed`] when the router
 //! makes a new copy, [`placed`] for the tally. How the contexts are credited is
-//! [`crate::prior`]'s.
+//! [`crate::replica_prior`]'s.
 
 use crate::store::SharedStore;
 use crate::wire::Reader;

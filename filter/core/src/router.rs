@@ -12,21 +12,21 @@ use crate::reject::Rejection;
 use crate::request::ParsedRequest;
 use crate::store::SharedStore;
 
-mod account;
 mod admit;
 mod candidates;
 mod features;
 mod fleet;
 mod rank;
+mod record;
 mod resolve;
 mod shortlisted;
 mod view;
 
-use account::account;
 use admit::{admit_or_wait, Admitted};
 use candidates::candidates;
 use features::features;
 pub use fleet::Fleet;
+use record::record;
 #[cfg(test)]
 use shortlisted::SHORTLISTED;
 use view::Viewed;
@@ -52,9 +52,11 @@ impl RouteMode {
     }
 }
 
-/// A routing decision.
+/// Where a request goes (the routing decision when it is placed, [`Decision::Routed`]): its
+/// pool, cluster and endpoints best first, the model rewrite, and what was counted for it on the
+/// chosen pod (in flight, pending prefill, adapter) to release when it ends.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Routed {
+pub struct Route {
     pub pool: String,
     pub cluster: String,
     /// Best first; empty when Envoy's fallback policy should choose.
@@ -79,7 +81,7 @@ pub struct Routed {
     pub pending_tokens: u32,
     /// Prefill work ahead of and including this request on that pod when it was routed: with
     /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
-    /// when the pod was chosen on a guess of what it has cached ([`crate::prior`]).
+    /// when the pod was chosen on a guess of what it has cached ([`crate::replica_prior`]).
     pub work_tokens: f64,
     /// The LoRA adapter counted in flight on that pod ([`lora::note`]; report its end with
     /// [`Router::adapter_ended`]).
@@ -130,7 +132,7 @@ impl Router {
         fleet: Option<&Fleet>,
         req: &ParsedRequest<'_>,
         ctx: Context,
-    ) -> Result<Routed, Rejection> {
+    ) -> Result<Route, Rejection> {
         match self.decide(store, fleet, req, ctx, Hold::Never)? {
             Decision::Routed(r) => Ok(r),
             // Not reached: with `Hold::Never` the admission stage admits every request.
@@ -139,7 +141,7 @@ impl Router {
     }
 
     /// The decision as a pipeline: resolve → pool view → candidates → admit or wait → features
-    /// → rank → account. With [`Hold::IfFull`], a request no pod can take now
+    /// → rank → record. With [`Hold::IfFull`], a request no pod can take now
     /// ([`flow::admit`]) comes back as [`Decision::Wait`], with [`Hold::Behind`] every request
     /// does; either way one the pool would shed (sheddable in a saturated pool, standard far
     /// past it) is refused instead: sheddable requests are the first to go.
@@ -183,12 +185,12 @@ impl Router {
                 pool: view.pool.name,
             });
         }
-        // Owned here: the features borrow it while `view` moves into the accounting.
+        // Owned here: the features borrow it while `view` moves into [`record`].
         let served = view.served_model.clone();
         let model = served.as_deref().unwrap_or(req.model.as_ref());
         let (features, credits) = features(&view, &mut cands, req, model, ctx);
         let ranked = self.rank(&view, &cands, &features, admitted.fits())?;
-        Ok(Decision::Routed(account(
+        Ok(Decision::Routed(record(
             store,
             view,
             &cands,
@@ -216,7 +218,7 @@ impl Router {
 
     /// The stream of a routed request ended: its pod has one request less in flight, and the
     /// `pending` tokens it still had (no first byte came) are released. False when the update
-    /// did not land (the caller owes it: [`inflight::Ledger`]).
+    /// did not land (the caller defers it: [`inflight::Ledger`]).
     pub fn finished(&self, store: &impl SharedStore, pool: &str, pod: &str, pending: u32) -> bool {
         inflight::finished(store, pool, pod, pending)
     }
@@ -241,7 +243,7 @@ impl Router {
     }
 
     /// A request for LoRA adapter `adapter` that was counted on `pod` has ended
-    /// ([`Routed::adapter`]).
+    /// ([`Route::adapter`]).
     pub fn adapter_ended(&self, store: &impl SharedStore, pool: &str, pod: &str, adapter: &str) {
         lora::ended(store, pool, pod, adapter);
     }
@@ -297,7 +299,7 @@ pub enum Hold {
 /// What the decision came to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
-    Routed(Routed),
+    Routed(Route),
     /// No pod of pool `pool` can take the request now: hold it and ask again later.
     Wait {
         pool: String,

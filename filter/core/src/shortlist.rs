@@ -34,7 +34,7 @@ use crate::config::PoolConfig;
 use crate::inflight::Table;
 use crate::lora::Placement;
 use crate::predict::Rate;
-use crate::prior;
+use crate::replica_prior;
 use crate::score;
 use crate::trust;
 use llm_router_snapshot::{Health, Pool};
@@ -111,8 +111,8 @@ pub(crate) struct Shortlist {
     positions: Vec<u32>,
     /// Position of each prefix-index pod id.
     by_id: HashMap<u32, u32>,
-    /// Homes by rendezvous over the positions' [`prior::address_hash`]es.
-    homes: prior::Rendezvous,
+    /// Homes by rendezvous over the positions' [`replica_prior::address_hash`]es.
+    homes: replica_prior::Rendezvous,
     /// Per position.
     pub gauges: Vec<Gauges>,
     /// Positions with a baseline count (every decision scores them).
@@ -225,7 +225,7 @@ impl Shortlist {
             if self.by_id.insert(id, at).is_some() {
                 return None;
             }
-            hashes.push(prior::address_hash(&p.address));
+            hashes.push(replica_prior::address_hash(&p.address));
             cands.push(Candidate {
                 address: &p.address,
                 stale: p.health == Health::Stale,
@@ -248,7 +248,7 @@ impl Shortlist {
                 ejected: false,
             });
         }
-        self.homes = prior::Rendezvous::new(hashes.into_iter());
+        self.homes = replica_prior::Rendezvous::new(hashes.into_iter());
         Some(cands)
     }
 
@@ -288,7 +288,7 @@ impl Shortlist {
         Some(score::saturation_of(pool, f64::from(g.waiting), g.kv_usage))
     }
 
-    /// The rendezvous home of `key` among the positions ([`prior::Rendezvous`]).
+    /// The rendezvous home of `key` among the positions ([`replica_prior::Rendezvous`]).
     pub fn home(&self, key: u64) -> Option<u32> {
         self.homes.home(key).and_then(|i| u32::try_from(i).ok())
     }

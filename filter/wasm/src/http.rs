@@ -340,10 +340,10 @@ impl Http {
                 .router
                 .moved(&HostStore, &r.pool, &r.pod, &served, r.pending)
             {
-                // The chosen pod is owed its count and pending work. The served one was
-                // not raised: its count is one low until this request ends (and its end,
-                // saturating at zero, heals it), never one high for good.
-                w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+                // The chosen pod's count and pending work come down at the next settle. The
+                // served one was not raised: its count is one low until this request ends (and
+                // its end, saturating at zero, heals it), never one high for good.
+                w.ledger.defer_decrement(&r.pool, &r.pod, 1, r.pending);
                 r.pending = 0;
             }
             r.pod = served;
@@ -369,7 +369,7 @@ impl Http {
             .router
             .first_byte(&HostStore, &r.pool, &r.pod, r.pending, observed)
         {
-            w.ledger.owe(&r.pool, &r.pod, 0, r.pending);
+            w.ledger.defer_decrement(&r.pool, &r.pod, 0, r.pending);
         }
         if r.pending > 0 {
             waiting::wake_soon(&mut w);
@@ -408,7 +408,7 @@ impl Http {
                 .finished_with_status(&HostStore, &r.pool, &r.pod, r.pending, answer)
             {
                 // Lost to contention: paid on the next tick rather than leaked.
-                w.ledger.owe(&r.pool, &r.pod, 1, r.pending);
+                w.ledger.defer_decrement(&r.pool, &r.pod, 1, r.pending);
             }
             if let Some((pod, adapter)) = &r.lora {
                 w.router.adapter_ended(&HostStore, &r.pool, pod, adapter);

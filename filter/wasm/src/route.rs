@@ -36,7 +36,7 @@ pub struct Request<'a> {
 pub fn apply(
     w: &mut Worker,
     req: &Request<'_>,
-    routed: llm_router_core::Routed,
+    routed: llm_router_core::Route,
     now_ns: u64,
 ) -> RouteState {
     let mut out = RouteState::default();
@@ -84,7 +84,7 @@ pub fn apply(
 
 /// Tells Envoy where the effective stream goes: the cluster and endpoint headers, the model
 /// rewrite, then a new route.
-fn set_route(cfg: &Config, req: &Request<'_>, routed: &llm_router_core::Routed) {
+fn set_route(cfg: &Config, req: &Request<'_>, routed: &llm_router_core::Route) {
     host::set_request_header(&cfg.cluster_header, &routed.cluster);
     if !routed.endpoints.is_empty() {
         host::set_request_header(&cfg.endpoint_header, &routed.endpoints.join(","));
@@ -125,7 +125,7 @@ fn rewrite_model(cfg: &Config, req: &Request<'_>, new_model: &str) {
 fn count_routed(
     m: &mut Metrics,
     parsed: &ParsedRequest<'_>,
-    routed: &llm_router_core::Routed,
+    routed: &llm_router_core::Route,
     now_ns: u64,
 ) {
     let outcome = match routed.mode {
@@ -145,7 +145,7 @@ fn count_routed(
 }
 
 /// What the routed request's response and end need of its in-flight count.
-fn in_flight(req: &Request<'_>, routed: llm_router_core::Routed, now_ns: u64) -> Option<InFlight> {
+fn in_flight(req: &Request<'_>, routed: llm_router_core::Route, now_ns: u64) -> Option<InFlight> {
     let pod = routed.inflight_pod?;
     let lora = routed.adapter.map(|a| (pod.clone(), a));
     Some(InFlight {

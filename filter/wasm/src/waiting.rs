@@ -268,7 +268,7 @@ fn resume_head(
     w: &mut Worker,
     root: u32,
     pool: &str,
-    routed: llm_router_core::Routed,
+    routed: llm_router_core::Route,
     now_ns: u64,
 ) -> bool {
     let now_ms = now_ns / 1_000_000;
@@ -307,7 +307,7 @@ fn apply_to(
     id: u32,
     e: &Entry<WaitingRequest>,
     parsed: &ParsedRequest<'_>,
-    routed: llm_router_core::Routed,
+    routed: llm_router_core::Route,
     now_ns: u64,
 ) -> RouteState {
     let req = route::Request {
@@ -322,7 +322,7 @@ fn apply_to(
 }
 
 /// A stream routed as `routed` from the waiting room is gone: its count comes back at once.
-fn abandoned(w: &mut Worker, routed: &llm_router_core::Routed) {
+fn abandoned(w: &mut Worker, routed: &llm_router_core::Route) {
     let Some(pod) = &routed.inflight_pod else {
         return;
     };
@@ -330,7 +330,8 @@ fn abandoned(w: &mut Worker, routed: &llm_router_core::Routed) {
         .router
         .finished(&HostStore, &routed.pool, pod, routed.pending_tokens)
     {
-        w.ledger.owe(&routed.pool, pod, 1, routed.pending_tokens);
+        w.ledger
+            .defer_decrement(&routed.pool, pod, 1, routed.pending_tokens);
     }
     if let Some(adapter) = &routed.adapter {
         w.router

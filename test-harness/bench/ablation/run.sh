@@ -49,7 +49,7 @@ for v in "${variants[@]}"; do
   [ "$name" = full ] && abl=""
   # A target dir of their own: the workspace's filter build stays as it was.
   (cd "$work/tree" && LLMR_ABL="$abl" CARGO_TARGET_DIR="$out/target" cargo build --quiet \
-    --profile wasm --target wasm32-wasip1 -p llm-router-filter)
+    --profile wasm --target wasm32-wasip1 -p llm-router-wasm)
   wasm-opt -O3 -g "$out/target/wasm32-wasip1/wasm/llm_router_filter.wasm" -o "$out/$name.wasm"
 done
 summary="$out/summary.txt"

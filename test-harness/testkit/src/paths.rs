@@ -98,7 +98,7 @@ pub fn filter_wasm() -> Result<PathBuf> {
         Err(Error::Missing {
             what: "filter .wasm".into(),
             path,
-            hint: "run `./build.sh` (or `cargo build --profile wasm --target wasm32-wasip1 -p llm-router-filter`)".into(),
+            hint: "run `./build.sh` (or `cargo build --profile wasm --target wasm32-wasip1 -p llm-router-wasm`)".into(),
         })
     }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     /// The release `.wasm` is not where it should be.
-    #[error("filter .wasm not found at {path}: build it with `./build.sh` (or `cargo build --profile wasm --target wasm32-wasip1 -p llm-router-filter`), or point LLM_ROUTER_WASM at it")]
+    #[error("filter .wasm not found at {path}: build it with `./build.sh` (or `cargo build --profile wasm --target wasm32-wasip1 -p llm-router-wasm`), or point LLM_ROUTER_WASM at it")]
     WasmMissing { path: PathBuf },
     #[error("cannot read {path}: {source}")]
     Read {

@@ -7,8 +7,8 @@ use crate::inflight::{PodLoad, Table};
 use crate::lora::{self, Placement};
 use crate::predict::{self, Rate};
 use crate::prefix::{self, PrefixIndex};
-use crate::prior;
 use crate::reject::Rejection;
+use crate::replica_prior;
 use crate::request::ParsedRequest;
 use crate::score::{self, Unscored};
 use crate::shortlist::Shortlist;
@@ -65,8 +65,8 @@ impl<'f> Candidates<'f> {
     }
 
     /// The candidate every gateway replica takes as the home of `key`: the rendezvous choice
-    /// among the pool's candidates ([`prior::rendezvous`]; over the addresses' hashes in a
-    /// large pool, [`prior::Rendezvous`]).
+    /// among the pool's candidates ([`replica_prior::rendezvous`]; over the addresses' hashes in a
+    /// large pool, [`replica_prior::Rendezvous`]).
     pub(super) fn home(&self, key: u64) -> Option<usize> {
         if let Some(homes) = &self.homes {
             let (_, at) = homes.iter().find(|(k, _)| *k == key)?;
@@ -76,10 +76,13 @@ impl<'f> Candidates<'f> {
             if let Some(sl) = self.index.filter(|sl| sl.len() == self.cands.len()) {
                 return sl.home(key).map(|at| at as usize);
             }
-            let hashes = self.cands.iter().map(|c| prior::address_hash(c.address));
-            return prior::Rendezvous::new(hashes).home(key);
+            let hashes = self
+                .cands
+                .iter()
+                .map(|c| replica_prior::address_hash(c.address));
+            return replica_prior::Rendezvous::new(hashes).home(key);
         }
-        prior::rendezvous(self.cands.iter().map(|c| c.address), key)
+        replica_prior::rendezvous(self.cands.iter().map(|c| c.address), key)
     }
 }
 

@@ -6,13 +6,13 @@ use super::Context;
 use crate::candidate::{Features, Mode};
 use crate::config::PoolConfig;
 use crate::prefix;
-use crate::prior;
+use crate::replica_prior;
 use crate::request::ParsedRequest;
 use llm_router_snapshot::PeerContext;
 
-/// The anchor of a long context ([`prior::anchor_depth`]): its chained block hash and depth.
-/// Other replicas may have put the context somewhere when this replica knows less of the prompt
-/// than the depth (`.filter(|&(_, depth)| known < depth)` at the callers).
+/// The anchor of a long context ([`replica_prior::anchor_depth`]): its chained block hash and
+/// depth. Other replicas may have put the context somewhere when this replica knows less of the
+/// prompt than the depth (`.filter(|&(_, depth)| known < depth)` at the callers).
 pub(super) fn anchor(
     pool: &PoolConfig,
     hashes: &prefix::Hashes,
@@ -20,7 +20,7 @@ pub(super) fn anchor(
 ) -> Option<(u64, usize)> {
     let n = hashes.blocks.len();
     let prompt_blocks = prompt_chars / pool.prefix.block_chars.max(1);
-    let depth = prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)?;
+    let depth = replica_prior::anchor_depth(n, prompt_blocks, pool.prefix.page_blocks)?;
     let key = hashes.blocks.get(depth.checked_sub(1)?).copied()?;
     Some((key, depth))
 }
@@ -35,7 +35,7 @@ pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &Peer
         .take_while(move |p| p.key == key)
 }
 
-/// What [`features`] credited, for [`super::account::account`] to read.
+/// What [`features`] credited, for [`super::record::record`] to read.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Credits {
     /// `(candidate, its own prefix record)` for the candidates credited: the work accounting
@@ -43,7 +43,7 @@ pub(super) struct Credits {
     pub(super) credited: Vec<(usize, u32)>,
     /// The prompt's anchor `(key, depth)`, for a long context: when it goes to a pod that
     /// holds less of it than the anchor depth (a new copy: no record of this replica's and
-    /// no other replica's note puts it there), the accounting shares where it went
+    /// no other replica's note puts it there), [`super::record::record`] shares where it went
     /// ([`crate::placed::note_placed`]).
     pub(super) anchor: Option<(u64, usize)>,
     /// Candidates other replicas' notes put the anchor on (not a new copy there).
@@ -51,9 +51,9 @@ pub(super) struct Credits {
 }
 
 /// Stage 5: the request's features, with the pods other gateway replicas probably warmed for
-/// it credited ([`prior`]). A prompt deeper than anything this replica knows may be on the pod
-/// where other replicas put it: credit that pod with the blocks it would save, weighed by the
-/// other replicas' share of the pool's traffic. Two places are expected: a long context's
+/// it credited ([`replica_prior`]). A prompt deeper than anything this replica knows may be on
+/// the pod where other replicas put it: credit that pod with the blocks it would save, weighed
+/// by the other replicas' share of the pool's traffic. Two places are expected: a long context's
 /// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
 /// The credits raise the candidates' `prefix_blocks`; what they replaced comes back in
 /// [`Credits`].
@@ -94,11 +94,11 @@ pub(super) fn features<'r>(
         credits.peer_placed = placed.iter().map(|&(at, _)| at).collect();
         // Otherwise where they probably put it: its home, believed by their share.
         let context = anchored.filter(|_| placed.is_empty()).and_then(|(key, _)| {
-            let credit = prior::credit(n, known, share)?;
+            let credit = replica_prior::credit(n, known, share)?;
             Some((c.home(key)?, credit))
         });
         let conversation = req.history_bytes().and_then(|bytes| {
-            let credit = prior::credit((bytes / block_chars).min(n), known, share)?;
+            let credit = replica_prior::credit((bytes / block_chars).min(n), known, share)?;
             Some((key_home?, credit))
         });
         for (home, credit) in placed.into_iter().chain(context).chain(conversation) {

@@ -2,7 +2,7 @@ use crate::config::Config;
 use crate::inflight::{self, Table};
 use crate::lora;
 use crate::prefix;
-use crate::prior;
+use crate::replica_prior;
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use llm_router_snapshot::Snapshot;
@@ -17,7 +17,8 @@ pub(super) struct PoolIndex {
     pub(super) homes: HashMap<String, usize>,
     /// [`lora::homes_key`] of what `homes` was solved from.
     pub(super) homes_key: u64,
-    /// This proxy's share of the requests the pool's engines counted ([`prior::own_share`]).
+    /// This proxy's share of the requests the pool's engines counted
+    /// ([`replica_prior::own_share`]).
     pub(super) own_share: f64,
     /// What a large pool's decisions shortlist from ([`crate::shortlist`]); `None` for a
     /// pool scored whole.
@@ -55,7 +56,7 @@ impl PoolIndex {
                 .flat_map(|l| l.running.iter().chain(&l.waiting).cloned())
                 .collect();
         }
-        let own_share = baseline.map_or(1.0, |b| prior::own_share(pool, b));
+        let own_share = baseline.map_or(1.0, |b| replica_prior::own_share(pool, b));
         let homes_key = lora::homes_key(&adapters, &addrs, &slots);
         let pod_ids: Vec<u32> = addrs.iter().map(|a| prefix::pod_id(a)).collect();
         let empty = Table::default();
@@ -175,7 +176,7 @@ impl Fleet {
     }
 
     /// This proxy's share of the requests the engines of pool `pool` reported, when the
-    /// snapshot was accepted ([`prior::own_share`]).
+    /// snapshot was accepted ([`replica_prior::own_share`]).
     pub fn own_share(&self, pool: &str) -> Option<f64> {
         let i = self.snapshot.pools.iter().position(|p| p.name == pool)?;
         self.pools.get(i).map(|d| d.own_share)

@@ -8,7 +8,7 @@ use crate::inflight::PodLoad;
 use crate::lora::Placement;
 use crate::predict::{self, Rate};
 use crate::prefix;
-use crate::prior;
+use crate::replica_prior;
 use crate::request::ParsedRequest;
 use crate::score::Unscored;
 use crate::shortlist::Shortlist;
@@ -121,7 +121,7 @@ fn keys_and_placed(
         .filter(|&(_, depth)| (known as usize) < depth);
     keys.extend(
         anchored
-            .filter(|_| prior::credit(n, known, share).is_some())
+            .filter(|_| replica_prior::credit(n, known, share).is_some())
             .map(|(k, _)| k),
     );
     let placed: Vec<u32> = anchored

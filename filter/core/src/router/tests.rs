@@ -101,7 +101,7 @@ fn go(
     fleet: Option<&Fleet>,
     body: &str,
     c: Context,
-) -> Result<Routed, Rejection> {
+) -> Result<Route, Rejection> {
     let req = parse(ApiKind::ChatCompletions, body.as_bytes()).unwrap();
     r.route(store, fleet, &req, c)
 }
@@ -380,7 +380,7 @@ fn two_slot_fleet(
 /// Routes a `sql-lora` request over `fleet` after this proxy has learned that requests at each
 /// pod of `addrs` take about a second and has `in_flight[i]` requests (one per name, repeats
 /// allowed) in flight at pod `i`.
-fn route_sql_lora(r: &Router, fleet: &Fleet, addrs: &[&str], in_flight: &[Vec<&str>]) -> Routed {
+fn route_sql_lora(r: &Router, fleet: &Fleet, addrs: &[&str], in_flight: &[Vec<&str>]) -> Route {
     let s = MemoryStore::new();
     for (addr, adapters) in addrs.iter().zip(in_flight) {
         answered_in_a_second(r, &s, addr);
@@ -1019,7 +1019,7 @@ fn doc_question(doc: usize, question: usize) -> String {
 }
 
 /// Routes `body` and ends its stream, so the decision leaves only its prefix record behind.
-fn route_and_finish(r: &Router, s: &MemoryStore, fleet: &Fleet, body: &str, tie: u64) -> Routed {
+fn route_and_finish(r: &Router, s: &MemoryStore, fleet: &Fleet, body: &str, tie: u64) -> Route {
     let out = go(r, s, Some(fleet), body, Context { tie, ..ctx(1100) }).unwrap();
     r.finished(s, "llama", &out.endpoints[0], out.pending_tokens);
     out

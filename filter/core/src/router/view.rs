@@ -1,6 +1,6 @@
 use super::fleet::{Fleet, PoolIndex};
 use super::resolve::Resolved;
-use super::{Context, RouteMode, Routed, Router};
+use super::{Context, Route, RouteMode, Router};
 use crate::candidate::Mode;
 use crate::config::{OnMissing, OnStale, PoolConfig};
 use crate::inflight::{self, Table};
@@ -41,7 +41,7 @@ impl PoolView<'_> {
 #[allow(clippy::large_enum_variant)] // one per decision, on the stack
 pub(super) enum Viewed<'f> {
     Ready(PoolView<'f>),
-    Fallback(Box<Routed>),
+    Fallback(Box<Route>),
 }
 
 impl Router {
@@ -64,7 +64,7 @@ impl Router {
             if reject {
                 return Err(Rejection::no_endpoints(&pool.name, why));
             }
-            Ok(Viewed::Fallback(Box::new(Routed {
+            Ok(Viewed::Fallback(Box::new(Route {
                 pool: pool.name.clone(),
                 cluster: pool.cluster.clone(),
                 endpoints: Vec::new(),
@@ -104,7 +104,7 @@ impl Router {
             Mode::Full
         };
         // Read once: ranks the pods and, with its CAS token, is the base of the write in
-        // [`account`].
+        // [`record`].
         let (live, live_cas) = inflight::read_for_update(store, &pool.name);
         Ok(Viewed::Ready(PoolView {
             pool,

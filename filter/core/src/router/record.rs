@@ -1,7 +1,7 @@
 use super::candidates::{prefix_index, Candidates};
 use super::features::Credits;
 use super::view::PoolView;
-use super::{RouteMode, Routed};
+use super::{Route, RouteMode};
 use crate::candidate::{Candidate, Features, Mode};
 use crate::inflight;
 use crate::lora;
@@ -9,10 +9,10 @@ use crate::score;
 use crate::store::SharedStore;
 use llm_router_snapshot::PeerContext;
 
-/// Stage 7: the decision, accounted: the chosen pod's in-flight count and pending work go up
-/// in the shared load table, the prompt's blocks are recorded for it in the prefix index, an
-/// adapter is noted as used there.
-pub(super) fn account<S: SharedStore>(
+/// Stage 7: the decision, recorded in shared data: the chosen pod's in-flight count and pending
+/// work go up in the shared load table, the prompt's blocks are recorded for it in the prefix
+/// index, an adapter is noted as used there.
+pub(super) fn record<S: SharedStore>(
     store: &S,
     view: PoolView<'_>,
     c: &Candidates<'_>,
@@ -20,7 +20,7 @@ pub(super) fn account<S: SharedStore>(
     features: &Features<'_>,
     ranked: &[score::Scored],
     top_k: usize,
-) -> Routed {
+) -> Route {
     let pool = &view.pool;
     let (endpoints, scores) = listed(c, ranked, top_k);
     let best = ranked.first().map(|s| s.index);
@@ -61,7 +61,7 @@ pub(super) fn account<S: SharedStore>(
             lora::note(store, &pool.name, cand.address, a, cand.in_flight == 0);
         }
     }
-    Routed {
+    Route {
         pool: pool.name.clone(),
         cluster: pool.cluster.clone(),
         endpoints,
