@@ -10,7 +10,7 @@ fn error_of(json: &str) -> String {
 
 #[test]
 fn the_readmes_configuration_reference_parses() {
-    let readme = include_str!("../../../README.md");
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
     let reference = readme
         .split("## Configuration reference")
         .nth(1)
