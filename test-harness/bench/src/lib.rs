@@ -12,7 +12,7 @@
 //! | [`scenario_names`] | the scenario names in table order (a leaf: the report and the scenarios both read it) |
 //! | [`loadgen`] | what is sent and how: arrivals, workloads, the HTTP/SSE client, the open-loop generator, the instant backend |
 //! | [`analysis`] | from samples to figures: percentiles and summaries, intervals over seeds, per-run diagnostics, pod metrics, `/proc` |
-//! | [`stack`] | what a run starts: pods (emulated or real vLLM), the sidecar, Envoy or a peer router |
+//! | [`stack`] | what a run starts: pods (emulated or real vLLM), the sidecar, Envoy or a peer router (`testkit::stack`, re-exported: the `e2e` tests start the same stacks) |
 //! | [`report`] | the JSON contract, the Markdown tables, the verdicts against the targets, the charts |
 //! | [`experiments`] | each `bench` subcommand: its scenarios, its runner, its CLI arguments |
 
@@ -21,7 +21,7 @@ pub mod experiments;
 pub mod loadgen;
 pub mod report;
 pub mod scenario_names;
-pub mod stack;
+pub use testkit::stack;
 
 // The paths the integration tests (`tests/`, `e2e`) name: unchanged by the folders.
 pub use analysis::stats;

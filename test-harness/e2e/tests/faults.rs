@@ -18,12 +18,12 @@
 //! with a message when missing, failed when `CI` is set.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use bench::fleet::{FleetSpec, PodSpec, MODEL};
-use bench::stack::{self, Pods, RouterKind, CLUSTER, POOL, SECRET};
 use llm_router_snapshot::{Engine, Health, Pod, Pool, Snapshot};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use testkit::stack::fleet::{FleetSpec, PodSpec, MODEL};
+use testkit::stack::{self, Pods, RouterKind, CLUSTER, POOL, SECRET};
 use testkit::{AccessLogEntry, EnvoyProcess, HttpResponse};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -11,10 +11,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use bench::client::{http_client, send};
-use bench::fleet::{FleetSpec, PodSpec, MODEL};
-use bench::stack::{self, RouterKind};
 use serde_json::json;
 use std::time::Duration;
+use testkit::stack::fleet::{FleetSpec, PodSpec, MODEL};
+use testkit::stack::{self, RouterKind};
 
 const PODS: usize = 4;
 const LIAR: usize = 3;

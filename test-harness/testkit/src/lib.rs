@@ -16,6 +16,9 @@
 //!   configs, and running a shipped bootstrap for real on loopback).
 //! - The field's routers: [`peers`] (SMG and vllm-router from their venvs, ready when
 //!   every worker is healthy).
+//! - Whole stacks: [`stack`] (a fleet of pods, emulated or real vLLM, and the gateway in front
+//!   of them: Envoy with a router, the sidecar, or a peer router), as the benchmark and the
+//!   `e2e` fault tests start them; [`podmetrics`] reads the pods' `/metrics`.
 
 pub mod crds;
 mod echo;
@@ -26,9 +29,11 @@ mod http;
 pub mod identity;
 mod paths;
 pub mod peers;
+pub mod podmetrics;
 mod process;
 mod server;
 pub mod shipped;
+pub mod stack;
 pub mod vllm;
 
 pub use echo::{EchoBackend, EchoConfig, RecordedRequest, RECORDED_REQUESTS};

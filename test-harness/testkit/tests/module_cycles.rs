@@ -25,6 +25,7 @@ const CRATES: &[&str] = &[
     "filter/snapshot",
     "filter/wasm",
     "test-harness/bench",
+    "test-harness/testkit",
     "sidecar-metrics",
 ];
 

@@ -69,9 +69,9 @@ pub struct FleetSpec {
 }
 
 /// What a router with admission control may hold, sized by the scenario for its fleet the way
-/// an operator sizes it ([`crate::experiments::scenarios::admission_for`]), the same for every router that
-/// admits ([`crate::stack::RouterKind::ADMISSION`]). The filter's flow control is not sized by it: it holds
-/// on the engines' state.
+/// an operator sizes it (the bench's `experiments::scenarios::admission_for`), the same for every
+/// router that admits ([`crate::stack::RouterKind::ADMISSION`]). The filter's flow control is not
+/// sized by it: it holds on the engines' state.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdmissionBound {
     /// Requests in flight through the router to the pool.

@@ -18,11 +18,11 @@
 //! cores — the machine has no others.
 
 use crate::stack::fleet::{FleetSpec, PodSpec, MODEL};
+use crate::vllm::{ModelSize, VllmProcess, VllmSpec};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use testkit::vllm::{ModelSize, VllmProcess, VllmSpec};
 
 /// The profiles that exist both as a real vLLM pod and as a fitted model-sim profile.
 pub const TWIN_PROFILES: [&str; 2] = ["cpu-small", "cpu-large"];
@@ -59,7 +59,7 @@ fn key(fleet: &FleetSpec, adapters: &[String]) -> String {
 
 /// The vLLM instance for pod `i` of the fleet.
 pub fn spec(
-    installed: &testkit::vllm::Installed,
+    installed: &crate::vllm::Installed,
     i: usize,
     pod: &PodSpec,
     adapters: &[String],
@@ -130,7 +130,7 @@ pub async fn acquire(fleet: &FleetSpec, adapters: &[String]) -> Result<Vec<Socke
 }
 
 fn start(fleet: &FleetSpec, adapters: &[String]) -> Result<Vec<VllmProcess>, String> {
-    let installed = testkit::vllm::installed().map_err(|e| e.to_string())?;
+    let installed = crate::vllm::installed().map_err(|e| e.to_string())?;
     let specs = fleet
         .pods
         .iter()
@@ -148,7 +148,7 @@ fn start(fleet: &FleetSpec, adapters: &[String]) -> Result<Vec<VllmProcess>, Str
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let procs = testkit::vllm::start_all(&specs).map_err(|e| e.to_string())?;
+    let procs = crate::vllm::start_all(&specs).map_err(|e| e.to_string())?;
     eprintln!(
         "bench: real vLLM pods ready in {:.0} s",
         t.elapsed().as_secs_f64()
@@ -158,12 +158,12 @@ fn start(fleet: &FleetSpec, adapters: &[String]) -> Result<Vec<VllmProcess>, Str
 
 /// Register every adapter on every pod through vLLM's runtime API.
 async fn load_adapters(addrs: &[SocketAddr], adapters: &[String]) -> Result<(), String> {
-    let installed = testkit::vllm::installed().map_err(|e| e.to_string())?;
+    let installed = crate::vllm::installed().map_err(|e| e.to_string())?;
     for a in addrs {
         for (i, name) in adapters.iter().enumerate() {
             let path = installed.lora(i % BUILT_ADAPTERS);
             let body = json!({"lora_name": name, "lora_path": path.display().to_string()});
-            let r = testkit::post_json(*a, "/v1/load_lora_adapter", &[], &body)
+            let r = crate::post_json(*a, "/v1/load_lora_adapter", &[], &body)
                 .await
                 .map_err(|e| format!("load adapter {name} on {a}: {e}"))?;
             if r.status != 200 {
@@ -180,8 +180,8 @@ async fn load_adapters(addrs: &[SocketAddr], adapters: &[String]) -> Result<(), 
 
 /// Requests running and waiting on a pod, from its `/metrics`.
 async fn busy(addr: SocketAddr) -> Option<f64> {
-    let r = testkit::get(addr, "/metrics", &[]).await.ok()?;
-    let m = crate::analysis::podmetrics::sum_metrics(&r.text());
+    let r = crate::get(addr, "/metrics", &[]).await.ok()?;
+    let m = crate::podmetrics::sum_metrics(&r.text());
     Some(
         m.get("vllm:num_requests_running").copied().unwrap_or(0.0)
             + m.get("vllm:num_requests_waiting").copied().unwrap_or(0.0),
@@ -207,7 +207,7 @@ pub async fn reset(addrs: &[SocketAddr]) -> Result<(), String> {
         // Fails while blocks are held (a request just finishing): retry.
         let mut ok = false;
         for _ in 0..50 {
-            if let Ok(r) = testkit::post_json(*a, "/reset_prefix_cache", &[], &json!({})).await {
+            if let Ok(r) = crate::post_json(*a, "/reset_prefix_cache", &[], &json!({})).await {
                 if r.status == 200 && r.text().contains("true") {
                     ok = true;
                     break;

@@ -1,9 +1,12 @@
-//! Starts and stops what one benchmark run needs: fresh model-sim pods, then the gateway in
-//! front of them ([`Gateway`]): Envoy with the router under test and, for the filter, the
-//! metrics sidecar pushing snapshots into it; or, for the field's routers, the peer router
-//! itself (SMG, vllm-router: no Envoy, no sidecar).
+//! Starts and stops what one benchmark run (or an end-to-end test) needs: fresh model-sim pods,
+//! then the gateway in front of them ([`Gateway`]): Envoy with the router under test and, for
+//! the filter, the metrics sidecar pushing snapshots into it; or, for the field's routers, the
+//! peer router itself (SMG, vllm-router: no Envoy, no sidecar).
 //!
-//! Every process is a `testkit::ChildGuard` (stopped by PID on drop), so a failed or interrupted
+//! It lives in testkit, not in `bench`, because the `e2e` fault tests start the same stacks;
+//! `bench` re-exports it as `bench::stack`.
+//!
+//! Every process is a [`ChildGuard`] (stopped by PID on drop), so a failed or interrupted
 //! run leaves nothing behind.
 //!
 //! [`fleet`] says what the pods are; [`realpods`] runs real vLLM ones; this file starts the rest.
@@ -11,14 +14,14 @@
 pub mod fleet;
 pub mod realpods;
 
+use crate::peers::{PeerProcess, PeerRouter};
+use crate::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use testkit::peers::{PeerProcess, PeerRouter};
-use testkit::{ChildGuard, EnvoyProcess, EnvoySpec, Router as EnvoyRouter};
 
 /// The tests build fleets (`use super::*`).
 #[cfg(test)]
@@ -65,7 +68,7 @@ pub enum RouterKind {
     FilterReplicasNoHub,
     /// SMG 1.13 (SGLang's gateway), `cache_aware` (its default): a radix tree of the prompt
     /// text it routed, its own in-flight counts and dispatch bookings, spill gates to the least
-    /// loaded worker. Started as shipped ([`testkit::peers`]).
+    /// loaded worker. Started as shipped ([`crate::peers`]).
     SmgCacheAware,
     /// SMG 1.13, `least_load`: the engines' load polled by its load monitor (every 10 s by
     /// default: `GET /metrics`, `/v1/loads`, `/loads`), plus its own dispatches since the poll
@@ -284,7 +287,7 @@ pub fn envoy_spec(
     spec.name = format!("bench-envoy-{}", router.name());
     match router {
         RouterKind::LeastRequestFull => {
-            spec.cluster_lb_policy = Some(testkit::least_request_full_scan_policy());
+            spec.cluster_lb_policy = Some(crate::least_request_full_scan_policy());
         }
         RouterKind::WeightedRr => {
             spec.endpoint_weights = pods
@@ -307,7 +310,7 @@ pub fn envoy_spec(
             spec = spec.plugin_config(config);
         }
         RouterKind::RoundRobinAdmission => {
-            spec.admission = fleet.admission.map(|a| testkit::Admission {
+            spec.admission = fleet.admission.map(|a| crate::Admission {
                 max_in_flight: a.in_flight,
                 max_pending: a.queue,
             });
@@ -344,7 +347,7 @@ pub enum StackError {
         /// What was being done.
         what: String,
         /// testkit's error (names the missing file and the command that builds it).
-        source: testkit::Error,
+        source: crate::Error,
     },
     /// A process did not become ready.
     #[error("{what} not ready after {secs} s (log: {log})")]
@@ -372,7 +375,7 @@ pub enum StackError {
     },
 }
 
-fn tk(what: impl Into<String>) -> impl FnOnce(testkit::Error) -> StackError {
+fn tk(what: impl Into<String>) -> impl FnOnce(crate::Error) -> StackError {
     let what = what.into();
     move |source| StackError::Testkit { what, source }
 }
@@ -388,7 +391,7 @@ pub struct Pods {
 async fn wait_http_ok(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if let Ok(r) = testkit::get(addr, path, &[]).await {
+        if let Ok(r) = crate::get(addr, path, &[]).await {
             if r.status == 200 {
                 return true;
             }
@@ -423,7 +426,7 @@ pub async fn start_pods(fleet: &FleetSpec, adapters: &[String]) -> Result<Pods, 
             addrs,
         });
     }
-    let bin = testkit::bin("model-sim").map_err(tk("model-sim binary"))?;
+    let bin = crate::bin("model-sim").map_err(tk("model-sim binary"))?;
     let mut guards = Vec::new();
     let mut addrs = Vec::new();
     let ports = free_ports(fleet.pods.len()).map_err(|source| StackError::Io {
@@ -544,6 +547,9 @@ pub fn in_emulated_time(config: &mut Value, speedup: f64) {
 /// `{"flow": {"kv_threshold": 0.9}}`. Never set by the bench itself: results are the defaults'.
 pub const EXPERIMENT_ENV: &str = "LLMR_BENCH_FILTER_CONFIG";
 
+// A malformed experiment is the operator's typo, not a run's failure: stop at once, as the
+// bench always has (testkit denies `panic` elsewhere).
+#[allow(clippy::panic)]
 fn merge_experiment(config: &mut Value, extra: Option<&str>) {
     let Some(extra) = extra.filter(|e| !e.trim().is_empty()) else {
         return;
@@ -680,7 +686,7 @@ impl Gateway {
             .map(|s| gateway_counts(&s))
             .unwrap_or_default();
         if let Some(addr) = sidecar_metrics {
-            let m = crate::analysis::podmetrics::scrape(&[*addr]).await;
+            let m = crate::podmetrics::scrape(&[*addr]).await;
             let get = |k: &str| m.get(k).copied();
             if let Some(f) = get("llm_router_sidecar_scrape_failures_total") {
                 out.insert("gateway_sidecar_scrape_failures".into(), f);
@@ -738,7 +744,7 @@ pub fn gateway_counts(stats: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for (name, v) in stats {
         for (family, label, key) in FAMILIES {
-            if let Some(value) = testkit::filter_stat_label(name, family, label) {
+            if let Some(value) = crate::filter_stat_label(name, family, label) {
                 *out.entry(format!("{key}{value}")).or_insert(0.0) += *v as f64;
             }
         }
@@ -894,7 +900,7 @@ async fn start_gateway_following(
             (RouterKind::SmgCacheAwareAdmission, Some(a)) => smg_admission_args(a),
             _ => Vec::new(),
         };
-        let p = testkit::peers::start_with(kind, policy, pods, &extra)
+        let p = crate::peers::start_with(kind, policy, pods, &extra)
             .await
             .map_err(tk(format!("start {} ({policy})", kind.package())))?;
         return Ok(Gateway::Peer(p));
@@ -976,14 +982,14 @@ pub async fn start_hub(pods: &[SocketAddr]) -> Result<(ChildGuard, SocketAddr), 
 async fn free_loopback() -> Result<SocketAddr, StackError> {
     Ok(SocketAddr::from((
         [127, 0, 0, 1],
-        testkit::free_port().map_err(tk("free port"))?,
+        crate::free_port().map_err(tk("free port"))?,
     )))
 }
 
 /// Runs `sidecar-metrics run` with the configuration `text`, logging under a fresh `label` dir.
 async fn spawn_sidecar(label: &str, text: &str) -> Result<ChildGuard, StackError> {
-    let bin = testkit::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
-    let dir = testkit::testlog_dir(label).map_err(tk("log dir"))?;
+    let bin = crate::bin("sidecar-metrics").map_err(tk("sidecar-metrics binary"))?;
+    let dir = crate::testlog_dir(label).map_err(tk("log dir"))?;
     let path: PathBuf = dir.join("sidecar.yaml");
     std::fs::write(&path, text).map_err(|source| StackError::Io {
         path: path.display().to_string(),
@@ -1027,7 +1033,7 @@ pub async fn wait_snapshot_at(
 ) -> Result<(), StackError> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if let Ok(r) = testkit::get(listener, "/__llm_router/state", &[]).await {
+        if let Ok(r) = crate::get(listener, "/__llm_router/state", &[]).await {
             if r.status == 200 {
                 if let Ok(v) = r.json() {
                     if count_pods(&v) >= want {
@@ -1076,6 +1082,7 @@ pub fn count_pods(v: &Value) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
