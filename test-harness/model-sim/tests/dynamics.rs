@@ -356,11 +356,12 @@ fn metrics_text_parses_and_matches_engine_state() {
 #[test]
 fn the_parser_accepts_colon_names_in_real_fixtures() {
     // Guard against a parser that silently rejects `vllm:`/`sglang:` names.
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fixtures/metrics/sglang-docs-production-metrics.prom"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| {
+    // The crate folder as cargo gives it when the test runs, not as it was when the binary was
+    // built: a target directory shared by two checkouts reuses a binary built for the other.
+    let dir = std::env::var("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let path = format!("{dir}/../fixtures/metrics/sglang-docs-production-metrics.prom");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!("metrics fixture missing: {path}: {e} (part of the repository)")
     });
     let m = common::parse_metrics(&text);
