@@ -1040,7 +1040,7 @@ pub fn markdown(rep: &ScaleReport) -> String {
 const METHOD: &str = "
 ## Method
 
-`bench scale` (test-harness/bench/src/scale.rs). Fleets: pod *i* in pool *i* mod pools, adapter
+`bench scale` (test-harness/bench/src/experiments/scale.rs). Fleets: pod *i* in pool *i* mod pools, adapter
 *j* in pool *j* mod pools (4 adapter slots per pod, 0–4 resident, 10 % with one waiting);
 per pod 60 % empty queues, 25 % 1–4 waiting, 15 % 5–40; running 0–64; KV use 5–97 %; 2 %
 failing, 1 % stale; seeded. Requests go to the first pool (a fifth to one of its adapters when
