@@ -135,18 +135,23 @@ async fn non_streaming_chat_and_completions() {
         Some(&chat("hi", 2, false, false, "sql-lora")),
     )
     .await;
+    let ids = listed_models(addr).await;
+    assert_eq!(ids, vec![MODEL.to_string(), "sql-lora".to_string()]);
+}
+
+/// The model ids a pod's `/v1/models` lists, in its order.
+async fn listed_models(addr: std::net::SocketAddr) -> Vec<String> {
     let r = http(addr, "GET", "/v1/models", None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let ids: Vec<String> = r.json()["data"]
+    r.json()["data"]
         .as_array()
         .map(|a| {
             a.iter()
                 .filter_map(|m| m["id"].as_str().map(str::to_string))
                 .collect()
         })
-        .unwrap_or_default();
-    assert_eq!(ids, vec![MODEL.to_string(), "sql-lora".to_string()]);
+        .unwrap_or_default()
 }
 
 /// As vLLM with `--lora-modules`: every registered adapter is listed before any request used it.
@@ -156,17 +161,7 @@ async fn registered_adapters_are_listed_before_first_use() {
         c.lora_modules = Some(vec!["adapter-01".into(), "adapter-00".into()]);
     })
     .await;
-    let r = http(p.addr(), "GET", "/v1/models", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let ids: Vec<String> = r.json()["data"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|m| m["id"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+    let ids = listed_models(p.addr()).await;
     assert_eq!(
         ids,
         vec![MODEL.to_string(), "adapter-00".into(), "adapter-01".into()]
