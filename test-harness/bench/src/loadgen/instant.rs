@@ -2,7 +2,9 @@
 //! body (after reading the whole request body), so only the proxy's own cost is left to measure.
 //! `GET /metrics` answers a vLLM pod's metrics with the requests it is serving as they are
 //! (`num_requests_running`, as a real engine's gauge; nothing waits), so the sidecar can put it
-//! in a snapshot and the filter takes its full scoring path. A request lives a fraction of a
+//! in a snapshot and the filter takes its full scoring path. `GET /v1/models` lists the bench's
+//! model, as a vLLM server does: SMG registers a worker under the first model it lists and
+//! answers 404 for any other. A request lives a fraction of a
 //! millisecond, so scrapes rarely see one running: the filter's flow control still takes the
 //! requests sent since the last scrape as queued, which is why the benches that use this backend
 //! set a queue bound nothing reaches (`overhead::instant_saturation`).
@@ -16,6 +18,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use testkit::stack::fleet::MODEL;
 use tokio::task::JoinHandle;
 
 /// A running instant backend on 127.0.0.1:<free port>; stops on drop.
@@ -39,6 +42,15 @@ vllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.1
 vllm:cache_config_info{{block_size=\"16\",num_gpu_blocks=\"28000\"}} 1
 "
     )
+}
+
+/// `GET /v1/models`: the bench's model, in vLLM's shape.
+pub fn models() -> String {
+    serde_json::json!({
+        "object": "list",
+        "data": [{"id": MODEL, "object": "model", "owned_by": "vllm", "root": MODEL}],
+    })
+    .to_string()
 }
 
 /// Counts a request in `running` for as long as it lives.
@@ -68,6 +80,14 @@ async fn answer(
         resp.headers_mut().insert(
             "content-type",
             hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        return Ok(resp);
+    }
+    if req.method() == hyper::Method::GET && req.uri().path() == "/v1/models" {
+        let mut resp = Response::new(Full::new(Bytes::from(models())));
+        resp.headers_mut().insert(
+            "content-type",
+            hyper::header::HeaderValue::from_static("application/json"),
         );
         return Ok(resp);
     }
@@ -122,5 +142,31 @@ impl InstantBackend {
 impl Drop for InstantBackend {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lists_the_bench_model_and_answers_chat_elsewhere() {
+        let b = InstantBackend::start().await.unwrap();
+        let addr = b.addr();
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()
+        };
+        let listed: serde_json::Value = serde_json::from_str(&get("/v1/models").await).unwrap();
+        assert_eq!(listed["data"][0]["id"], MODEL);
+        assert!(get("/v1/chat/completions")
+            .await
+            .contains("chat.completion"));
+        assert!(get("/metrics").await.contains("vllm:num_requests_running"));
     }
 }
