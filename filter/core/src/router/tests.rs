@@ -1495,3 +1495,69 @@ fn a_canary_target_is_reachable_only_through_its_rule() {
         assert_eq!(via_rule.cluster, want, "weight {weight}");
     }
 }
+
+/// Two pods of equal compute, one with an eighth of the other's KV blocks, nothing queued on
+/// either (issue 40's light-load case). Before the pods' TTFTs have shown a batch effect the
+/// KV scorer breaks the tie towards the larger cache whatever the batches; once both pods'
+/// TTFTs grew with their batch, the busier pod is predicted slower and the idle limited one
+/// takes the requests, while at equal batches the larger cache still wins the tie.
+#[test]
+fn a_pod_whose_ttft_grows_with_its_batch_is_not_loaded_while_a_limited_one_idles() {
+    let r = router(CONFIG);
+    let (big, small) = ("10.0.0.1:8000", "10.0.0.2:8000");
+    let fleet_at = |running_big: u32, running_small: u32| {
+        // ≈ 250 tokens per request in 16-token blocks.
+        let kv = |running: u32, blocks: u32| (running * 16) as f32 / blocks as f32;
+        let mut snap = snapshot();
+        snap.pools[0].pods = vec![
+            Pod {
+                running: running_big,
+                num_blocks: 1000,
+                ..pod(big, 0, kv(running_big, 1000))
+            },
+            Pod {
+                running: running_small,
+                num_blocks: 128,
+                ..pod(small, 0, kv(running_small, 128))
+            },
+        ];
+        Fleet::new(snap, 1000, vec![], &r.config)
+    };
+    // A new prompt each time (none cached anywhere).
+    let asked = std::cell::Cell::new(0u64);
+    let picks = |s: &MemoryStore, fleet: &Fleet| {
+        (0..50u64)
+            .filter(|&tie| {
+                asked.set(asked.get() + 1);
+                let text = format!("{} {}", asked.get(), "word ".repeat(200));
+                let body = chat("meta-llama/Llama-3.1-8B-Instruct", &text);
+                let c = Context { tie, ..ctx(1500) };
+                let out = go(&r, s, Some(fleet), &body, c).unwrap();
+                if let Some(p) = &out.inflight_pod {
+                    inflight::finished(s, "llama", p, out.pending_tokens);
+                }
+                out.endpoints[0] == small
+            })
+            .count()
+    };
+    let s = MemoryStore::new();
+    assert_eq!(picks(&s, &fleet_at(10, 2)), 0, "the KV fraction decides");
+    // Each request in a pod's batch adds 5 ms to its TTFT.
+    for i in 0..40u32 {
+        for addr in [big, small] {
+            let (work, batch) = (f64::from(200 + 37 * (i % 9)), f64::from(i % 11));
+            let seen = Observation {
+                work,
+                batch,
+                ttft_ms: 20.0 + 0.05 * work + 5.0 * batch,
+            };
+            inflight::first_byte(&s, "llama", addr, 0, Some(seen));
+        }
+    }
+    assert_eq!(picks(&s, &fleet_at(10, 2)), 50, "the batch decides");
+    assert_eq!(
+        picks(&s, &fleet_at(3, 3)),
+        0,
+        "equal batches: the KV fraction"
+    );
+}
