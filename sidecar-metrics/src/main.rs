@@ -83,6 +83,10 @@ struct RunArgs {
     interval_ms: Option<u64>,
     #[arg(long)]
     jitter: Option<f64>,
+    /// Largest share of a pod's time its /metrics answers may take (`scrape.max_duty`; 0 = no
+    /// bound).
+    #[arg(long)]
+    max_duty: Option<f64>,
     #[arg(long)]
     timeout_ms: Option<u64>,
     #[arg(long)]
@@ -292,6 +296,9 @@ fn apply_timing_and_log_flags(a: &RunArgs, cfg: &mut Config) {
     }
     if let Some(v) = a.jitter {
         cfg.scrape.jitter = v;
+    }
+    if let Some(v) = a.max_duty {
+        cfg.scrape.max_duty = v;
     }
     if let Some(v) = a.timeout_ms {
         cfg.scrape.timeout_ms = v;

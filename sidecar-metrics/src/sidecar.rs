@@ -89,6 +89,8 @@ struct PodSlot {
     last: Option<PodMetrics>,
     last_ok_ms: u64,
     failures: u32,
+    /// Not scraped again before this (`scrape.max_duty`).
+    rest_until: Option<Instant>,
 }
 
 struct PoolRt {
@@ -115,6 +117,7 @@ fn new_slot(addr: SocketAddr, path: &str, filtered: Option<&str>) -> Option<PodS
         target,
         fallback,
         in_flight: false,
+        rest_until: None,
         io: Some(PodIo::default()),
         last: None,
         last_ok_ms: 0,
@@ -158,6 +161,20 @@ impl PoolRt {
             stats.retain_pods(|p, pod| p != pool || !names.contains(&pod));
         }
     }
+}
+
+/// How long a pod whose scrape took `elapsed` rests before the next one
+/// (`scrape.max_duty`), counted from the answer; `None` when it may be scraped next round.
+fn rest(cfg: &Config, elapsed: Duration) -> Option<Duration> {
+    let duty = cfg.scrape.max_duty;
+    if duty <= 0.0 {
+        return None;
+    }
+    let gap = (elapsed.as_secs_f64() / duty).min(cfg.pod_stale_after_ms as f64 / 2000.0);
+    let rest = Duration::try_from_secs_f64(gap)
+        .unwrap_or_default()
+        .saturating_sub(elapsed);
+    (rest > Duration::from_millis(cfg.scrape.interval_ms)).then_some(rest)
 }
 
 struct Done {
@@ -275,7 +292,7 @@ impl Loop {
             let Some(slot) = pool.pods.get_mut(idx) else {
                 continue;
             };
-            if slot.in_flight {
+            if slot.in_flight || slot.rest_until.is_some_and(|t| Instant::now() < t) {
                 continue;
             }
             slot.in_flight = true;
@@ -312,6 +329,9 @@ impl Loop {
         };
         slot.in_flight = false;
         slot.io = Some(d.io);
+        if d.result.is_ok() {
+            slot.rest_until = rest(&self.cfg, d.elapsed).map(|r| Instant::now() + r);
+        }
         let err_kind = d.result.as_ref().err().map(ScrapeError::kind);
         self.stats.scrape_done(
             &pool.name,
@@ -764,8 +784,26 @@ const PEER_PUSH_SPACING: u32 = 3;
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::expect_used)]
     use super::*;
     use llm_router_snapshot::MAX_GENERATION_LEAD_MS;
+
+    #[test]
+    fn a_slow_answer_buys_its_pod_a_rest_bounded_by_half_the_staleness() {
+        let mut cfg = Config::embedded_default().expect("the embedded configuration parses");
+        cfg.scrape.interval_ms = 50;
+        cfg.pod_stale_after_ms = 1000;
+        let ms = Duration::from_millis;
+        // 2 %: 1 ms answers cost a round nothing; 9 ms ones (vLLM on a busy CPU) 450 ms apart.
+        assert_eq!(rest(&cfg, ms(1)), None);
+        assert_eq!(rest(&cfg, ms(9)), Some(ms(441)));
+        // Never so long that the pod would be reported stale.
+        assert_eq!(rest(&cfg, ms(40)), Some(ms(460)));
+        cfg.scrape.max_duty = 0.0;
+        assert_eq!(rest(&cfg, ms(40)), None, "0: no bound");
+        cfg.scrape.max_duty = 1.0;
+        assert_eq!(rest(&cfg, ms(40)), None, "1: back to back");
+    }
 
     #[test]
     fn generations_follow_the_clock_and_never_wrap() {

@@ -321,6 +321,70 @@ async fn more_pods_than_the_concurrency_bound_all_get_scraped() {
     running.stop().await;
 }
 
+/// Scrapes the sidecar counted of `pod`, from its own face.
+async fn scrapes_of(face: std::net::SocketAddr, pod: &str) -> u64 {
+    let (_, body) = http_get(face, "/metrics").await;
+    let key = format!(
+        "llm_router_sidecar_scrape_duration_seconds_count{{pool=\"llama\",pod=\"{pod}\"}} "
+    );
+    body.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// `scrape.max_duty`: a pod that takes 30 ms to answer `/metrics` is scraped at most once per
+/// 300 ms at a 10 % duty (and stays `ok`), while a quick pod beside it is scraped every round;
+/// without the bound the slow one is scraped every round too.
+#[tokio::test]
+async fn a_slow_pod_is_scraped_no_more_than_its_duty_allows() {
+    for (duty, bounded) in [(0.1, true), (0.0, false)] {
+        let fleet = FakeFleet::start(2, Answer::Text(vllm_text(1, 1, 0.5))).await;
+        let (slow, quick) = (fleet.addrs[0], fleet.addrs[1]);
+        let text = vllm_text(0, 2, 0.2);
+        fleet.set(slow, Answer::Slow(Duration::from_millis(30), text));
+        let proxy = FakeProxy::start().await;
+        let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+        cfg.scrape.max_duty = duty;
+        let running = sidecar::start(cfg, common::SECRET.into())
+            .await
+            .expect("start");
+        let secs = 1.5;
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        let (n_slow, n_quick) = (
+            scrapes_of(running.face_addr, &slow.to_string()).await,
+            scrapes_of(running.face_addr, &quick.to_string()).await,
+        );
+        let snaps = proxy.wait_for("a snapshot", LIMIT, |s| !s.is_empty()).await;
+        let last = snaps.last().expect("a snapshot");
+        let healths: Vec<Health> = last
+            .pool("llama")
+            .unwrap()
+            .pods
+            .iter()
+            .map(|p| p.health)
+            .collect();
+        running.stop().await;
+        assert_eq!(healths, vec![Health::Ok, Health::Ok], "duty {duty}");
+        let most = (secs / 0.3).ceil() as u64 + 1;
+        if bounded {
+            assert!(
+                n_slow >= 2 && n_slow <= most,
+                "duty {duty}: {n_slow} scrapes of the slow pod"
+            );
+            assert!(
+                n_quick >= 3 * n_slow,
+                "duty {duty}: {n_quick} of the quick one"
+            );
+        } else {
+            assert!(
+                n_slow > 2 * most,
+                "duty {duty}: {n_slow} scrapes of the slow pod"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_pod_that_refuses_the_name_filter_is_scraped_plain() {
     // Answers 400 to any query string, like a strict server would.

@@ -145,6 +145,12 @@ fn check_scrape(s: &ScrapeConfig) -> Result<(), ConfigError> {
     if s.timeout_ms == 0 {
         return Err(invalid("scrape.timeout_ms", "must be > 0"));
     }
+    if !(0.0..=1.0).contains(&s.max_duty) {
+        return Err(invalid(
+            "scrape.max_duty",
+            format!("{} is not in [0, 1]", s.max_duty),
+        ));
+    }
     if s.max_response_bytes < 1024 {
         return Err(invalid(
             "scrape.max_response_bytes",

@@ -75,6 +75,8 @@ pub fn vllm_lora_text(running: &[String], waiting: &[String]) -> String {
 #[derive(Clone)]
 pub enum Answer {
     Text(String),
+    /// The text after a delay (a pod whose API server is busy).
+    Slow(Duration, String),
     Status(u16),
     Hang,
 }
@@ -108,6 +110,10 @@ impl FakeFleet {
                         let ans = a.lock().expect("lock").get(&port).cloned();
                         match ans {
                             Some(Answer::Text(t)) => (StatusCode::OK, t),
+                            Some(Answer::Slow(d, t)) => {
+                                tokio::time::sleep(d).await;
+                                (StatusCode::OK, t)
+                            }
                             Some(Answer::Status(s)) => (
                                 StatusCode::from_u16(s)
                                     .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
