@@ -461,6 +461,7 @@ impl Loop {
             })
             .collect();
         Snapshot {
+            rewrites: None,
             generation: 0,
             created_ms: now,
             pools,

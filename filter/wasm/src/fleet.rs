@@ -316,6 +316,7 @@ mod tests {
 
     fn snap_at(generation: u64, address: &str) -> Vec<u8> {
         Snapshot {
+            rewrites: None,
             generation,
             created_ms: 5,
             pools: vec![Pool {

@@ -43,6 +43,7 @@ fn pod(addr: &str, waiting: u32, kv: f32) -> Pod {
 
 fn snapshot() -> Snapshot {
     Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: 1000,
         pools: vec![
