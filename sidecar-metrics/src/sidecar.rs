@@ -36,6 +36,7 @@ use crate::engines::PodMetrics;
 use crate::http1::Target;
 use crate::keys::HubKeys;
 use crate::push::{PushOutcome, PushResult, Pusher};
+use crate::rewrites::RewriteSources;
 use crate::scrape::{self, PodIo, ScrapeError};
 use crate::share::TallyBoard;
 use crate::stats::Stats;
@@ -224,6 +225,9 @@ struct Loop {
     /// A snapshot that only brings other replicas' work is not pushed before this: pushing
     /// takes at most 1 / (1 + [`PEER_PUSH_SPACING`]) of the proxy's time for such news.
     peer_push_at: Option<tokio::time::Instant>,
+    /// The rewrite rules every snapshot carries (`crate::rewrites`); `None` without a
+    /// `rewrites` section: snapshots then carry none and the filter uses its own.
+    rewrites: Option<RewriteSources>,
 }
 
 impl Loop {
@@ -468,10 +472,18 @@ impl Loop {
         }
     }
 
+    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when it has a source.
+    fn set_rewrites(&mut self, snap: &mut Snapshot) {
+        if let Some(sources) = &mut self.rewrites {
+            snap.rewrites = Some(sources.current().to_vec());
+        }
+    }
+
     /// End of a round: build, publish health, push when needed (and none is in flight).
     fn finish_round(&mut self, push_fut: &mut Option<BoxFut<PushOutcome>>) {
         let now = now_ms();
         let mut snap = self.build(now);
+        self.set_rewrites(&mut snap);
         let trim = self.trim(&mut snap);
         self.stats.round_done(now);
         self.deliver(snap, trim, now, false, push_fut);
@@ -496,6 +508,7 @@ impl Loop {
         if !peer_only {
             self.last_hub_pods = Some(snap.clone());
         }
+        self.set_rewrites(&mut snap);
         let oldest = llm_router_snapshot::tally::merge_peers(&mut snap, tallies, self.replica);
         self.stats
             .peer_work_age(oldest.map(|t| now.saturating_sub(t)));
