@@ -71,7 +71,7 @@ pub struct Config {
     /// Model rewrite rules sent in every snapshot (`crate::rewrites`); absent = none sent, and
     /// the filter applies its own configured rules.
     #[serde(default)]
-    pub rewrites: Option<crate::rewrites::RewritesConfig>,
+    pub rewrites: Option<RewritesConfig>,
     /// The file this configuration was loaded from (set by [`Config::load`]): where the
     /// `rewrites` rules are re-read from while the sidecar runs.
     #[serde(skip)]
@@ -480,6 +480,25 @@ pub struct InferencePoolConfig {
     /// API server access; absent = in-cluster service-account credentials.
     #[serde(default)]
     pub api: Option<KubeApi>,
+}
+
+/// The `rewrites:` section (`crate::rewrites`: the rules' shape and precedence).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewritesConfig {
+    /// Rules in the `InferenceModelRewrite` `spec.rules` shape; the first matching rule wins.
+    #[serde(default)]
+    pub rules: Vec<crate::rewrites::RuleSpec>,
+    /// Re-read the rules from the configuration file this often (ms); 0 = only at start.
+    #[serde(default = "d_reload_ms")]
+    pub reload_ms: u64,
+    /// Also follow the `InferenceModelRewrite` objects of the sidecar's pools.
+    #[serde(default)]
+    pub kubernetes: Option<RewriteWatchConfig>,
+}
+
+fn d_reload_ms() -> u64 {
+    500
 }
 
 /// `rewrites.kubernetes`: where the `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`) of

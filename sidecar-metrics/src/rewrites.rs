@@ -14,34 +14,15 @@
 //! extension: the filter's per-conversation draw). A rule with several matches becomes one
 //! snapshot rule per model name. Without a `rewrites` section the snapshot carries none and the
 //! filter applies its own configured rules.
-
-use std::path::PathBuf;
-use std::time::Duration;
+//!
+//! This module is the rules' shape and checks (a leaf); the `rewrites:` section is
+//! `crate::config::RewritesConfig`, the running sources `crate::sidecar` (file) and
+//! `crate::kube` (objects).
 
 use llm_router_snapshot::{
     RewriteRule, RewriteSticky, RewriteTarget, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
 };
 use serde::Deserialize;
-use tokio::sync::watch;
-
-/// The `rewrites:` section.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct RewritesConfig {
-    /// Rules in the `InferenceModelRewrite` `spec.rules` shape; the first matching rule wins.
-    #[serde(default)]
-    pub rules: Vec<RuleSpec>,
-    /// Re-read the rules from the configuration file this often (ms); 0 = only at start.
-    #[serde(default = "d_reload_ms")]
-    pub reload_ms: u64,
-    /// Also follow the `InferenceModelRewrite` objects of the sidecar's pools.
-    #[serde(default)]
-    pub kubernetes: Option<crate::config::RewriteWatchConfig>,
-}
-
-fn d_reload_ms() -> u64 {
-    500
-}
 
 /// One rule, as `InferenceModelRewrite.spec.rules[]` spells it (plus `sticky`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -172,126 +153,6 @@ pub fn append_snapshot_rules(specs: &[RuleSpec], out: &mut Vec<RewriteRule>) {
     }
 }
 
-/// The rules the configuration's `rewrites` section gives (`None`: no section).
-pub fn configured_rules(cfg: &crate::config::Config) -> Option<Vec<RewriteRule>> {
-    let section = cfg.rewrites.as_ref()?;
-    let mut rules = Vec::new();
-    append_snapshot_rules(&section.rules, &mut rules);
-    Some(rules)
-}
-
-/// Re-reads the configuration file at `path` every `every` and publishes its rules on `tx`
-/// when they change. A file that does not load or validate keeps the rules in force (logged
-/// once per new error), so a typo never drops a canary's rules.
-pub async fn follow_file(
-    path: PathBuf,
-    every: Duration,
-    tx: watch::Sender<Vec<RuleSpec>>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut last_error = String::new();
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = shutdown.changed() => return,
-        }
-        match crate::config::Config::load(&path) {
-            Ok(cfg) => {
-                last_error.clear();
-                let rules = cfg.rewrites.map(|r| r.rules).unwrap_or_default();
-                tx.send_if_modified(|old| {
-                    let changed = *old != rules;
-                    if changed {
-                        tracing::info!(rules = rules.len(), file = %path.display(), "rewrite rules changed");
-                        *old = rules;
-                    }
-                    changed
-                });
-            }
-            Err(e) => {
-                let e = e.to_string();
-                if e != last_error {
-                    tracing::warn!(error = %e, "the configuration file no longer loads; keeping the rewrite rules in force");
-                    last_error = e;
-                }
-            }
-        }
-    }
-}
-
-/// The rule sources of a running sidecar: the configuration file's rules and, when followed,
-/// the `InferenceModelRewrite` objects' (oldest first), combined in that order when one changes.
-pub struct RewriteSources {
-    file: watch::Receiver<Vec<RuleSpec>>,
-    kube: Option<watch::Receiver<Vec<RuleSpec>>>,
-    current: Vec<RewriteRule>,
-}
-
-impl RewriteSources {
-    pub fn new(
-        file: watch::Receiver<Vec<RuleSpec>>,
-        kube: Option<watch::Receiver<Vec<RuleSpec>>>,
-    ) -> RewriteSources {
-        let mut s = RewriteSources {
-            file,
-            kube,
-            current: Vec::new(),
-        };
-        s.combine();
-        s
-    }
-
-    /// The snapshot rules in force now (combined again only when a source changed).
-    pub fn current(&mut self) -> &[RewriteRule] {
-        let changed = |rx: &watch::Receiver<Vec<RuleSpec>>| rx.has_changed().unwrap_or(false);
-        if changed(&self.file) || self.kube.as_ref().is_some_and(changed) {
-            self.combine();
-        }
-        &self.current
-    }
-
-    fn combine(&mut self) {
-        let mut out = Vec::new();
-        append_snapshot_rules(&self.file.borrow_and_update(), &mut out);
-        if let Some(kube) = &mut self.kube {
-            append_snapshot_rules(&kube.borrow_and_update(), &mut out);
-        }
-        self.current = out;
-    }
-}
-
-/// Starts the sources `cfg.rewrites` names (tasks in `tasks`); `None` without the section.
-pub fn start(
-    cfg: &crate::config::Config,
-    shutdown: &watch::Receiver<bool>,
-    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> Result<Option<RewriteSources>, crate::kube::KubeError> {
-    let Some(section) = &cfg.rewrites else {
-        return Ok(None);
-    };
-    let (file_tx, file_rx) = watch::channel(section.rules.clone());
-    if let (Some(path), true) = (&cfg.path, section.reload_ms > 0) {
-        tasks.push(tokio::spawn(follow_file(
-            path.clone(),
-            Duration::from_millis(section.reload_ms),
-            file_tx,
-            shutdown.clone(),
-        )));
-    }
-    let kube = match &section.kubernetes {
-        Some(k) => {
-            let pools: Vec<String> = cfg.pools.iter().map(|p| p.name.clone()).collect();
-            Some(crate::kube::start_rewrite_watch(
-                k,
-                pools,
-                shutdown.clone(),
-            )?)
-        }
-        None => None,
-    };
-    Ok(Some(RewriteSources::new(file_rx, kube)))
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
@@ -312,7 +173,7 @@ rules:
     /// rule matching a name wins; absent weights are all 1.
     #[test]
     fn rules_in_the_inference_model_rewrite_shape_become_snapshot_rules() {
-        let section: RewritesConfig = serde_yaml::from_str(RULES).unwrap();
+        let section: crate::config::RewritesConfig = serde_yaml::from_str(RULES).unwrap();
         check_rules("rewrites.rules", &section.rules).unwrap();
         let mut out = Vec::new();
         append_snapshot_rules(&section.rules, &mut out);
@@ -336,7 +197,7 @@ rules:
     #[test]
     fn rules_the_filter_cannot_use_are_refused_by_name() {
         let bad = |yaml: &str| {
-            let section: RewritesConfig = serde_yaml::from_str(yaml).unwrap();
+            let section: crate::config::RewritesConfig = serde_yaml::from_str(yaml).unwrap();
             check_rules("rewrites.rules", &section.rules).unwrap_err()
         };
         assert!(

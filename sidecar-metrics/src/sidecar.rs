@@ -36,14 +36,16 @@ use crate::engines::PodMetrics;
 use crate::http1::Target;
 use crate::keys::HubKeys;
 use crate::push::{PushOutcome, PushResult, Pusher};
-use crate::rewrites::RewriteSources;
 use crate::scrape::{self, PodIo, ScrapeError};
 use crate::share::TallyBoard;
 use crate::stats::Stats;
 
 mod follow;
+mod rewrite_sources;
 mod run_loop;
 mod start;
+
+use rewrite_sources::RewriteSources;
 
 /// The clock lives in `crate::clock` (a leaf, so no module needs the sidecar for it); named here
 /// too, where callers of [`start`] have always found it.

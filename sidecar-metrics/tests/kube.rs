@@ -1248,8 +1248,7 @@ fn targets(t: &[(&str, u32)]) -> Vec<(String, u32)> {
 /// change and a deletion apply with the next push.
 #[tokio::test]
 async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
-    use sidecar_metrics::config::RewriteWatchConfig;
-    use sidecar_metrics::rewrites::RewritesConfig;
+    use sidecar_metrics::config::{RewriteWatchConfig, RewritesConfig};
     let api = PoolApi::new();
     let older = model_rewrite(
         "canary",

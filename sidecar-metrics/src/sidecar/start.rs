@@ -143,12 +143,13 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         Mode::Sidecar => None,
     };
     let follow = follow_hubs(&cfg, &cred, &stats, &shutdown_rx, &mut tasks)?;
-    let rewrites = crate::rewrites::start(&cfg, &shutdown_rx, &mut tasks).map_err(|source| {
-        DiscoveryError::Kube {
-            pool: "rewrites.kubernetes".into(),
-            source,
-        }
-    })?;
+    let rewrites =
+        super::rewrite_sources::start(&cfg, &shutdown_rx, &mut tasks).map_err(|source| {
+            DiscoveryError::Kube {
+                pool: "rewrites.kubernetes".into(),
+                source,
+            }
+        })?;
     let (listener, face_addr) = bind(&cfg.listen).await?;
     stats.snapshot_budget(cfg.snapshot.max_bytes);
     let (snap_tx, snap_rx) = watch::channel(None);
