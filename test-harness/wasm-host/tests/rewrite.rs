@@ -225,7 +225,7 @@ fn the_snapshot_rules_replace_the_configured_ones_and_change_with_the_next_push(
         .collect();
     assert_eq!(dropped.len(), 1, "{dropped:?}");
     assert!(dropped[0].contains("\"no-such-model\""), "{}", dropped[0]);
-    let mut r = chat(&vm, "typo", "hi");
+    let r = chat(&vm, "typo", "hi");
     assert_eq!(r.local_response().map(|l| l.status), Some(404));
     // A snapshot without the section: the configured 90/10 rule again.
     push_ok(
