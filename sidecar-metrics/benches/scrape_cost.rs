@@ -353,6 +353,8 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
         snapshot: Default::default(),
+        rewrites: None,
+        path: None,
         pools: vec![PoolConfig {
             name: "llama".into(),
             cluster: "pool_llama".into(),

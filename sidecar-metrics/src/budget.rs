@@ -254,6 +254,7 @@ mod tests {
 
     fn fleet(pods: Vec<Pod>) -> Snapshot {
         Snapshot {
+            rewrites: None,
             generation: 1,
             created_ms: 2,
             pools: vec![Pool {

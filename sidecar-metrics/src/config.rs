@@ -68,6 +68,14 @@ pub struct Config {
     #[serde(default)]
     pub snapshot: SnapshotConfig,
     pub pools: Vec<PoolConfig>,
+    /// Model rewrite rules sent in every snapshot (`crate::rewrites`); absent = none sent, and
+    /// the filter applies its own configured rules.
+    #[serde(default)]
+    pub rewrites: Option<RewritesConfig>,
+    /// The file this configuration was loaded from (set by [`Config::load`]): where the
+    /// `rewrites` rules are re-read from while the sidecar runs.
+    #[serde(skip)]
+    pub path: Option<std::path::PathBuf>,
 }
 
 /// What the process does.
@@ -487,6 +495,38 @@ pub struct InferencePoolConfig {
     pub api: Option<KubeApi>,
 }
 
+/// The `rewrites:` section (`crate::rewrites`: the rules' shape and precedence).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewritesConfig {
+    /// Rules in the `InferenceModelRewrite` `spec.rules` shape; the first matching rule wins.
+    #[serde(default)]
+    pub rules: Vec<crate::rewrites::RuleSpec>,
+    /// Re-read the rules from the configuration file this often (ms); 0 = only at start.
+    #[serde(default = "d_reload_ms")]
+    pub reload_ms: u64,
+    /// Also follow the `InferenceModelRewrite` objects of the sidecar's pools.
+    #[serde(default)]
+    pub kubernetes: Option<RewriteWatchConfig>,
+}
+
+fn d_reload_ms() -> u64 {
+    500
+}
+
+/// `rewrites.kubernetes`: where the `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`) of
+/// the sidecar's pools (`spec.poolRef.name`) are watched.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RewriteWatchConfig {
+    /// Absent = the pod's own namespace (in-cluster), else `default`.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// API server access; absent = in-cluster service-account credentials.
+    #[serde(default)]
+    pub api: Option<KubeApi>,
+}
+
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(untagged)]
 pub enum PortRef {
@@ -528,7 +568,10 @@ impl Config {
                 .or_else(|y| Config::from_toml(&text, &p).map_err(|_| y))?,
         };
         cfg.validate()?;
-        Ok(cfg)
+        Ok(Config {
+            path: Some(path.to_path_buf()),
+            ..cfg
+        })
     }
 
     pub fn from_yaml(text: &str, path: &str) -> Result<Config, ConfigError> {

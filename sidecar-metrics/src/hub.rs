@@ -681,6 +681,7 @@ mod tests {
 
     fn snap(generation: u64) -> Vec<u8> {
         Snapshot {
+            rewrites: None,
             generation,
             created_ms: 5,
             pools: vec![],

@@ -16,10 +16,14 @@
 //! configured `port`) is an endpoint; `spec.endpointPickerRef` is ignored (the filter picks).
 //! A pool that does not exist gives no endpoints.
 //!
+//! `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`, `rewrites.kubernetes`) are a third
+//! collection: every object of the namespace, kept for the sidecar's pools
+//! (`spec.poolRef.name`), their rules oldest object first (`crate::rewrites`).
+//!
 //! Credentials: in-cluster service account by default, or `{server, token|token_file, ca_file}`.
 //! RBAC needed: `get`, `list`, `watch` on `endpointslices` in group `discovery.k8s.io`, or on
-//! `pods` (core group) and `inferencepools` in group `inference.networking.k8s.io` (see
-//! README.md).
+//! `pods` (core group) and `inferencepools` in group `inference.networking.k8s.io`, and on
+//! `inferencemodelrewrites` in group `llm-d.ai` with `rewrites.kubernetes` (see README.md).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -36,8 +40,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, PortRef};
+use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, PortRef, RewriteWatchConfig};
 use crate::endpoints::{normalise_set, Endpoints};
+use crate::rewrites::{check_rules, RuleSpec};
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// A single watch event line larger than this is refused (a slice holds at most 1000 endpoints).
@@ -668,6 +673,132 @@ enum WatchEnd {
     /// 410 Gone or an error event: list again.
     Relist,
     Shutdown,
+}
+
+/// The `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`) of a namespace.
+struct ModelRewrites {
+    namespace: String,
+}
+
+/// What matters of one `InferenceModelRewrite`: the pool it applies to, when it was created
+/// (of two objects ruling one model the older wins, as in llm-d) and its rules.
+#[derive(Debug, Clone, PartialEq)]
+struct RewriteObject {
+    pool: String,
+    created: String,
+    rules: Vec<RuleSpec>,
+}
+
+#[derive(Deserialize)]
+struct ModelRewrite {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    spec: ModelRewriteSpec,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ObjectMeta {
+    #[serde(rename = "creationTimestamp")]
+    creation_timestamp: String,
+}
+
+#[derive(Deserialize)]
+struct ModelRewriteSpec {
+    #[serde(rename = "poolRef")]
+    pool_ref: PoolRef,
+    #[serde(default)]
+    rules: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+struct PoolRef {
+    name: String,
+}
+
+impl Collection for ModelRewrites {
+    type Item = RewriteObject;
+    const KIND: &'static str = "InferenceModelRewrite";
+
+    fn path(&self) -> String {
+        format!(
+            "/apis/llm-d.ai/v1alpha2/namespaces/{}/inferencemodelrewrites?",
+            query_escape(&self.namespace)
+        )
+    }
+
+    /// Rules this build cannot use (another match type, a rule for every model) are left out,
+    /// logged, rather than failing the object: the others still apply.
+    fn item(&self, obj: &Value) -> Result<RewriteObject, serde_json::Error> {
+        let o = ModelRewrite::deserialize(obj)?;
+        let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        let mut rules = Vec::with_capacity(o.spec.rules.len());
+        for (i, raw) in o.spec.rules.iter().enumerate() {
+            let rule = RuleSpec::deserialize(raw)
+                .map_err(|e| e.to_string())
+                .and_then(|r| check_rules("spec.rules", std::slice::from_ref(&r)).map(|()| r));
+            match rule {
+                Ok(r) => rules.push(r),
+                Err(e) => {
+                    tracing::warn!(object = ?name, rule = i, error = %e, "InferenceModelRewrite rule not used")
+                }
+            }
+        }
+        Ok(RewriteObject {
+            pool: o.spec.pool_ref.name,
+            created: o.metadata.creation_timestamp,
+            rules,
+        })
+    }
+}
+
+/// The rules of the objects that name one of `pools`, oldest object first (RFC 3339 times in
+/// UTC sort as text; ties by name, the map's order).
+fn rules_of(objects: &BTreeMap<String, RewriteObject>, pools: &[String]) -> Vec<RuleSpec> {
+    let mut mine: Vec<&RewriteObject> = objects
+        .values()
+        .filter(|o| pools.contains(&o.pool))
+        .collect();
+    mine.sort_by(|a, b| a.created.cmp(&b.created));
+    mine.into_iter()
+        .flat_map(|o| o.rules.iter().cloned())
+        .collect()
+}
+
+/// Follows the `InferenceModelRewrite` objects of `pools` (`rewrites.kubernetes`); the
+/// receiver sees their rules, oldest object first, after every change.
+pub fn start_rewrite_watch(
+    k: &RewriteWatchConfig,
+    pools: Vec<String>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<watch::Receiver<Vec<RuleSpec>>, KubeError> {
+    let api = Api::connect(k.api.as_ref())?;
+    let c = ModelRewrites {
+        namespace: namespace_or_own(k.namespace.as_ref()),
+    };
+    let (tx, rx) = watch::channel(Vec::new());
+    tokio::spawn(async move {
+        let label = pools.join(",");
+        informer(
+            &label,
+            &api,
+            &c,
+            |map| {
+                let rules = rules_of(map, &pools);
+                tx.send_if_modified(|old| {
+                    let changed = *old != rules;
+                    if changed {
+                        tracing::info!(rules = rules.len(), "InferenceModelRewrite rules changed");
+                        old.clone_from(&rules);
+                    }
+                    changed
+                });
+            },
+            &mut shutdown,
+        )
+        .await;
+    });
+    Ok(rx)
 }
 
 /// List, then watch, forever (until shutdown): the EndpointSlices of one pool.

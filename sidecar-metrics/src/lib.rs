@@ -16,6 +16,7 @@ pub mod keys;
 pub mod kube;
 pub mod prom;
 pub mod push;
+pub mod rewrites;
 pub mod scrape;
 pub mod share;
 pub mod sidecar;

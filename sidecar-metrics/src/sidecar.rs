@@ -41,8 +41,11 @@ use crate::share::TallyBoard;
 use crate::stats::Stats;
 
 mod follow;
+mod rewrite_sources;
 mod run_loop;
 mod start;
+
+use rewrite_sources::RewriteSources;
 
 /// The clock lives in `crate::clock` (a leaf, so no module needs the sidecar for it); named here
 /// too, where callers of [`start`] have always found it.
@@ -241,6 +244,9 @@ struct Loop {
     /// A snapshot that only brings other replicas' work is not pushed before this: pushing
     /// takes at most 1 / (1 + [`PEER_PUSH_SPACING`]) of the proxy's time for such news.
     peer_push_at: Option<tokio::time::Instant>,
+    /// The rewrite rules every snapshot carries (`crate::rewrites`); `None` without a
+    /// `rewrites` section: snapshots then carry none and the filter uses its own.
+    rewrites: Option<RewriteSources>,
 }
 
 impl Loop {
@@ -481,9 +487,17 @@ impl Loop {
             })
             .collect();
         Snapshot {
+            rewrites: None,
             generation: 0,
             created_ms: now,
             pools,
+        }
+    }
+
+    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when it has a source.
+    fn set_rewrites(&mut self, snap: &mut Snapshot) {
+        if let Some(sources) = &mut self.rewrites {
+            snap.rewrites = Some(sources.current().to_vec());
         }
     }
 
@@ -491,6 +505,7 @@ impl Loop {
     fn finish_round(&mut self, push_fut: &mut Option<BoxFut<PushOutcome>>) {
         let now = now_ms();
         let mut snap = self.build(now);
+        self.set_rewrites(&mut snap);
         let trim = self.trim(&mut snap);
         self.stats.round_done(now);
         self.deliver(snap, trim, now, false, push_fut);
@@ -515,6 +530,7 @@ impl Loop {
         if !peer_only {
             self.last_hub_pods = Some(snap.clone());
         }
+        self.set_rewrites(&mut snap);
         let oldest = llm_router_snapshot::tally::merge_peers(&mut snap, tallies, self.replica);
         self.stats
             .peer_work_age(oldest.map(|t| now.saturating_sub(t)));

@@ -545,6 +545,7 @@ struct PoolApi {
 
 const POOLS: &str = "inferencepools";
 const PODS: &str = "pods";
+const REWRITES: &str = "inferencemodelrewrites";
 
 /// A real-shaped InferencePool (GAIE v1), with an endpoint picker the sidecar ignores.
 fn inference_pool(labels: serde_json::Value, ports: &[u16]) -> serde_json::Value {
@@ -652,9 +653,9 @@ impl PoolApi {
                 .expect("object exists"),
         };
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        if resource == POOLS {
+        if resource == POOLS || resource == REWRITES {
             let errors = testkit::crds::check_manifest(&obj, &self.crds);
-            assert!(errors.is_empty(), "not a valid InferencePool: {errors:?}");
+            assert!(errors.is_empty(), "not a valid {resource}: {errors:?}");
         }
         if kind != "DELETED" {
             objects.insert((resource, name.to_owned()), obj.clone());
@@ -707,10 +708,10 @@ impl PoolApi {
             .lock()
             .expect("lock")
             .push((resource, q.clone()));
-        let list_kind = if resource == POOLS {
-            ("inference.networking.k8s.io/v1", "InferencePoolList")
-        } else {
-            ("v1", "PodList")
+        let list_kind = match resource {
+            POOLS => ("inference.networking.k8s.io/v1", "InferencePoolList"),
+            REWRITES => ("llm-d.ai/v1alpha2", "InferenceModelRewriteList"),
+            _ => ("v1", "PodList"),
         };
         if ns != "llm" {
             return (StatusCode::NOT_FOUND, "{\"kind\":\"Status\",\"code\":404}").into_response();
@@ -769,10 +770,21 @@ impl PoolApi {
         ) -> Response {
             api.answer(PODS, &ns, q)
         }
+        async fn rewrites(
+            State(api): State<PoolApi>,
+            Path(ns): Path<String>,
+            Query(q): Query<BTreeMap<String, String>>,
+        ) -> Response {
+            api.answer(REWRITES, &ns, q)
+        }
         let app = Router::new()
             .route(
                 "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
                 get(pools),
+            )
+            .route(
+                "/apis/llm-d.ai/v1alpha2/namespaces/{ns}/inferencemodelrewrites",
+                get(rewrites),
             )
             .route("/api/v1/namespaces/{ns}/pods", get(pods))
             .with_state(self.clone());
@@ -1172,4 +1184,143 @@ async fn a_missing_inference_pool_gives_no_pods_and_says_so() {
     for t in tasks {
         t.abort();
     }
+}
+
+/// A real-shaped `InferenceModelRewrite` (llm-d.ai/v1alpha2) for pool `pool`, created at
+/// `created`: `chat` → the `(model, weight)` targets.
+fn model_rewrite(
+    name: &str,
+    pool: &str,
+    created: &str,
+    targets: &[(&str, u32)],
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "llm-d.ai/v1alpha2",
+        "kind": "InferenceModelRewrite",
+        "metadata": {"name": name, "namespace": "llm", "uid": format!("uid-{name}"),
+                     "generation": 1, "creationTimestamp": created},
+        "spec": {
+            "poolRef": {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool},
+            "rules": [{
+                "matches": [{"model": {"type": "Exact", "value": "chat"}}],
+                "targets": targets.iter().map(|(m, w)| json!({"modelRewrite": m, "weight": w}))
+                    .collect::<Vec<_>>()
+            }]
+        },
+        "status": {"conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+            "message": "", "lastTransitionTime": "2026-12-01T08:00:01Z", "observedGeneration": 1}]}
+    })
+}
+
+#[test]
+fn the_test_rewrites_are_valid_inference_model_rewrites_and_the_check_has_teeth() {
+    let crds = testkit::crds::load_crds(&testkit::crds::crds_dir());
+    let ok = model_rewrite("a", "llama", "2026-12-01T08:00:00Z", &[("s", 9), ("c", 1)]);
+    assert_eq!(
+        testkit::crds::check_manifest(&ok, &crds),
+        Vec::<String>::new()
+    );
+    // The CRD's weights start at 1; a rule needs a target.
+    let zero = model_rewrite("a", "llama", "2026-12-01T08:00:00Z", &[("s", 0)]);
+    assert!(!testkit::crds::check_manifest(&zero, &crds).is_empty());
+    let none = model_rewrite("a", "llama", "2026-12-01T08:00:00Z", &[]);
+    assert!(!testkit::crds::check_manifest(&none, &crds).is_empty());
+}
+
+/// The chat rule's targets in the last snapshot, as `(model, weight)`.
+fn chat_rule(s: &[llm_router_snapshot::Snapshot]) -> Option<Vec<(String, u32)>> {
+    let rules = s.last()?.rewrites.as_ref()?;
+    let chat = rules.iter().find(|r| r.model == "chat")?;
+    Some(
+        chat.targets
+            .iter()
+            .map(|t| (t.model.clone(), t.weight))
+            .collect(),
+    )
+}
+
+fn targets(t: &[(&str, u32)]) -> Vec<(String, u32)> {
+    t.iter().map(|(m, w)| ((*m).to_owned(), *w)).collect()
+}
+
+/// InferenceModelRewrites of the sidecar's pool reach every snapshot and follow the objects
+/// live: the oldest object ruling a model wins, another pool's objects are ignored, a weight
+/// change and a deletion apply with the next push.
+#[tokio::test]
+async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
+    use sidecar_metrics::config::{RewriteWatchConfig, RewritesConfig};
+    let api = PoolApi::new();
+    let older = model_rewrite(
+        "canary",
+        "llama",
+        "2026-12-01T08:00:00Z",
+        &[("stable", 9), ("canary", 1)],
+    );
+    api.put(REWRITES, "canary", older);
+    api.put(
+        REWRITES,
+        "newer",
+        model_rewrite("newer", "llama", "2026-12-02T08:00:00Z", &[("newer", 1)]),
+    );
+    api.put(
+        REWRITES,
+        "other",
+        model_rewrite("other", "other-pool", "2026-11-01T08:00:00Z", &[("x", 1)]),
+    );
+    let (api_addr, server) = api.serve().await;
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.1))).await;
+    let proxy = FakeProxy::start().await;
+    let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+    cfg.rewrites = Some(RewritesConfig {
+        rules: Vec::new(),
+        reload_ms: 0,
+        kubernetes: Some(RewriteWatchConfig {
+            namespace: Some("llm".into()),
+            api: Some(KubeApi {
+                server: format!("http://{api_addr}"),
+                token: Some("test-token".into()),
+                token_file: None,
+                ca_file: None,
+            }),
+        }),
+    });
+    cfg.validate().unwrap();
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let first = targets(&[("stable", 9), ("canary", 1)]);
+    proxy
+        .wait_for("the older object's rule", LIMIT, |s| {
+            chat_rule(s) == Some(first.clone())
+        })
+        .await;
+    api.wait_watches(REWRITES, 1).await;
+    let shifted = targets(&[("stable", 1), ("canary", 9)]);
+    api.event(
+        REWRITES,
+        "MODIFIED",
+        "canary",
+        Some(model_rewrite(
+            "canary",
+            "llama",
+            "2026-12-01T08:00:00Z",
+            &[("stable", 1), ("canary", 9)],
+        )),
+    );
+    proxy
+        .wait_for("the weight change", LIMIT, |s| {
+            chat_rule(s) == Some(shifted.clone())
+        })
+        .await;
+    api.event(REWRITES, "DELETED", "canary", None);
+    let next = targets(&[("newer", 1)]);
+    proxy
+        .wait_for(
+            "the newer object's rule once the older is gone",
+            LIMIT,
+            |s| chat_rule(s) == Some(next.clone()),
+        )
+        .await;
+    running.stop().await;
+    server.abort();
 }

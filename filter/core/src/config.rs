@@ -32,7 +32,7 @@ pub use resolved::{
     OnStale, PoolConfig, PredictConfig, PrefixConfig, PriorityConfig, Saturation, SnapshotConfig,
     UnknownPaths, FAIRNESS_HEADERS, LLMD_OBJECTIVE_HEADER, NEWEST_FIRST_AFTER_MS, SLO_TTFT_HEADER,
 };
-pub use rewrites::MAX_REWRITE_WEIGHT;
+pub use rewrites::{resolve_snapshot_rewrites, DroppedRewrite, MAX_REWRITE_WEIGHT};
 pub use tuning::MAX_WEIGHT;
 
 pub use crate::weights::Weights;

@@ -69,6 +69,7 @@ fn fleet(config: &Config) -> Fleet {
         max_loras: 2,
     };
     let snapshot = Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: 1_000,
         pools: vec![

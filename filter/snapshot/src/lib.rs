@@ -18,25 +18,34 @@
 //!          [ | peer_in_flight u32 | peer_pending_tokens u32 ]   (only with FLAG_PEER_WORK)
 //! pool end [ context_count u16 | (key u64 | pod u32 | blocks u32) * context_count ]
 //!                                                            (only with FLAG_PEER_CONTEXTS)
+//! end      [ rewrites section, see [`rewrites`] ]            (only with FLAG_REWRITES)
 //! str8     len u8 | UTF-8 bytes;  str16: len u16 | UTF-8 bytes;  list8: count u16 | str8 * count
 //! ```
 //! `kv_bp` is the KV-cache use in basis points (0..=10000), `0xFFFF` when the engine has no KV
 //! gauge. `max_loras = 0xFFFF` means "no LoRA information". `block_size`/`num_blocks` are 0 when
-//! unknown. Nothing may follow the last pool.
+//! unknown. Nothing may follow the last pool but the rewrites section.
 //!
 //! Flags: [`FLAG_PEER_WORK`] (bit 0) says every pod carries the work *other* gateway replicas
 //! have in flight on it ([`PeerWork`], merged by a metrics hub from the replicas' [`tally`]s).
 //! [`FLAG_PEER_CONTEXTS`] (bit 1) says every pool ends with the long contexts other replicas
 //! recently placed on its pods ([`PeerContext`], from the same tallies).
-//! A snapshot with no peer work and no peer contexts sets no flag and is byte for byte what
-//! filters before the flags read, so a sidecar without a hub keeps working with them.
+//! [`FLAG_REWRITES`] (bit 2) says the snapshot ends with the model rewrite rules the filter is
+//! to apply instead of its configured ones ([`RewriteRule`]; present even when empty, since "no
+//! rules" from a sidecar that manages them differs from "the sidecar says nothing").
+//! A snapshot with no peer work, no peer contexts and no rewrites section sets no flag and is
+//! byte for byte what filters before the flags read, so a sidecar without a hub keeps working
+//! with them.
 
 use std::fmt;
 use std::net::SocketAddr;
 
 pub mod auth;
+pub mod rewrites;
 pub mod tally;
 pub use auth::{check_secret, sign, verify, SignatureError, SIGNATURE_HEADER};
+pub use rewrites::{
+    RewriteRule, RewriteSticky, RewriteTarget, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
+};
 pub use tally::{Tally, TallyContext, TallyPod, TallyPool};
 
 /// First bytes of every snapshot.
@@ -47,8 +56,10 @@ pub const VERSION: u16 = 1;
 pub const FLAG_PEER_WORK: u16 = 0x0001;
 /// Header flag: every pool ends with its [`PeerContext`]s.
 pub const FLAG_PEER_CONTEXTS: u16 = 0x0002;
+/// Header flag: the snapshot ends with its rewrites section ([`Snapshot::rewrites`]).
+pub const FLAG_REWRITES: u16 = 0x0004;
 /// Every flag this build reads.
-const KNOWN_FLAGS: u16 = FLAG_PEER_WORK | FLAG_PEER_CONTEXTS;
+const KNOWN_FLAGS: u16 = FLAG_PEER_WORK | FLAG_PEER_CONTEXTS | FLAG_REWRITES;
 /// Upper bounds that keep a hostile or corrupt snapshot from costing the proxy memory.
 pub const MAX_POOLS: usize = 256;
 /// Per pool.
@@ -251,6 +262,137 @@ fn read_contexts(r: &mut Reader<'_>, what: &'static str) -> Result<Vec<PeerConte
     Ok(list)
 }
 
+/// Reads one pool (its pods, and its peer contexts when the flag says so).
+fn read_pool(
+    r: &mut Reader<'_>,
+    peer_work: bool,
+    peer_contexts: bool,
+) -> Result<Pool, DecodeError> {
+    let name = r.str16("pool name")?;
+    let cluster = r.str16("cluster name")?;
+    let model_count = r.count("models", MAX_MODELS_PER_POOL)?;
+    let mut models = Vec::with_capacity(model_count);
+    for _ in 0..model_count {
+        models.push(r.str16("model name")?);
+    }
+    let pod_count = r.count("pods", MAX_PODS_PER_POOL)?;
+    let mut pods = Vec::with_capacity(pod_count);
+    for _ in 0..pod_count {
+        pods.push(read_pod(r, peer_work)?);
+    }
+    let contexts = if peer_contexts {
+        read_contexts(r, "peer contexts")?
+    } else {
+        Vec::new()
+    };
+    Ok(Pool {
+        name,
+        cluster,
+        models,
+        pods,
+        peer_contexts: contexts,
+    })
+}
+
+/// Reads one pod (with its peers' work when the flag says so).
+fn read_pod(r: &mut Reader<'_>, peer_work: bool) -> Result<Pod, DecodeError> {
+    let address = r.str8("pod address")?;
+    let engine_b = r.u8("engine")?;
+    let engine = Engine::from_wire(engine_b).ok_or(DecodeError::BadEnum {
+        what: "engine",
+        value: engine_b,
+    })?;
+    let health_b = r.u8("health")?;
+    let health = Health::from_wire(health_b).ok_or(DecodeError::BadEnum {
+        what: "health",
+        value: health_b,
+    })?;
+    let failures = r.u16("failures")?;
+    let scraped_at_ms = r.u64("scraped_at_ms")?;
+    let waiting = r.u32("waiting")?;
+    let running = r.u32("running")?;
+    let kv_bp = r.u16("kv usage")?;
+    let kv_usage = match kv_bp {
+        KV_UNKNOWN => None,
+        bp if bp <= 10_000 => Some(f32::from(bp) / 10_000.0),
+        bp => {
+            return Err(DecodeError::Invalid(format!(
+                "pod {address}: KV use {bp} basis points is above 10000"
+            )))
+        }
+    };
+    let block_size = r.u32("block_size")?;
+    let num_blocks = r.u32("num_blocks")?;
+    let lora = read_lora(r, &address)?;
+    let peers = if peer_work {
+        PeerWork {
+            in_flight: r.u32("peer in flight")?,
+            pending_tokens: r.u32("peer pending tokens")?,
+        }
+    } else {
+        PeerWork::default()
+    };
+    Ok(Pod {
+        address,
+        engine,
+        health,
+        failures,
+        scraped_at_ms,
+        waiting,
+        running,
+        kv_usage,
+        block_size,
+        num_blocks,
+        lora,
+        peers,
+    })
+}
+
+/// Reads a pod's `max_loras | running list8 | waiting list8`: `None` for "no LoRA
+/// information", which may list no adapter.
+fn read_lora(r: &mut Reader<'_>, address: &str) -> Result<Option<LoraState>, DecodeError> {
+    let max_loras = r.u16("max_loras")?;
+    let running = r.list8("running adapters")?;
+    let waiting = r.list8("waiting adapters")?;
+    if max_loras != LORA_UNKNOWN {
+        return Ok(Some(LoraState {
+            running,
+            waiting,
+            max_loras,
+        }));
+    }
+    if !running.is_empty() || !waiting.is_empty() {
+        return Err(DecodeError::Invalid(format!(
+            "pod {address}: adapters listed without LoRA information"
+        )));
+    }
+    Ok(None)
+}
+
+/// One encoding per snapshot: a peer flag is set exactly when what it announces is there.
+fn check_flags_announce_content(
+    pools: &[Pool],
+    peer_work: bool,
+    peer_contexts: bool,
+) -> Result<(), DecodeError> {
+    if peer_work
+        && pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .all(|p| p.peers.is_none())
+    {
+        return Err(DecodeError::Invalid(
+            "flag FLAG_PEER_WORK set but no pod carries other replicas' work".into(),
+        ));
+    }
+    if peer_contexts && pools.iter().all(|p| p.peer_contexts.is_empty()) {
+        return Err(DecodeError::Invalid(
+            "flag FLAG_PEER_CONTEXTS set but no pool lists a context".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// The live state of one model-server pod.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Pod {
@@ -300,6 +442,9 @@ pub struct Snapshot {
     /// Unix time (ms) when the sidecar assembled this snapshot.
     pub created_ms: u64,
     pub pools: Vec<Pool>,
+    /// The model rewrite rules the filter applies instead of its configured `rewrites`;
+    /// `None` (no section) leaves the configured ones in force.
+    pub rewrites: Option<Vec<RewriteRule>>,
 }
 
 /// Why bytes are not a valid snapshot. Each variant says where.
@@ -399,6 +544,9 @@ impl Snapshot {
         if peer_contexts {
             flags |= FLAG_PEER_CONTEXTS;
         }
+        if self.rewrites.is_some() {
+            flags |= FLAG_REWRITES;
+        }
         w.out.extend_from_slice(&MAGIC);
         w.u16(VERSION);
         w.u16(flags);
@@ -449,6 +597,9 @@ impl Snapshot {
                 write_contexts(&mut w, &pool.peer_contexts, "peer contexts")?;
             }
         }
+        if let Some(rules) = &self.rewrites {
+            rewrites::write_rewrites(&mut w, rules)?;
+        }
         Ok(w.out)
     }
 
@@ -485,128 +636,27 @@ impl Snapshot {
         let pool_count = r.count("pools", MAX_POOLS)?;
         let mut pools = Vec::with_capacity(pool_count);
         for _ in 0..pool_count {
-            let name = r.str16("pool name")?;
-            let cluster = r.str16("cluster name")?;
-            let model_count = r.count("models", MAX_MODELS_PER_POOL)?;
-            let mut models = Vec::with_capacity(model_count);
-            for _ in 0..model_count {
-                models.push(r.str16("model name")?);
-            }
-            let pod_count = r.count("pods", MAX_PODS_PER_POOL)?;
-            let mut pods = Vec::with_capacity(pod_count);
-            for _ in 0..pod_count {
-                let address = r.str8("pod address")?;
-                let engine_b = r.u8("engine")?;
-                let engine = Engine::from_wire(engine_b).ok_or(DecodeError::BadEnum {
-                    what: "engine",
-                    value: engine_b,
-                })?;
-                let health_b = r.u8("health")?;
-                let health = Health::from_wire(health_b).ok_or(DecodeError::BadEnum {
-                    what: "health",
-                    value: health_b,
-                })?;
-                let failures = r.u16("failures")?;
-                let scraped_at_ms = r.u64("scraped_at_ms")?;
-                let waiting = r.u32("waiting")?;
-                let running = r.u32("running")?;
-                let kv_bp = r.u16("kv usage")?;
-                let kv_usage = match kv_bp {
-                    KV_UNKNOWN => None,
-                    bp if bp <= 10_000 => Some(f32::from(bp) / 10_000.0),
-                    bp => {
-                        return Err(DecodeError::Invalid(format!(
-                            "pod {address}: KV use {bp} basis points is above 10000"
-                        )))
-                    }
-                };
-                let block_size = r.u32("block_size")?;
-                let num_blocks = r.u32("num_blocks")?;
-                let max_loras = r.u16("max_loras")?;
-                let running_adapters = r.list8("running adapters")?;
-                let waiting_adapters = r.list8("waiting adapters")?;
-                let lora = if max_loras == LORA_UNKNOWN {
-                    if !running_adapters.is_empty() || !waiting_adapters.is_empty() {
-                        return Err(DecodeError::Invalid(format!(
-                            "pod {address}: adapters listed without LoRA information"
-                        )));
-                    }
-                    None
-                } else {
-                    Some(LoraState {
-                        running: running_adapters,
-                        waiting: waiting_adapters,
-                        max_loras,
-                    })
-                };
-                let peers = if peer_work {
-                    PeerWork {
-                        in_flight: r.u32("peer in flight")?,
-                        pending_tokens: r.u32("peer pending tokens")?,
-                    }
-                } else {
-                    PeerWork::default()
-                };
-                pods.push(Pod {
-                    address,
-                    engine,
-                    health,
-                    failures,
-                    scraped_at_ms,
-                    waiting,
-                    running,
-                    kv_usage,
-                    block_size,
-                    num_blocks,
-                    lora,
-                    peers,
-                });
-            }
-            let contexts = if peer_contexts {
-                read_contexts(&mut r, "peer contexts")?
-            } else {
-                Vec::new()
-            };
-            pools.push(Pool {
-                name,
-                cluster,
-                models,
-                pods,
-                peer_contexts: contexts,
-            });
+            pools.push(read_pool(&mut r, peer_work, peer_contexts)?);
         }
-        // One encoding per snapshot: a flag is set exactly when what it announces is there.
-        if peer_work
-            && pools
-                .iter()
-                .flat_map(|p| &p.pods)
-                .all(|p| p.peers.is_none())
-        {
-            return Err(DecodeError::Invalid(
-                "flag FLAG_PEER_WORK set but no pod carries other replicas' work".into(),
-            ));
-        }
-        if peer_contexts && pools.iter().all(|p| p.peer_contexts.is_empty()) {
-            return Err(DecodeError::Invalid(
-                "flag FLAG_PEER_CONTEXTS set but no pool lists a context".into(),
-            ));
-        }
-        if r.pos != bytes.len() {
-            return Err(DecodeError::TrailingBytes {
-                at: r.pos,
-                extra: bytes.len() - r.pos,
-            });
-        }
+        let rewrites = if flags & FLAG_REWRITES != 0 {
+            Some(rewrites::read_rewrites(&mut r)?)
+        } else {
+            None
+        };
+        check_flags_announce_content(&pools, peer_work, peer_contexts)?;
+        r.end()?;
         let snap = Snapshot {
             generation,
             created_ms,
             pools,
+            rewrites,
         };
         snap.validate()?;
         Ok(snap)
     }
 
     /// The rules every snapshot obeys: non-empty unique pool names, a cluster per pool,
+    /// a rewrites section within its limits ([`rewrites`]),
     /// `ip:port` pod addresses unique within a pool, KV use within [0, 1].
     pub fn validate(&self) -> Result<(), DecodeError> {
         let bad = |m: String| Err(DecodeError::Invalid(m));
@@ -676,13 +726,17 @@ impl Snapshot {
                 }
             }
         }
+        if let Some(rules) = &self.rewrites {
+            rewrites::validate_rewrites(rules)?;
+        }
         Ok(())
     }
 
     /// True when both snapshots describe the same fleet state, ignoring when it was observed
     /// (`generation`, `created_ms`, `scraped_at_ms`). The sidecar pushes only on a change.
     pub fn same_state(&self, other: &Snapshot) -> bool {
-        self.pools.len() == other.pools.len()
+        self.rewrites == other.rewrites
+            && self.pools.len() == other.pools.len()
             && self.pools.iter().zip(&other.pools).all(|(a, b)| {
                 a.name == b.name
                     && a.cluster == b.cluster

@@ -369,6 +369,7 @@ mod tests {
             ..Pod::default()
         };
         Snapshot {
+            rewrites: None,
             generation: 1,
             created_ms: 1,
             pools: vec![Pool {
@@ -551,7 +552,7 @@ mod tests {
         assert!(!back.same_state(&Snapshot::decode(&plain).unwrap()));
         // A flag this build does not know is still refused.
         let mut odd = with.clone();
-        odd[6] |= 0x04;
+        odd[6] |= 0x08;
         assert!(matches!(
             Snapshot::decode(&odd),
             Err(DecodeError::UnsupportedFlags(_))

@@ -11,6 +11,7 @@ use super::*;
 
 fn one_pod() -> Snapshot {
     Snapshot {
+        rewrites: None,
         generation: 7,
         created_ms: 0x0102,
         pools: vec![Pool {
@@ -125,13 +126,23 @@ fn header_errors_say_what_is_wrong() {
     assert_eq!(e, DecodeError::UnsupportedVersion(2));
     assert!(e.to_string().contains("version 2"));
     // Bit 0 is FLAG_PEER_WORK (then every pod carries 8 more bytes), bit 1
-    // FLAG_PEER_CONTEXTS (then every pool ends with its list); the others are unknown.
+    // FLAG_PEER_CONTEXTS (then every pool ends with its list), bit 2 FLAG_REWRITES (then the
+    // snapshot ends with its rules); the others are unknown.
     let mut b = ONE_POD_BYTES.to_vec();
-    b[6] = 4;
+    b[6] = 8;
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::UnsupportedFlags(4)
+        DecodeError::UnsupportedFlags(8)
     );
+    let mut b = ONE_POD_BYTES.to_vec();
+    b[6] = 4;
+    assert!(matches!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::Truncated {
+            wanted: "rewrite rules",
+            ..
+        }
+    ));
     let mut b = ONE_POD_BYTES.to_vec();
     b[6] = 2;
     assert!(matches!(
@@ -295,6 +306,7 @@ mod signatures {
     #[test]
     fn only_the_right_signature_over_the_same_bytes_verifies() {
         let snap = Snapshot {
+            rewrites: None,
             generation: 7,
             created_ms: 1,
             pools: vec![],

@@ -299,8 +299,25 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
         "generation": meta.map(|m| m.generation),
         "age_ms": meta.map(|m| now_ms.saturating_sub(m.accepted_ms)),
         "pools": pools,
+        "rewrites": snap.as_ref().and_then(|s| s.rewrites.as_deref()).map(rewrites_json),
     })
     .to_string()
+}
+
+/// The snapshot's rewrite rules as the sidecar sent them (before this proxy resolved them).
+fn rewrites_json(rules: &[llm_router_snapshot::RewriteRule]) -> serde_json::Value {
+    rules
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "model": r.model,
+                "sticky": r.sticky.name(),
+                "targets": r.targets.iter().map(|t| serde_json::json!({
+                    "model": t.model, "weight": t.weight,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -316,6 +333,7 @@ mod tests {
 
     fn snap_at(generation: u64, address: &str) -> Vec<u8> {
         Snapshot {
+            rewrites: None,
             generation,
             created_ms: 5,
             pools: vec![Pool {

@@ -5,6 +5,7 @@ use crate::fleet::Cache;
 use crate::host::{self, HostStore};
 use crate::metrics::Metrics;
 use crate::stream::{RouteState, WaitingRequest};
+use llm_router_core::config::DroppedRewrite;
 use llm_router_core::flow::{summary, Queue};
 use llm_router_core::{inflight, Config, Fleet, Router};
 use proxy_wasm::types::LogLevel;
@@ -47,6 +48,8 @@ pub struct Worker {
     pub waiting_elsewhere: HashMap<String, (u64, Vec<u64>)>,
     /// When the gauges were last set (ms).
     pub gauges_ms: u64,
+    /// The snapshot's rewrite rules that did not resolve, as last logged.
+    pub dropped_rewrites: Vec<DroppedRewrite>,
 }
 
 impl Worker {
@@ -73,14 +76,38 @@ impl Worker {
             wake_queues: HashMap::new(),
             waiting_elsewhere: HashMap::new(),
             gauges_ms: 0,
+            dropped_rewrites: Vec::new(),
         }
     }
 
     /// The newest fleet in shared data (decoded once per generation).
     pub fn fleet(&mut self) -> Option<Rc<Fleet>> {
         let Worker { cache, router, .. } = self;
-        cache.current(&HostStore, &router.config)
+        let fleet = cache.current(&HostStore, &router.config);
+        if let Some(f) = &fleet {
+            log_dropped_rewrites(&mut self.dropped_rewrites, &f.dropped_rewrites);
+        }
+        fleet
     }
+}
+
+/// Logs the snapshot's rewrite rules that did not resolve against this configuration (each
+/// naming its rule and the target at fault) when they differ from the last ones logged: once
+/// per change, not once per snapshot (the sidecar repeats its rules in every push).
+fn log_dropped_rewrites(logged: &mut Vec<DroppedRewrite>, now: &[DroppedRewrite]) {
+    if logged.as_slice() == now {
+        return;
+    }
+    for d in now {
+        host::log(
+            LogLevel::Warn,
+            &format!(
+                "llm-router: snapshot rewrite rule for {:?} dropped: {}",
+                d.model, d.reason
+            ),
+        );
+    }
+    *logged = now.to_vec();
 }
 
 /// Counts one more decision in `requests` and returns its tie-break entropy: the clock, the

@@ -117,6 +117,7 @@ fn check_normalise(text: &str) {
     assert!(fast.kv_usage.is_none_or(|kv| (0.0..=1.0).contains(&kv)));
     // What the sidecar pushes for this pod (sidecar.rs `pod_entry`).
     let snapshot = Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: 1,
         pools: vec![Pool {

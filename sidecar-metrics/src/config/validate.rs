@@ -36,7 +36,12 @@ impl Config {
             ));
         }
         check_snapshot(&self.snapshot)?;
-        check_pools(&self.pools)
+        check_pools(&self.pools)?;
+        if let Some(r) = &self.rewrites {
+            crate::rewrites::check_rules("rewrites.rules", &r.rules)
+                .map_err(|e| invalid("rewrites", e))?;
+        }
+        Ok(())
     }
 
     /// Mode sidecar: the hubs it follows and how it talks to them and to its proxy's tally.

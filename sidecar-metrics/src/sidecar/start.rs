@@ -143,6 +143,13 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         Mode::Sidecar => None,
     };
     let follow = follow_hubs(&cfg, &cred, &stats, &shutdown_rx, &mut tasks)?;
+    let rewrites =
+        super::rewrite_sources::start(&cfg, &shutdown_rx, &mut tasks).map_err(|source| {
+            DiscoveryError::Kube {
+                pool: "rewrites.kubernetes".into(),
+                source,
+            }
+        })?;
     let (listener, face_addr) = bind(&cfg.listen).await?;
     stats.snapshot_budget(cfg.snapshot.max_bytes);
     let (snap_tx, snap_rx) = watch::channel(None);
@@ -153,7 +160,8 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
         cfg.scrape.interval_ms,
         shutdown_rx.clone(),
     ));
-    let lp = Loop::new(cfg, pools, out, stats.clone(), snap_tx, cred.replica);
+    let mut lp = Loop::new(cfg, pools, out, stats.clone(), snap_tx, cred.replica);
+    lp.rewrites = rewrites;
     let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
     tasks.push(loop_task);
     tasks.push(face_task);
@@ -400,6 +408,7 @@ impl Loop {
             last_hub_pods: None,
             push_started: None,
             peer_push_at: None,
+            rewrites: None,
             cfg,
         }
     }

@@ -393,6 +393,8 @@ pub fn config(
         listen: "127.0.0.1:0".into(),
         log: Default::default(),
         snapshot: Default::default(),
+        rewrites: None,
+        path: None,
         pools: vec![PoolConfig {
             name: "llama".into(),
             cluster: "pool_llama".into(),

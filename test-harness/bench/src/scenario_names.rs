@@ -14,7 +14,12 @@ pub const SCENARIOS: [&str; 6] = [
 ];
 /// Scenarios on real vLLM pods (CPU build, the project's tiny models; `./build.sh setup-vllm`),
 /// in the order of the tables after [`SCENARIOS`]; run only when named (`--scenario`).
-pub const REAL_SCENARIOS: [&str; 3] = ["vllm_uneven", "vllm_shared_prefix", "vllm_lora"];
+pub const REAL_SCENARIOS: [&str; 4] = [
+    "vllm_uneven",
+    "vllm_shared_prefix",
+    "vllm_lora",
+    "vllm_limited",
+];
 
 /// Every scenario a report may hold, in table order: the emulated ones, then the real ones.
 pub fn all_scenarios() -> impl Iterator<Item = &'static str> {

@@ -314,6 +314,7 @@ async fn env_secret_signs_pushes(label: &str, envoy: &EnvoyProcess) {
         .unwrap()
         .as_millis() as u64;
     let snap = llm_router_snapshot::Snapshot {
+        rewrites: None,
         generation: now,
         created_ms: now,
         pools: vec![],
@@ -580,6 +581,7 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
         ..llm_router_snapshot::Pod::default()
     };
     let snap = llm_router_snapshot::Snapshot {
+        rewrites: None,
         generation: now,
         created_ms: now,
         pools: vec![llm_router_snapshot::Pool {

@@ -67,6 +67,7 @@ fn now_ms() -> u64 {
 /// A snapshot of the pool whose pods have these queue lengths (the shortest is ranked first).
 fn snapshot(pods: &[(SocketAddr, u32)]) -> Snapshot {
     Snapshot {
+        rewrites: None,
         // Below any generation the sidecar uses (the Unix time in ms at its start).
         generation: now_ms() / 2,
         created_ms: now_ms(),

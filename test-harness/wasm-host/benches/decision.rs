@@ -53,6 +53,7 @@ fn fleet(n: usize, now_ms: u64) -> Snapshot {
         })
         .collect();
     Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: now_ms,
         pools: vec![Pool {

@@ -147,3 +147,108 @@ fn a_sticky_rule_keeps_every_turn_of_a_conversation_on_one_target() {
     }
     assert!(per_target[0] > 30, "{per_target:?}");
 }
+
+/// The snapshot's `chat` rule (`LLAMA` / `QWEN` at these weights) and a rule whose target no
+/// configured pool serves, with the two-pool fleet, at `generation`.
+fn snapshot_with_rules(host: &Host, generation: u64, llama: u32, qwen: u32) -> Vec<u8> {
+    use llm_router_snapshot::{RewriteRule, RewriteSticky, RewriteTarget, Snapshot};
+    let target = |model: &str, weight| RewriteTarget {
+        model: model.into(),
+        weight,
+    };
+    let mut snap = Snapshot::decode(&snapshot(
+        host,
+        generation,
+        vec![
+            pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
+            ),
+            pool(
+                "qwen",
+                "pool_qwen",
+                &[QWEN],
+                vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
+            ),
+        ],
+    ))
+    .unwrap();
+    snap.rewrites = Some(vec![
+        RewriteRule {
+            model: "chat".into(),
+            sticky: RewriteSticky::None,
+            targets: vec![target(LLAMA, llama), target(QWEN, qwen)],
+        },
+        RewriteRule {
+            model: "typo".into(),
+            sticky: RewriteSticky::None,
+            targets: vec![target("no-such-model", 1)],
+        },
+    ]);
+    snap.encode().unwrap()
+}
+
+/// The share of 200 `chat` requests served by `QWEN`.
+fn qwen_share(vm: &Vm) -> f64 {
+    let to_qwen = (0..200)
+        .filter(|i| {
+            let mut r = chat(vm, "chat", &format!("question {i}"));
+            assert!(r.local_response().is_none(), "{}", r.explain());
+            answer(&mut r).as_deref() == Some(QWEN)
+        })
+        .count();
+    to_qwen as f64 / 200.0
+}
+
+/// Issue 43: the snapshot's rules replace the configured ones in the same VM, a weight change
+/// is the next push (no new configuration), and a rule that does not resolve is logged once,
+/// naming the rule and its target, while the others apply.
+#[test]
+fn the_snapshot_rules_replace_the_configured_ones_and_change_with_the_next_push() {
+    let host = host();
+    // Configured: 90/10. The snapshot's rules win over them.
+    let vm = host.vm(&config_with(&rules("none"))).unwrap();
+    push_ok(&vm, &snapshot_with_rules(&host, 1, 100, 0));
+    assert_eq!(qwen_share(&vm), 0.0);
+    push_ok(&vm, &snapshot_with_rules(&host, 2, 0, 100));
+    assert_eq!(qwen_share(&vm), 1.0);
+    // The same rules again: nothing new to log.
+    push_ok(&vm, &snapshot_with_rules(&host, 3, 0, 100));
+    assert_eq!(qwen_share(&vm), 1.0);
+    let dropped: Vec<String> = vm
+        .logs()
+        .into_iter()
+        .map(|l| l.message)
+        .filter(|m| m.contains("snapshot rewrite rule for \"typo\" dropped"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert!(dropped[0].contains("\"no-such-model\""), "{}", dropped[0]);
+    let r = chat(&vm, "typo", "hi");
+    assert_eq!(r.local_response().map(|l| l.status), Some(404));
+    // A snapshot without the section: the configured 90/10 rule again.
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            4,
+            vec![
+                pool(
+                    "llama",
+                    "pool_llama",
+                    &[LLAMA],
+                    vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
+                ),
+                pool(
+                    "qwen",
+                    "pool_qwen",
+                    &[QWEN],
+                    vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
+                ),
+            ],
+        ),
+    );
+    let share = qwen_share(&vm);
+    assert!((0.02..=0.25).contains(&share), "{share}");
+}

@@ -65,6 +65,7 @@ fn snapshot(pods: usize) -> Snapshot {
         })
         .collect();
     Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: NOW_MS,
         pools: vec![Pool {

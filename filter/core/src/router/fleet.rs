@@ -1,8 +1,9 @@
-use crate::config::Config;
+use crate::config::{resolve_snapshot_rewrites, Config, DroppedRewrite};
 use crate::inflight::{self, Table};
 use crate::lora;
 use crate::prefix;
 use crate::replica_prior;
+use crate::rewrite::Rewrites;
 use crate::shortlist::Shortlist;
 use crate::store::SharedStore;
 use llm_router_snapshot::Snapshot;
@@ -82,6 +83,35 @@ impl PoolIndex {
     }
 }
 
+/// The snapshot's rewrite rules resolved against `config` ([`resolve_snapshot_rewrites`]):
+/// once per accepted generation, and not even then when `prev` carried the same rules (a
+/// sidecar repeats them in every snapshot).
+fn snapshot_rewrites(
+    snapshot: &Snapshot,
+    config: &Config,
+    prev: Option<&Fleet>,
+) -> (Option<Rewrites>, Vec<DroppedRewrite>) {
+    let Some(rules) = &snapshot.rewrites else {
+        return (None, Vec::new());
+    };
+    // Targets may resolve through the snapshot's pools: reused only when those are the same.
+    let same_pools = |p: &Fleet| {
+        p.snapshot.pools.len() == snapshot.pools.len()
+            && p.snapshot
+                .pools
+                .iter()
+                .zip(&snapshot.pools)
+                .all(|(a, b)| a.name == b.name && a.models == b.models)
+    };
+    if let Some(prev) =
+        prev.filter(|p| p.snapshot.rewrites.as_ref() == Some(rules) && same_pools(p))
+    {
+        return (prev.rewrites.clone(), prev.dropped_rewrites.clone());
+    }
+    let (rewrites, dropped) = resolve_snapshot_rewrites(snapshot, config);
+    (Some(rewrites), dropped)
+}
+
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
 #[derive(Debug, Clone)]
 pub struct Fleet {
@@ -94,6 +124,11 @@ pub struct Fleet {
     pub(super) models: HashMap<String, (usize, bool)>,
     /// Per snapshot pool.
     pub(super) pools: Vec<PoolIndex>,
+    /// The snapshot's rewrite rules resolved against the configuration, in force instead of
+    /// the configured ones; `None` when the snapshot has no rewrites section.
+    pub rewrites: Option<Rewrites>,
+    /// The snapshot's rules that did not resolve (logged by the filter when they change).
+    pub dropped_rewrites: Vec<DroppedRewrite>,
 }
 
 impl Fleet {
@@ -139,12 +174,15 @@ impl Fleet {
             .enumerate()
             .map(|(i, pool)| PoolIndex::new(pool, baselines.get(i), config, prev))
             .collect();
+        let (rewrites, dropped_rewrites) = snapshot_rewrites(&snapshot, config, prev);
         Fleet {
             snapshot,
             accepted_ms,
             baselines,
             models,
             pools,
+            rewrites,
+            dropped_rewrites,
         }
     }
 

@@ -108,6 +108,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
         .set(&inflight::baseline_key("llama"), &baseline.encode(), None)
         .unwrap();
     let snapshot = Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: NOW_MS,
         pools: vec![Pool {

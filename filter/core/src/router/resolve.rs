@@ -2,6 +2,7 @@ use super::fleet::Fleet;
 use super::{Context, Router};
 use crate::config::PoolConfig;
 use crate::request::ParsedRequest;
+use crate::rewrite::Rewrites;
 
 /// What a request's model name resolves to ([`Router::resolve`]).
 pub(super) struct Resolved {
@@ -12,6 +13,15 @@ pub(super) struct Resolved {
 }
 
 impl Router {
+    /// The rewrite rules in force: the snapshot's when it carries a rewrites section (the
+    /// sidecar manages them, so a weight change needs no configuration change), else the
+    /// configured ones.
+    pub fn rewrites<'r>(&'r self, fleet: Option<&'r Fleet>) -> &'r Rewrites {
+        fleet
+            .and_then(|f| f.rewrites.as_ref())
+            .unwrap_or(&self.config.rewrites)
+    }
+
     /// Resolves a request's model name: the pool settings, the body's new `model` (an alias's
     /// rewrite, or the target a rewrite rule chose), whether the served name is an adapter, and
     /// the served name when a rewrite rule chose it ([`crate::rewrite`]; drawn from `ctx.tie`,
@@ -23,7 +33,8 @@ impl Router {
         fleet: Option<&'r Fleet>,
     ) -> Option<Resolved> {
         let model = req.model.as_ref();
-        if let Some(rule) = self.config.rewrites.rule(model) {
+        let rewrites = self.rewrites(fleet);
+        if let Some(rule) = rewrites.rule(model) {
             let target = rule.choose(req, ctx.tie)?;
             let pool = self.config.pools.get(target.pool)?.clone();
             // A target that is itself an alias is served under the alias' rewrite.
@@ -51,7 +62,7 @@ impl Router {
             });
         }
         // A rewrite target that no pool's `models` lists is served only through its rule.
-        if self.config.rewrites.is_target(model) {
+        if rewrites.is_target(model) {
             return None;
         }
         let fleet = fleet?;

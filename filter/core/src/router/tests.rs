@@ -43,6 +43,7 @@ fn pod(addr: &str, waiting: u32, kv: f32) -> Pod {
 
 fn snapshot() -> Snapshot {
     Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: 1000,
         pools: vec![
@@ -1560,4 +1561,155 @@ fn a_pod_whose_ttft_grows_with_its_batch_is_not_loaded_while_a_limited_one_idles
         0,
         "equal batches: the KV fraction"
     );
+}
+
+/// The snapshot's canary rule with weights `(stable, canary)`: "llama" → the configured
+/// base model and the "discovered" pool's model, and a second rule whose target no
+/// configured pool serves.
+fn snapshot_with_rules(stable: u32, canary: u32) -> Snapshot {
+    use llm_router_snapshot::{RewriteRule, RewriteSticky, RewriteTarget};
+    let target = |model: &str, weight| RewriteTarget {
+        model: model.into(),
+        weight,
+    };
+    Snapshot {
+        rewrites: Some(vec![
+            RewriteRule {
+                model: "llama".into(),
+                sticky: RewriteSticky::None,
+                targets: vec![
+                    target("meta-llama/Llama-3.1-8B-Instruct", stable),
+                    target("mistral-7b", canary),
+                ],
+            },
+            RewriteRule {
+                model: "typo".into(),
+                sticky: RewriteSticky::Conversation,
+                targets: vec![target("no-such-model", 1)],
+            },
+        ]),
+        ..snapshot()
+    }
+}
+
+/// CONFIG with the "discovered" pool configured (no models: the canary's served name is the
+/// snapshot's) and a configured rule the snapshot's rules replace.
+fn config_with_a_rule() -> String {
+    CONFIG.replacen(
+        r#""top_k": 2"#,
+        r#""top_k": 2, "rewrites": [{"model": "llama", "targets": [{"model": "Qwen/Qwen3-32B"}]}]"#,
+        1,
+    )
+    .replacen(
+        r#"{"name": "qwen","#,
+        r#"{"name": "discovered", "cluster": "pool_discovered"}, {"name": "qwen","#,
+        1,
+    )
+}
+
+/// A snapshot's rewrites section replaces the configured rules, resolved once with the fleet:
+/// the weight change of a canary is a new snapshot, not a new configuration.
+#[test]
+fn the_snapshot_rules_replace_the_configured_ones_and_follow_their_weights() {
+    let r = router(&config_with_a_rule());
+    let s = MemoryStore::new();
+    // Without a section: the configured rule.
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    assert!(fleet.rewrites.is_none());
+    let out = go(&r, &s, Some(&fleet), &chat("llama", "hi"), ctx(1100)).unwrap();
+    assert_eq!(out.served_model.as_deref(), Some("Qwen/Qwen3-32B"));
+    // No snapshot at all: still the configured rule.
+    assert_eq!(r.rewrites(None), &r.config.rewrites);
+    for (stable, canary, want) in [
+        (100, 0, "pool_llama"),
+        (0, 100, "pool_discovered"),
+        (100, 0, "pool_llama"),
+    ] {
+        let fleet = Fleet::new(snapshot_with_rules(stable, canary), 1000, vec![], &r.config);
+        for tie in 0..50 {
+            let c = Context { tie, ..ctx(1100) };
+            let out = go(&r, &s, Some(&fleet), &chat("llama", "hi"), c).unwrap();
+            assert_eq!(out.cluster, want, "{stable}/{canary}");
+            r.finished(
+                &s,
+                &out.pool,
+                &out.inflight_pod.unwrap(),
+                out.pending_tokens,
+            );
+        }
+    }
+}
+
+/// A snapshot rule whose target no configured pool serves is dropped when the fleet is built,
+/// naming the rule and the target; the others apply; the dropped rule's model is then simply
+/// not rewritten (here: not a model at all, 404), never a panic.
+#[test]
+fn a_snapshot_rule_that_does_not_resolve_is_dropped_and_named() {
+    let r = router(&config_with_a_rule());
+    let fleet = Fleet::new(snapshot_with_rules(0, 100), 1000, vec![], &r.config);
+    let rules = fleet.rewrites.as_ref().unwrap();
+    assert_eq!(rules.rules.len(), 1);
+    assert_eq!(rules.rules[0].model, "llama");
+    assert_eq!(
+        rules.rules[0].salt,
+        crate::rewrite::sticky_salt("router-test-secret-0123456789abcdef")
+    );
+    assert_eq!(fleet.dropped_rewrites.len(), 1);
+    let dropped = &fleet.dropped_rewrites[0];
+    assert_eq!(dropped.model, "typo");
+    assert!(
+        dropped.reason.contains("\"typo\"") && dropped.reason.contains("\"no-such-model\""),
+        "{}",
+        dropped.reason
+    );
+    let s = MemoryStore::new();
+    let e = go(&r, &s, Some(&fleet), &chat("typo", "hi"), ctx(1100)).unwrap_err();
+    assert_eq!(e.status, 404);
+    // Weights are checked as configured ones are: all zero, or above the maximum, drops.
+    for weights in [(0, 0), (crate::config::MAX_REWRITE_WEIGHT + 1, 1)] {
+        let fleet = Fleet::new(
+            snapshot_with_rules(weights.0, weights.1),
+            1000,
+            vec![],
+            &r.config,
+        );
+        assert!(fleet.rewrites.as_ref().unwrap().rule("llama").is_none());
+        assert_eq!(fleet.dropped_rewrites.len(), 2, "{weights:?}");
+    }
+    // An empty section: no rule in force, the configured one included.
+    let empty = Snapshot {
+        rewrites: Some(vec![]),
+        ..snapshot()
+    };
+    let fleet = Fleet::new(empty, 1000, vec![], &r.config);
+    assert!(r.rewrites(Some(&fleet)).is_empty());
+}
+
+/// The next snapshot with the same rules and pools reuses the resolution (a sidecar repeats
+/// the rules every 50 ms); a weight change resolves again.
+#[test]
+fn the_rules_are_resolved_once_per_change() {
+    let r = router(&config_with_a_rule());
+    let first = Fleet::new(snapshot_with_rules(100, 0), 1000, vec![], &r.config);
+    let next = Fleet::new_after(
+        snapshot_with_rules(100, 0),
+        1050,
+        vec![],
+        &r.config,
+        Some(&first),
+    );
+    assert_eq!(next.rewrites, first.rewrites);
+    let changed = Fleet::new_after(
+        snapshot_with_rules(0, 100),
+        1100,
+        vec![],
+        &r.config,
+        Some(&next),
+    );
+    let weights: Vec<u32> = changed.rewrites.as_ref().unwrap().rules[0]
+        .targets
+        .iter()
+        .map(|t| t.weight)
+        .collect();
+    assert_eq!(weights, [0, 100]);
 }

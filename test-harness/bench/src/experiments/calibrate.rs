@@ -63,6 +63,10 @@ pub async fn capacity(
     measure(&fleet, &[], reqs, concurrency, secs).await
 }
 
+/// Offered rate of the prompts a capacity measurement draws from when the scenario has no
+/// nominal rate yet (wall req/s; only the number of distinct bodies depends on it).
+const CAPACITY_PROMPTS_RPS: f64 = 10.0;
+
 /// Measure one pod of each profile of scenario `name`'s fleet (its first pod of that profile,
 /// at the scenario's quick-mode speed-up) on the scenario's own requests, in order.
 /// `twin`: measure a real scenario's pods as their model-sim twins instead (the emulator's
@@ -79,7 +83,14 @@ pub async fn scenario_capacity(
     };
     let sc = crate::experiments::scenarios::scenario(name, mode)
         .ok_or_else(|| format!("no scenario {name}"))?;
-    let reqs = generate(&sc.workload);
+    let mut reqs = generate(&sc.workload);
+    if reqs.is_empty() {
+        // A scenario whose pods were never measured has no nominal rate yet: its prompts at
+        // any rate are the same kind (the closed loop only draws bodies from them).
+        let at = crate::experiments::scenarios::scenario_at(name, mode, CAPACITY_PROMPTS_RPS)
+            .ok_or_else(|| format!("no scenario {name}"))?;
+        reqs = generate(&at.workload);
+    }
     let mut out = Vec::new();
     let mut seen = Vec::new();
     for p in &sc.fleet.pods {
@@ -153,6 +164,9 @@ async fn measure(
     concurrency: usize,
     secs: u64,
 ) -> Result<Capacity, String> {
+    if reqs.is_empty() {
+        return Err("no requests to measure with".into());
+    }
     let profile = fleet.pods.first().map_or("", |p| p.profile);
     let speedup = fleet.speedup;
     let pods = start_pods(fleet, adapters)

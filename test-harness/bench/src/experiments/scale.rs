@@ -273,6 +273,7 @@ pub fn synthetic(size: FleetSize, addresses: &[String], now_ms: u64, seed: u64) 
         pools[i % size.pools].addresses.push(a.clone());
     }
     let snapshot = Snapshot {
+        rewrites: None,
         generation: 1,
         created_ms: now_ms,
         pools: pools

@@ -113,7 +113,7 @@ impl Mode {
 pub const NAMES: [&str; 6] = crate::scenario_names::SCENARIOS;
 
 /// Names of the scenarios on real vLLM pods (`./build.sh setup-vllm`), run only when named.
-pub const REAL_NAMES: [&str; 3] = crate::scenario_names::REAL_SCENARIOS;
+pub const REAL_NAMES: [&str; 4] = crate::scenario_names::REAL_SCENARIOS;
 
 /// Every scenario name: emulated, then real.
 pub fn all_names() -> impl Iterator<Item = &'static str> {
@@ -140,6 +140,7 @@ pub const CAPACITY: &[(&str, &str, f64)] = &[
     ("vllm_uneven", "cpu-large", VLLM_UNEVEN_LARGE),
     ("vllm_shared_prefix", "cpu-small", VLLM_SHARED_SMALL),
     ("vllm_lora", "cpu-small", VLLM_LORA_SMALL),
+    ("vllm_limited", "cpu-small", VLLM_LIMITED_SMALL),
 ];
 
 // Measured capacities of the real pods (see CAPACITY) on the reference machine (Intel Xeon, 2
@@ -152,6 +153,9 @@ const VLLM_UNEVEN_SMALL: f64 = 21.31;
 const VLLM_UNEVEN_LARGE: f64 = 6.87;
 const VLLM_SHARED_SMALL: f64 = 16.6;
 const VLLM_LORA_SMALL: f64 = 8.96;
+/// The limited pod of `vllm_limited` (`--max-num-seqs 4`, 48 KV blocks), measured the same
+/// way on the same machine on 2026-12-06 with nothing else running.
+const VLLM_LIMITED_SMALL: f64 = 9.71;
 
 /// One pod's measured capacity for `scenario` on `profile` (emulated req/s). A real pod's is
 /// this machine's own measurement when there is one ([`local_capacity`]): a CPU engine's speed
@@ -541,6 +545,36 @@ fn design(name: &str) -> Option<Design> {
             condition: Condition::None,
             drain_s: 30.0,
         },
+        "vllm_limited" => Design {
+            engine: PodEngine::Vllm,
+            about: "real vLLM: 2 pods of equal compute, one with 4 sequences and 48 KV blocks, light load",
+            card: VLLM_LIMITED_CARD,
+            // The limited pod first: the bench measures the first pod of each profile, so the
+            // capacity below is the limited pod's.
+            pods: pods(&["cpu-small", "cpu-small"], real_limits)
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut p)| {
+                    if i == 0 {
+                        p.max_num_seqs = Some(4);
+                        p.kv_blocks = Some(48);
+                    }
+                    p
+                })
+                .collect(),
+            prompts: Prompts::Independent {
+                prompt_tokens: Range::new(300, 1200),
+                max_tokens: Range::new(30, 150),
+            },
+            // Light: each pod gets a third of the limited pod's capacity under round robin, so
+            // neither pod's limit binds (issue 40's case: round robin's TTFT p95 < 300 ms).
+            load: 1.0 / 3.0,
+            bursts: None,
+            adapters: vec![],
+            slo_ms: 1000.0,
+            condition: Condition::None,
+            drain_s: 30.0,
+        },
         _ => return None,
     })
 }
@@ -586,6 +620,17 @@ kept in the CPU cache.
 waits in the engine's queue (`waiting_lora_adapters`).
 - **Check**: none.
 - **SLO**: TTFT p95 ≤ 1 s; **floor**: from the fitted twin, the adapter resident.";
+
+const VLLM_LIMITED_CARD: &str = "\
+- **Fleet**: 2 real vLLM `cpu-small` pods, one core each, equal compute: one limited to \
+`--max-num-seqs 4` and 48 KV blocks (6,144 tokens), the other with the real pods' 16 and 128.
+- **Traffic**: Poisson; prompts 300–1,200 tokens, 30–150 output tokens (`ignore_eos`); a third \
+of 2 × the limited pod's measured capacity: neither pod's limit binds.
+- **Anchor**: issue 40's light-load case, where the filter sent 58–75 % of requests to the larger \
+pod (its KV fraction is lower) and lost the median to round robin.
+- **Check**: none.
+- **SLO**: TTFT p95 ≤ 1 s; **floor**: TTFT p95 alone on an idle `cpu-small`, from its fitted \
+model-sim twin (CALIBRATION.md).";
 
 /// Measured capacity of `pods` for scenario `name`, emulated req/s.
 fn fleet_capacity(name: &str, pods: &[PodSpec]) -> f64 {

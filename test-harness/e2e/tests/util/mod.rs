@@ -121,6 +121,7 @@ pub fn with_lora(mut p: Pod, running: &[&str], max: u16) -> Pod {
 
 pub fn snapshot(pools: Vec<(&TestPool, Vec<Pod>)>) -> Snapshot {
     Snapshot {
+        rewrites: None,
         generation: next_generation(),
         created_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)

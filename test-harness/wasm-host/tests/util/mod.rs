@@ -123,6 +123,7 @@ pub fn pool(name: &str, cluster: &str, models: &[&str], pods: Vec<Pod>) -> Pool 
 pub fn snapshot(host: &Host, generation: u64, pools: Vec<Pool>) -> Vec<u8> {
     let now = host.now_ms();
     let mut snap = Snapshot {
+        rewrites: None,
         generation,
         created_ms: now,
         pools,
