@@ -18,28 +18,26 @@ fn rules(sticky: &str) -> String {
     )
 }
 
-fn fleet(host: &Host, vm: &Vm) {
-    push_ok(
-        vm,
-        &snapshot(
-            host,
-            1,
-            vec![
-                pool(
-                    "llama",
-                    "pool_llama",
-                    &[LLAMA],
-                    vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
-                ),
-                pool(
-                    "qwen",
-                    "pool_qwen",
-                    &[QWEN],
-                    vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
-                ),
-            ],
+/// The two pools every test here routes over, one pod each.
+fn two_pools() -> Vec<llm_router_snapshot::Pool> {
+    vec![
+        pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
         ),
-    );
+        pool(
+            "qwen",
+            "pool_qwen",
+            &[QWEN],
+            vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
+        ),
+    ]
+}
+
+fn fleet(host: &Host, vm: &Vm) {
+    push_ok(vm, &snapshot(host, 1, two_pools()));
 }
 
 /// Answers from the chosen pod and returns the served-model response header.
@@ -156,25 +154,7 @@ fn snapshot_with_rules(host: &Host, generation: u64, llama: u32, qwen: u32) -> V
         model: model.into(),
         weight,
     };
-    let mut snap = Snapshot::decode(&snapshot(
-        host,
-        generation,
-        vec![
-            pool(
-                "llama",
-                "pool_llama",
-                &[LLAMA],
-                vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
-            ),
-            pool(
-                "qwen",
-                "pool_qwen",
-                &[QWEN],
-                vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
-            ),
-        ],
-    ))
-    .unwrap();
+    let mut snap = Snapshot::decode(&snapshot(host, generation, two_pools())).unwrap();
     snap.rewrites = Some(vec![
         RewriteRule {
             model: "chat".into(),
@@ -228,27 +208,7 @@ fn the_snapshot_rules_replace_the_configured_ones_and_change_with_the_next_push(
     let r = chat(&vm, "typo", "hi");
     assert_eq!(r.local_response().map(|l| l.status), Some(404));
     // A snapshot without the section: the configured 90/10 rule again.
-    push_ok(
-        &vm,
-        &snapshot(
-            &host,
-            4,
-            vec![
-                pool(
-                    "llama",
-                    "pool_llama",
-                    &[LLAMA],
-                    vec![pod("10.0.1.1:8000", 0, 1, 0.1)],
-                ),
-                pool(
-                    "qwen",
-                    "pool_qwen",
-                    &[QWEN],
-                    vec![pod("10.0.2.1:8000", 0, 1, 0.1)],
-                ),
-            ],
-        ),
-    );
+    push_ok(&vm, &snapshot(&host, 4, two_pools()));
     let share = qwen_share(&vm);
     assert!((0.02..=0.25).contains(&share), "{share}");
 }
