@@ -62,17 +62,6 @@ impl Candidate<'_> {
         reported.max(known) as f64
     }
 
-    /// Requests the pod is serving beside its queue, whose steps a new request shares: the
-    /// corrected load less the corrected queue (this proxy's own in-flight requests with a
-    /// stale snapshot). What [`crate::predict::Fit`] learns a pod's batch effect against, so
-    /// the same count at routing and at prediction.
-    pub fn batch(&self, mode: Mode) -> f64 {
-        match mode {
-            Mode::Full => (self.est_load() - self.est_waiting()).max(0.0),
-            Mode::LeastInflight => f64::from(self.in_flight),
-        }
-    }
-
     /// Prefill work queued on the pod, in tokens: the pending prompts of this proxy and of the
     /// other replicas that report to a hub, or the engine's waiting requests at the pool's mean
     /// prompt size when that is more (work of proxies that report nothing).
@@ -92,10 +81,9 @@ impl Candidate<'_> {
 
     /// Predicted time to first token of this request on this pod (ms).
     pub fn predicted_ttft_ms(&self, f: &Features<'_>, mode: Mode) -> f64 {
-        self.rate.ttft_ms(
-            self.queued_tokens(f, mode) + self.uncached_tokens(f),
-            self.batch(mode),
-        ) + self.adapter_ms.max(0.0)
+        self.rate
+            .ttft_ms(self.queued_tokens(f, mode) + self.uncached_tokens(f))
+            + self.adapter_ms.max(0.0)
     }
 }
 

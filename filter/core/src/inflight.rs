@@ -24,17 +24,17 @@
 //! an adapter there to finish its requests ([`crate::lora::Placement::blocked`]), a wait in
 //! request lives, not in prefill tokens.
 //!
-//! Encoding (little-endian): `b'L' | version u8 = 6 | mean_prefill_tokens f32 | count u16 |
-//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 13 × f64 | errors u16 |
+//! Encoding (little-endian): `b'L' | version u8 = 5 | mean_prefill_tokens f32 | count u16 |
+//! (len u8 | address | in_flight u32 | pending_tokens u32 | fit 8 × f64 | errors u16 |
 //! ejected_until_ms u64 | life_ms f32) * count`. A value that
 //! does not decode reads as empty: the table is an estimate and heals itself.
 
-use crate::predict::{Fit, Observation};
+use crate::predict::Fit;
 use crate::store::SharedStore;
 use crate::wire::Reader;
 use std::collections::BTreeMap;
 
-const TAG: [u8; 2] = [b'L', 6];
+const TAG: [u8; 2] = [b'L', 5];
 /// Consecutive server errors after which a pod is put behind the others (Envoy's
 /// `consecutive_5xx` default is 5; the shipped clusters use the same).
 pub const EJECT_AFTER_ERRORS: u16 = 5;
@@ -143,11 +143,6 @@ impl Table {
                     pn: r.f64()?,
                     pww: r.f64()?,
                     pwt: r.f64()?,
-                    sb: r.f64()?,
-                    sbb: r.f64()?,
-                    swb: r.f64()?,
-                    sbt: r.f64()?,
-                    stt: r.f64()?,
                 },
                 errors: r.u16()?,
                 ejected_until_ms: r.u64()?,
@@ -168,7 +163,7 @@ impl Table {
                 .filter(|(a, _)| a.len() <= 255)
                 .take(usize::from(u16::MAX))
         };
-        let mut out = Vec::with_capacity(8 + self.entries.len() * 160);
+        let mut out = Vec::with_capacity(8 + self.entries.len() * 64);
         out.extend_from_slice(&TAG);
         out.extend_from_slice(&self.mean_prefill_tokens.to_le_bytes());
         out.extend_from_slice(&(kept().count() as u16).to_le_bytes());
@@ -179,7 +174,6 @@ impl Table {
             out.extend_from_slice(&l.pending_tokens.to_le_bytes());
             for x in [
                 l.fit.n, l.fit.sw, l.fit.st, l.fit.sww, l.fit.swt, l.fit.pn, l.fit.pww, l.fit.pwt,
-                l.fit.sb, l.fit.sbb, l.fit.swb, l.fit.sbt, l.fit.stt,
             ] {
                 out.extend_from_slice(&x.to_le_bytes());
             }
@@ -359,20 +353,20 @@ pub fn routed_after_read(
 }
 
 /// The first response byte of a request arrived from `addr`: its `tokens` are no longer
-/// pending, and when `observed` is given the pod's fit learns from it (its own `tokens` among
-/// the work tell whether it measured prefill speed).
+/// pending, and when `observed = Some((work, ttft_ms))` the pod's fit learns from it (its own
+/// `tokens` among the `work` tell whether it measured prefill speed).
 pub fn first_byte(
     store: &impl SharedStore,
     pool: &str,
     addr: &str,
     tokens: u32,
-    observed: Option<Observation>,
+    observed: Option<(f64, f64)>,
 ) -> bool {
     update(store, pool, |t| {
         t.with(addr, |l| {
             l.pending_tokens = l.pending_tokens.saturating_sub(tokens);
-            if let Some(o) = observed {
-                l.fit.observe(o, f64::from(tokens));
+            if let Some((work, ttft)) = observed {
+                l.fit.observe(work, f64::from(tokens), ttft);
             }
         });
     })
@@ -574,15 +568,6 @@ mod tests {
     use super::*;
     use crate::store::{MemoryStore, StoreError};
 
-    /// An observation of `work` tokens at batch 0.
-    fn seen(work: f64, ttft_ms: f64) -> Observation {
-        Observation {
-            work,
-            batch: 0.0,
-            ttft_ms,
-        }
-    }
-
     #[test]
     fn counts_and_pending_work_go_up_and_down_and_idle_entries_vanish() {
         let s = MemoryStore::new();
@@ -612,7 +597,7 @@ mod tests {
         routed(&s, "p", "10.0.0.1:8000", 100);
         routed(&s, "p", "10.0.0.1:8000", 300);
         routed(&s, "p", "10.0.0.2:8000", 50);
-        first_byte(&s, "p", "10.0.0.2:8000", 50, Some(seen(50.0, 20.0)));
+        first_byte(&s, "p", "10.0.0.2:8000", 50, Some((50.0, 20.0)));
         routed(&s, "q", "10.0.1.1:8000", 7);
         finished(&s, "q", "10.0.1.1:8000", 7); // ended: only its learned fit stays
         let t = tally(&s, ["p", "q", "absent"], 1_234);
@@ -639,7 +624,7 @@ mod tests {
                 "p",
                 "a:1",
                 100 * (i + 1),
-                Some(seen(f64::from(100 * (i + 1)), 50.0)),
+                Some((f64::from(100 * (i + 1)), 50.0)),
             );
             finished(&s, "p", "a:1", 0);
         }

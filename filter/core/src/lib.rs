@@ -48,7 +48,6 @@ pub mod weights;
 mod wire;
 
 pub use config::Config;
-pub use predict::Observation;
 pub use reject::Rejection;
 pub use request::{parse, ApiKind, ParsedRequest, RequestError};
 pub use router::{Context, Fleet, Hold, Route, RouteMode, Router};

@@ -25,20 +25,6 @@
 //! prefill. Through the origin (`Σ w·t / Σ w²`), it errs high by at most `base / w` (≈ 15 % on
 //! the emulated pods), never towards zero. The pod's cost is the larger of the two and the
 //! intercept is solved again for it.
-//!
-//! A pod's TTFT also grows with the requests it is already serving: each engine step runs the
-//! whole batch, so a new request's prefill shares its steps with every running decode (and on a
-//! CPU-served pod the API server streaming their tokens takes the same core). Prefill work
-//! alone does not see it: two pods with empty queues predict the same TTFT at 2 running
-//! requests and at 10, and a tie-break (the KV scorer's fraction, which favours the pod with
-//! more KV blocks) then loads one pod while another idles. Seen on two real vLLM pods of equal
-//! compute, one with fewer sequences and KV blocks: the filter sent 58–75 % of requests to the
-//! other and its TTFT p50 was 1.3–1.5× round robin's (issue 40). So the line has a second
-//! regressor, the pod's batch when the request was routed ([`crate::candidate::Candidate::batch`]):
-//! `ttft ≈ base + work × cost + batch × batch_ms`, solved by least squares on the same decayed
-//! sums. A pod whose steps barely slow with the batch (a GPU) learns a small `batch_ms`; one
-//! whose core is shared learns a large one. When the batch did not vary enough to separate its
-//! effect, or the effect comes out negative, `batch_ms` is 0 and the line is the one above.
 
 /// Weight kept by old observations at each new one (≈ the last 20 observations count).
 pub const DECAY: f64 = 0.95;
@@ -57,14 +43,6 @@ pub const PREFILL_MIN_OBSERVATIONS: f64 = 1.5;
 const MIN_COST_MS_PER_TOKEN: f64 = 1e-4;
 const MAX_COST_MS_PER_TOKEN: f64 = 100.0;
 const MAX_BASE_MS: f64 = 60_000.0;
-const MAX_BATCH_MS: f64 = 10_000.0;
-/// Variance of the batch (requests²) below which its effect is not fitted: a pod whose batch
-/// hardly changed says nothing about what a larger one costs.
-const BATCH_MIN_VARIANCE: f64 = 0.05;
-/// Standard errors taken off a fitted batch effect: what is kept is a lower bound on it (≈ 97.5
-/// % one-sided), so noise in the TTFTs (warm requests whose counted work is mostly already
-/// prefilled) does not pass for an effect and move traffic; 0 when the bound is not above 0.
-const BATCH_SURE_SE: f64 = 2.0;
 
 /// Decayed least-squares sums of (work tokens, TTFT ms) for one pod.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -79,13 +57,6 @@ pub struct Fit {
     pub pn: f64,
     pub pww: f64,
     pub pwt: f64,
-    /// Σ b, Σ b², Σ w·b and Σ b·t of the pod's batch `b` at routing, and Σ t² (for how
-    /// sure the batch effect is).
-    pub sb: f64,
-    pub sbb: f64,
-    pub swb: f64,
-    pub sbt: f64,
-    pub stt: f64,
 }
 
 /// A pod's predicted prefill behaviour.
@@ -95,53 +66,20 @@ pub struct Rate {
     pub cost_ms_per_token: f64,
     /// Fixed latency (scheduling, first decode step, network), ms.
     pub base_ms: f64,
-    /// Milliseconds each request in the pod's batch adds.
-    pub batch_ms: f64,
 }
 
 impl Rate {
-    /// A rate with no batch effect (a prior, a test).
-    pub const fn flat(cost_ms_per_token: f64, base_ms: f64) -> Rate {
-        Rate {
-            cost_ms_per_token,
-            base_ms,
-            batch_ms: 0.0,
-        }
+    /// Predicted time to first token for `work` tokens of prefill ahead of and including ours.
+    pub fn ttft_ms(&self, work_tokens: f64) -> f64 {
+        self.base_ms + work_tokens.max(0.0) * self.cost_ms_per_token
     }
-
-    /// Predicted time to first token for `work` tokens of prefill ahead of and including ours,
-    /// on a pod serving `batch` requests.
-    pub fn ttft_ms(&self, work_tokens: f64, batch: f64) -> f64 {
-        self.base_ms
-            + work_tokens.max(0.0) * self.cost_ms_per_token
-            + batch.max(0.0) * self.batch_ms
-    }
-}
-
-/// One observation of a pod: what was ahead of a request there when it was routed, and how
-/// long its first byte took.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Observation {
-    /// Prefill tokens ahead of and including the request's own uncached ones.
-    pub work: f64,
-    /// Requests the pod was serving ([`crate::candidate::Candidate::batch`]).
-    pub batch: f64,
-    pub ttft_ms: f64,
 }
 
 impl Fit {
-    /// Adds one observation (`own`: the request's uncached tokens among the work). Non-finite
-    /// or negative inputs are ignored.
-    pub fn observe(&mut self, o: Observation, own: f64) {
-        let Observation {
-            work,
-            batch,
-            ttft_ms,
-        } = o;
-        if !([work, batch, ttft_ms]
-            .iter()
-            .all(|x| x.is_finite() && *x >= 0.0))
-        {
+    /// Adds one observation: `work` tokens were ahead (including the request's `own` uncached
+    /// ones), the first byte came after `ttft_ms`. Non-finite or negative inputs are ignored.
+    pub fn observe(&mut self, work: f64, own: f64, ttft_ms: f64) {
+        if !(work.is_finite() && ttft_ms.is_finite() && work >= 0.0 && ttft_ms >= 0.0) {
             return;
         }
         let d = DECAY;
@@ -150,11 +88,6 @@ impl Fit {
         self.st = self.st * d + ttft_ms;
         self.sww = self.sww * d + work * work;
         self.swt = self.swt * d + work * ttft_ms;
-        self.sb = self.sb * d + batch;
-        self.sbb = self.sbb * d + batch * batch;
-        self.swb = self.swb * d + work * batch;
-        self.sbt = self.sbt * d + batch * ttft_ms;
-        self.stt = self.stt * d + ttft_ms * ttft_ms;
         if own.is_finite() && own >= PREFILL_MIN_TOKENS && own >= PREFILL_MIN_SHARE * work {
             let d = PREFILL_DECAY;
             self.pn = self.pn * d + 1.0;
@@ -183,97 +116,31 @@ impl Fit {
         if !self.trusted() || self.sw <= 0.0 {
             return None;
         }
-        let (mut cost, mut base, mut batch) = self
-            .line_with_batch()
-            .unwrap_or_else(|| self.line_without_batch());
+        let var = self.n * self.sww - self.sw * self.sw;
+        let (mut cost, mut base) = (f64::NAN, f64::NAN);
+        if var > 1e-9 * self.n * self.sww {
+            cost = (self.n * self.swt - self.sw * self.st) / var;
+            base = (self.st - cost * self.sw) / self.n;
+        }
+        if !(cost.is_finite() && base.is_finite() && cost > 0.0 && base >= 0.0) {
+            // Through the origin: minimises Σ(t − c·w)².
+            cost = if self.sww > 0.0 {
+                self.swt / self.sww
+            } else {
+                0.0
+            };
+            base = 0.0;
+        }
         // The regression's slope is diluted towards zero; the prefill-dominated observations'
-        // is not. The larger one wins and the rest of the line is solved again for it.
+        // is not. The larger one wins and the intercept follows it through the mean.
         if let Some(p) = self.prefill_cost().filter(|p| *p > cost) {
             cost = p;
-            (base, batch) = self.line_for_cost(p);
+            base = ((self.st - cost * self.sw) / self.n).max(0.0);
         }
         Some(Rate {
             cost_ms_per_token: cost.clamp(MIN_COST_MS_PER_TOKEN, MAX_COST_MS_PER_TOKEN),
             base_ms: base.clamp(0.0, MAX_BASE_MS),
-            batch_ms: batch.clamp(0.0, MAX_BATCH_MS),
         })
-    }
-
-    /// Centred sums: (Σ(w−w̄)², Σ(b−b̄)², Σ(w−w̄)(b−b̄), Σ(w−w̄)(t−t̄), Σ(b−b̄)(t−t̄),
-    /// Σ(t−t̄)²).
-    fn centred(&self) -> [f64; 6] {
-        let n = self.n;
-        [
-            self.sww - self.sw * self.sw / n,
-            self.sbb - self.sb * self.sb / n,
-            self.swb - self.sw * self.sb / n,
-            self.swt - self.sw * self.st / n,
-            self.sbt - self.sb * self.st / n,
-            self.stt - self.st * self.st / n,
-        ]
-    }
-
-    /// `(cost, base, batch_ms)` of the line in both work and batch, when the batch varied
-    /// enough, independently of the work, to tell their effects apart, and the batch effect is
-    /// sure to be positive ([`BATCH_SURE_SE`]; what is kept is its lower bound). Otherwise the
-    /// plain line stands.
-    fn line_with_batch(&self) -> Option<(f64, f64, f64)> {
-        let [ww, bb, wb, wt, bt, tt] = self.centred();
-        let det = ww * bb - wb * wb;
-        if !(bb > BATCH_MIN_VARIANCE * self.n && det > 1e-6 * ww * bb && self.n > 3.0) {
-            return None;
-        }
-        let cost = (wt * bb - wb * bt) / det;
-        let batch = (ww * bt - wb * wt) / det;
-        // Residual variance with three fitted parameters; Var(batch) = s² · Σ(w−w̄)² / det.
-        let s2 = ((tt - cost * wt - batch * bt) / (self.n - 3.0)).max(0.0);
-        let sure = batch - BATCH_SURE_SE * (s2 * ww / det).sqrt();
-        let base = (self.st - cost * self.sw - sure * self.sb) / self.n;
-        [cost, sure, base]
-            .iter()
-            .all(|x| x.is_finite() && *x > 0.0)
-            .then_some((cost, base, sure))
-    }
-
-    /// `(cost, base, 0)`: the line in work alone; through the origin when the work did not vary
-    /// enough to separate slope from intercept, or the line comes out with a negative part.
-    fn line_without_batch(&self) -> (f64, f64, f64) {
-        let var = self.n * self.sww - self.sw * self.sw;
-        if var > 1e-9 * self.n * self.sww {
-            let cost = (self.n * self.swt - self.sw * self.st) / var;
-            let base = (self.st - cost * self.sw) / self.n;
-            if cost.is_finite() && base.is_finite() && cost > 0.0 && base >= 0.0 {
-                return (cost, base, 0.0);
-            }
-        }
-        // Through the origin: minimises Σ(t − c·w)².
-        let cost = if self.sww > 0.0 {
-            self.swt / self.sww
-        } else {
-            0.0
-        };
-        (cost, 0.0, 0.0)
-    }
-
-    /// `(base, batch_ms)` of the line with its cost fixed at `cost`: what is left of each TTFT
-    /// after `cost × work`, fitted on the batch (its sure part, as in [`Fit::line_with_batch`];
-    /// 0 when the batch did not vary), its intercept through the means.
-    fn line_for_cost(&self, cost: f64) -> (f64, f64) {
-        let [ww, bb, wb, wt, bt, tt] = self.centred();
-        let mut batch = 0.0;
-        if bb > BATCH_MIN_VARIANCE * self.n && self.n > 2.0 {
-            // The residual r = t − cost·w: Σ(r−r̄)(b−b̄) and Σ(r−r̄)².
-            let rb = bt - cost * wb;
-            let rr = tt - 2.0 * cost * wt + cost * cost * ww;
-            let fitted = rb / bb;
-            let s2 = ((rr - fitted * rb) / (self.n - 2.0)).max(0.0);
-            let sure = fitted - BATCH_SURE_SE * (s2 / bb).sqrt();
-            if sure.is_finite() {
-                batch = sure.max(0.0);
-            }
-        }
-        let base = (self.st - cost * self.sw - batch * self.sb) / self.n;
-        (base.max(0.0), batch)
     }
 }
 
@@ -288,14 +155,11 @@ pub fn pool_rate(fitted: impl Iterator<Item = Rate>, prior: Rate) -> Rate {
     let mid = rates.len() / 2;
     let mut bases: Vec<f64> = rates.iter().map(|r| r.base_ms).collect();
     bases.sort_by(f64::total_cmp);
-    let mut batches: Vec<f64> = rates.iter().map(|r| r.batch_ms).collect();
-    batches.sort_by(f64::total_cmp);
     Rate {
         cost_ms_per_token: rates
             .get(mid)
             .map_or(prior.cost_ms_per_token, |r| r.cost_ms_per_token),
         base_ms: bases.get(mid).copied().unwrap_or(prior.base_ms),
-        batch_ms: batches.get(mid).copied().unwrap_or(prior.batch_ms),
     }
 }
 
@@ -303,15 +167,6 @@ pub fn pool_rate(fitted: impl Iterator<Item = Rate>, prior: Rate) -> Rate {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    /// An observation at batch 0.
-    fn obs(work: f64, ttft_ms: f64) -> Observation {
-        Observation {
-            work,
-            batch: 0.0,
-            ttft_ms,
-        }
-    }
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol * b.abs().max(1.0)
@@ -322,12 +177,12 @@ mod tests {
         let mut f = Fit::default();
         assert_eq!(f.rate(), None);
         for w in [100.0, 2_000.0, 500.0, 8_000.0, 50.0, 3_000.0] {
-            f.observe(obs(w, 40.0 + 0.25 * w), 0.0);
+            f.observe(w, 0.0, 40.0 + 0.25 * w);
         }
         let r = f.rate().unwrap();
         assert!(close(r.cost_ms_per_token, 0.25, 1e-6), "{r:?}");
         assert!(close(r.base_ms, 40.0, 1e-6), "{r:?}");
-        assert!(close(r.ttft_ms(1_000.0, 0.0), 290.0, 1e-6));
+        assert!(close(r.ttft_ms(1_000.0), 290.0, 1e-6));
     }
 
     #[test]
@@ -335,8 +190,8 @@ mod tests {
         let (mut fast, mut slow) = (Fit::default(), Fit::default());
         for i in 0..30 {
             let w = 200.0 + 150.0 * f64::from(i % 7);
-            fast.observe(obs(w, 10.0 + 0.02 * w), 0.0);
-            slow.observe(obs(w, 40.0 + 0.3 * w), 0.0);
+            fast.observe(w, 0.0, 10.0 + 0.02 * w);
+            slow.observe(w, 0.0, 40.0 + 0.3 * w);
         }
         let (f, s) = (fast.rate().unwrap(), slow.rate().unwrap());
         assert!(
@@ -350,12 +205,12 @@ mod tests {
         let mut f = Fit::default();
         for i in 0..40 {
             let w = 100.0 + 100.0 * f64::from(i % 5);
-            f.observe(obs(w, 0.5 * w), 0.0);
+            f.observe(w, 0.0, 0.5 * w);
         }
         // The pod got 4× faster: after a few dozen observations the fit follows.
         for i in 0..60 {
             let w = 100.0 + 100.0 * f64::from(i % 5);
-            f.observe(obs(w, 0.125 * w), 0.0);
+            f.observe(w, 0.0, 0.125 * w);
         }
         let r = f.rate().unwrap();
         assert!(r.cost_ms_per_token < 0.16, "{r:?}");
@@ -377,13 +232,13 @@ mod tests {
         for _ in 0..60 {
             let own = 100.0 + 200.0 * noise();
             let counted = own + 3_000.0 * noise();
-            f.observe(obs(counted, base + cost * own + 5.0 * noise()), own);
+            f.observe(counted, own, base + cost * own + 5.0 * noise());
         }
         let diluted = f.rate().unwrap().cost_ms_per_token;
         assert!(diluted < 0.3 * cost, "the regression alone: {diluted}");
         assert_eq!(f.prefill_cost(), None);
         for own in [4_000.0, 2_500.0] {
-            f.observe(obs(own, base + cost * own), own);
+            f.observe(own, own, base + cost * own);
         }
         let r = f.rate().unwrap();
         assert!(
@@ -395,125 +250,16 @@ mod tests {
         // A long prompt behind a longer queue says nothing about prefill speed alone.
         let mut g = Fit::default();
         for _ in 0..5 {
-            g.observe(obs(10_000.0, 900.0), 2_000.0);
+            g.observe(10_000.0, 2_000.0, 900.0);
         }
         assert_eq!(g.prefill_cost(), None);
-    }
-
-    /// A pseudo-random sequence in [0, 1) for the tests' noise and spread.
-    fn lcg(seed: u64) -> impl FnMut() -> f64 {
-        let mut x = seed;
-        move || {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (x >> 33) as f64 / (1u64 << 31) as f64
-        }
-    }
-
-    #[test]
-    fn the_batch_effect_is_learned_beside_the_prefill_cost() {
-        let mut f = Fit::default();
-        let mut u = lcg(11);
-        for _ in 0..200 {
-            let work = 200.0 + 1_500.0 * u();
-            let batch = (12.0 * u()).floor();
-            let o = Observation {
-                work,
-                batch,
-                ttft_ms: 8.0 + 0.05 * work + 4.0 * batch,
-            };
-            f.observe(o, 0.0);
-        }
-        let r = f.rate().unwrap();
-        assert!(close(r.batch_ms, 4.0, 1e-6), "{r:?}");
-        assert!(close(r.cost_ms_per_token, 0.05, 1e-6), "{r:?}");
-        assert!(close(r.base_ms, 8.0, 1e-6), "{r:?}");
-        // Two pods with nothing queued: the busier one is predicted slower by its batch.
-        assert!(close(
-            r.ttft_ms(500.0, 10.0) - r.ttft_ms(500.0, 2.0),
-            32.0,
-            1e-6
-        ));
-    }
-
-    #[test]
-    fn a_batch_that_never_varies_or_seems_to_help_adds_nothing() {
-        let (mut still, mut helps) = (Fit::default(), Fit::default());
-        let mut u = lcg(5);
-        for _ in 0..100 {
-            let work = 100.0 + 900.0 * u();
-            let batch = (8.0 * u()).floor();
-            still.observe(
-                Observation {
-                    work,
-                    batch: 3.0,
-                    ttft_ms: 20.0 + 0.1 * work,
-                },
-                0.0,
-            );
-            helps.observe(
-                Observation {
-                    work,
-                    batch,
-                    ttft_ms: 60.0 + 0.1 * work - 2.0 * batch,
-                },
-                0.0,
-            );
-        }
-        let r = still.rate().unwrap();
-        assert_eq!(r.batch_ms, 0.0);
-        assert!(close(r.cost_ms_per_token, 0.1, 1e-6) && close(r.base_ms, 20.0, 1e-6));
-        let r = helps.rate().unwrap();
-        assert_eq!(r.batch_ms, 0.0, "{r:?}");
-        assert!(close(r.cost_ms_per_token, 0.1, 0.1), "{r:?}");
-    }
-
-    /// When the prefill-dominated observations set the cost, the batch effect is fitted again
-    /// on what that cost leaves of each TTFT: a large one is found, one lost in the noise of
-    /// the counted work is not believed.
-    #[test]
-    fn the_batch_effect_is_fitted_again_when_the_prefill_cost_takes_over() {
-        let fitted = |per: f64| {
-            let (base, cost) = (11.0, 0.083);
-            let mut f = Fit::default();
-            let mut u = lcg(7);
-            for _ in 0..60 {
-                let own = 100.0 + 200.0 * u();
-                let counted = own + 3_000.0 * u();
-                let batch = (10.0 * u()).floor();
-                let o = Observation {
-                    work: counted,
-                    batch,
-                    ttft_ms: base + cost * own + per * batch,
-                };
-                f.observe(o, own);
-            }
-            for own in [4_000.0, 2_500.0] {
-                let o = Observation {
-                    work: own,
-                    batch: 1.0,
-                    ttft_ms: base + cost * own + per,
-                };
-                f.observe(o, own);
-            }
-            f.rate().unwrap()
-        };
-        let strong = fitted(40.0);
-        assert!(strong.cost_ms_per_token > 0.95 * 0.083, "{strong:?}");
-        assert!(
-            strong.batch_ms > 10.0 && strong.batch_ms < 40.0,
-            "{strong:?}"
-        );
-        let weak = fitted(1.0);
-        assert_eq!(weak.batch_ms, 0.0, "{weak:?}");
     }
 
     #[test]
     fn constant_work_falls_back_to_a_line_through_the_origin() {
         let mut f = Fit::default();
         for _ in 0..5 {
-            f.observe(obs(1_000.0, 200.0), 0.0);
+            f.observe(1_000.0, 0.0, 200.0);
         }
         let r = f.rate().unwrap();
         assert!(close(r.cost_ms_per_token, 0.2, 1e-6), "{r:?}");
@@ -523,12 +269,12 @@ mod tests {
     #[test]
     fn garbage_is_ignored_and_bounds_hold() {
         let mut f = Fit::default();
-        f.observe(obs(f64::NAN, 1.0), 0.0);
-        f.observe(obs(-1.0, 1.0), 0.0);
-        f.observe(obs(1.0, f64::INFINITY), 0.0);
+        f.observe(f64::NAN, 0.0, 1.0);
+        f.observe(-1.0, 0.0, 1.0);
+        f.observe(1.0, 0.0, f64::INFINITY);
         assert_eq!(f, Fit::default());
         for _ in 0..5 {
-            f.observe(obs(1.0, 1e9), 0.0);
+            f.observe(1.0, 0.0, 1e9);
         }
         let r = f.rate().unwrap();
         assert!(r.cost_ms_per_token <= MAX_COST_MS_PER_TOKEN && r.base_ms <= MAX_BASE_MS);
@@ -536,9 +282,15 @@ mod tests {
 
     #[test]
     fn the_pool_rate_is_the_median_or_the_prior() {
-        let prior = Rate::flat(0.2, 30.0);
+        let prior = Rate {
+            cost_ms_per_token: 0.2,
+            base_ms: 30.0,
+        };
         assert_eq!(pool_rate(std::iter::empty(), prior), prior);
-        let r = Rate::flat;
+        let r = |c: f64, b: f64| Rate {
+            cost_ms_per_token: c,
+            base_ms: b,
+        };
         let p = pool_rate([r(0.1, 5.0), r(1.0, 50.0), r(0.3, 20.0)].into_iter(), prior);
         assert_eq!(p, r(0.3, 20.0));
     }

@@ -8,7 +8,6 @@
 use crate::config::Config;
 use crate::inflight::{self};
 use crate::lora::{self};
-use crate::predict::Observation;
 use crate::reject::Rejection;
 use crate::request::ParsedRequest;
 use crate::store::SharedStore;
@@ -84,9 +83,6 @@ pub struct Route {
     /// the time to its first byte, one observation of the pod's rate. NaN (no observation)
     /// when the pod was chosen on a guess of what it has cached ([`crate::replica_prior`]).
     pub work_tokens: f64,
-    /// That pod's batch when it was routed ([`crate::candidate::Candidate::batch`]): the
-    /// observation's second regressor.
-    pub batch: f64,
     /// The LoRA adapter counted in flight on that pod ([`lora::note`]; report its end with
     /// [`Router::adapter_ended`]).
     pub adapter: Option<String>,
@@ -207,15 +203,15 @@ impl Router {
 
     /// The first response byte of a request routed to `pod` arrived after `ttft_ms`: its
     /// `pending` tokens are no longer queued there, and, when the timing reflects prefill (a
-    /// streamed response, an embedding), `observed` (the route's work and batch, the time)
-    /// teaches the pod's rate.
+    /// streamed response, an embedding), `observed = Some((work_tokens, ttft_ms))` teaches the
+    /// pod's rate.
     pub fn first_byte(
         &self,
         store: &impl SharedStore,
         pool: &str,
         pod: &str,
         pending: u32,
-        observed: Option<Observation>,
+        observed: Option<(f64, f64)>,
     ) -> bool {
         inflight::first_byte(store, pool, pod, pending, observed)
     }

@@ -237,7 +237,10 @@ impl Shortlist {
                 pending_tokens: 0,
                 peer_in_flight: p.peers.in_flight,
                 peer_pending_tokens: p.peers.pending_tokens,
-                rate: Rate::flat(0.0, 0.0),
+                rate: Rate {
+                    cost_ms_per_token: 0.0,
+                    base_ms: 0.0,
+                },
                 prefix_blocks: 0,
                 lora: Placement::default(),
                 adapter_ms: 0.0,

@@ -362,11 +362,7 @@ impl Http {
         // The clock is read only when the timing teaches something.
         let observed = r.observe.then(|| {
             let ttft_ms = host::now_nanos().saturating_sub(r.sent_ns) as f64 / 1e6;
-            llm_router_core::Observation {
-                work: r.work,
-                batch: r.batch,
-                ttft_ms,
-            }
+            (r.work, ttft_ms)
         });
         let mut w = self.worker.borrow_mut();
         if !w

@@ -153,7 +153,6 @@ fn in_flight(req: &Request<'_>, routed: llm_router_core::Route, now_ns: u64) -> 
         pod,
         pending: routed.pending_tokens,
         work: routed.work_tokens,
-        batch: routed.batch,
         sent_ns: now_ns,
         observe: req.parsed.stream || req.kind == ApiKind::Embeddings,
         streamed: req.parsed.stream,

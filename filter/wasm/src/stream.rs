@@ -29,8 +29,6 @@ pub struct InFlight {
     pub pending: u32,
     /// Prefill work ahead of and including this request on `pod` when it was routed.
     pub work: f64,
-    /// The pod's batch then ([`llm_router_core::Route::batch`]).
-    pub batch: f64,
     /// Host time when it was routed (ns).
     pub sent_ns: u64,
     /// Whether the time to the first byte measures prefill: a streamed response or an

@@ -177,7 +177,10 @@ mod tests {
             pending_tokens: pending,
             peer_in_flight: 0,
             peer_pending_tokens: 0,
-            rate: Rate::flat(0.2, 30.0),
+            rate: Rate {
+                cost_ms_per_token: 0.2,
+                base_ms: 30.0,
+            },
             prefix_blocks: 0,
             lora: Placement::default(),
             adapter_ms: 0.0,

@@ -108,7 +108,10 @@ pub(super) fn candidates<'f, S: SharedStore>(
     let index = prefix_index(store, pool);
     let found = index.lookup(&hashes.blocks);
     let predict = pool.predict;
-    let prior = Rate::flat(predict.prior_ms_per_token, predict.prior_base_ms);
+    let prior = Rate {
+        cost_ms_per_token: predict.prior_ms_per_token,
+        base_ms: predict.prior_base_ms,
+    };
     let large = view
         .derived
         .and_then(|d| d.shortlist.as_ref())

@@ -8,7 +8,7 @@
 
 use super::*;
 use crate::inflight::{PodLoad, Table};
-use crate::predict::{Fit, Observation};
+use crate::predict::Fit;
 use crate::request::{parse, ApiKind};
 use crate::score;
 use crate::store::MemoryStore;
@@ -157,12 +157,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
         let cost = 0.05 + rng.below(20) as f64 / 100.0;
         for _ in 0..rng.below(6) {
             let w = 100.0 + rng.below(4000) as f64;
-            let seen = Observation {
-                work: w,
-                batch: 0.0,
-                ttft_ms: 20.0 + cost * w,
-            };
-            fit.observe(seen, w);
+            fit.observe(w, w, 20.0 + cost * w);
         }
         let errors = if rng.chance(20) { 5 } else { 0 };
         let load = PodLoad {

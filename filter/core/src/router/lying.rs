@@ -37,7 +37,6 @@ struct Req {
     pod: usize,
     pending: u32,
     work: f64,
-    batch: f64,
     prompt_tokens: f64,
     decode_ms: f64,
     sent: u64,
@@ -152,7 +151,6 @@ impl Sim {
             pod,
             pending: out.pending_tokens,
             work: out.work_tokens,
-            batch: out.batch,
             prompt_tokens: chars as f64 / 4.0,
             decode_ms: 200.0 + (n * 104_729 % 10) as f64 * 200.0,
             sent: self.now,
@@ -209,14 +207,14 @@ impl Sim {
         }
         r.byte_seen = true;
         let ttft = (r.first_byte.unwrap_or(self.now) - r.sent) as f64;
-        let seen = Observation {
-            work: r.work,
-            batch: r.batch,
-            ttft_ms: ttft,
-        };
-        let (pod, pending) = (r.pod, r.pending);
-        self.router
-            .first_byte(&self.store, POOL, &Sim::addr(pod), pending, Some(seen));
+        let (pod, pending, work) = (r.pod, r.pending, r.work);
+        self.router.first_byte(
+            &self.store,
+            POOL,
+            &Sim::addr(pod),
+            pending,
+            Some((work, ttft)),
+        );
     }
 
     /// Runs `n` arrivals, one every `every_ms`; returns requests routed per pod and rejected.
@@ -345,12 +343,7 @@ fn a_learned_cost_stays_above_a_sixteenth_of_the_pools_median() {
         for k in 1..=6u32 {
             let w = f64::from(200 * k);
             let ttft = if i == LIAR { 0.0 } else { 30.0 + 0.2 * w };
-            let seen = Observation {
-                work: w,
-                batch: 0.0,
-                ttft_ms: ttft,
-            };
-            inflight::first_byte(&s, POOL, &Sim::addr(i), 0, Some(seen));
+            inflight::first_byte(&s, POOL, &Sim::addr(i), 0, Some((w, ttft)));
         }
     }
     // The fast one has 20,000 tokens of this proxy's prompts without a first byte: at the

@@ -32,7 +32,7 @@ pub(super) fn record<S: SharedStore>(
             .find(|&&(j, _)| j == i)
             .map_or(cand.prefix_blocks, |&(_, blocks)| blocks)
     };
-    let (mut pending_tokens, mut work_tokens, mut batch) = (0, 0.0, 0.0);
+    let (mut pending_tokens, mut work_tokens) = (0, 0.0);
     let (mut prefix_hit, mut lora_hit) = (false, false);
     if let Some((i, cand)) = chosen {
         let known = recorded(i, cand);
@@ -47,7 +47,6 @@ pub(super) fn record<S: SharedStore>(
         } else {
             cand.queued_tokens(features, view.mode) + uncached
         };
-        batch = cand.batch(view.mode);
         record_prompt(store, &view, c, credits, i, known);
         inflight::routed_after_read(
             store,
@@ -79,7 +78,6 @@ pub(super) fn record<S: SharedStore>(
         inflight_pod: chosen.map(|(_, c)| c.address.to_string()),
         pending_tokens,
         work_tokens,
-        batch,
         adapter: chosen.and(features.adapter).map(str::to_string),
     }
 }

@@ -77,7 +77,6 @@ impl Router {
                 inflight_pod: None,
                 pending_tokens: 0,
                 work_tokens: 0.0,
-                batch: 0.0,
                 adapter: None,
             })))
         };

@@ -22,7 +22,10 @@ fn latency() -> PoolConfig {
     pool(Weights::default_preset())
 }
 
-const PRIOR: Rate = Rate::flat(0.2, 30.0);
+const PRIOR: Rate = Rate {
+    cost_ms_per_token: 0.2,
+    base_ms: 30.0,
+};
 
 fn pod(address: &str) -> Candidate<'_> {
     Candidate {
@@ -201,8 +204,14 @@ fn one_long_queued_prompt_outweighs_several_short_ones() {
 
 #[test]
 fn a_fast_pod_with_a_queue_beats_an_idle_slow_one() {
-    let fast = Rate::flat(0.02, 10.0);
-    let slow = Rate::flat(0.3, 40.0);
+    let fast = Rate {
+        cost_ms_per_token: 0.02,
+        base_ms: 10.0,
+    };
+    let slow = Rate {
+        cost_ms_per_token: 0.3,
+        base_ms: 40.0,
+    };
     let c = [
         Candidate {
             rate: slow,
@@ -572,7 +581,10 @@ fn retry_after_is_the_time_to_drain_the_least_loaded_queue_bounded() {
     };
     let queue = |waiting, cost| Candidate {
         waiting,
-        rate: Rate::flat(cost, 0.0),
+        rate: Rate {
+            cost_ms_per_token: cost,
+            base_ms: 0.0,
+        },
         ..pod("x")
     };
     // 20 waiting × 1,000 tokens, 5 allowed: 15,000 tokens at 0.2 ms = 3 s (the other pod: 12 s).
@@ -616,7 +628,10 @@ fn scores_stay_in_unit_range_for_extreme_inputs() {
         Candidate {
             in_flight_baseline: u32::MAX,
             kv_usage: Some(0.0),
-            rate: Rate::flat(0.0, 0.0),
+            rate: Rate {
+                cost_ms_per_token: 0.0,
+                base_ms: 0.0,
+            },
             ..pod("b")
         },
     ];
