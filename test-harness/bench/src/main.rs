@@ -47,6 +47,9 @@ enum Cmd {
     Flow(experiments::flowbench::Args),
     /// Mixed-GPU fleet under round robin, SMG (cache_aware) and the filter, side by side.
     Demo(experiments::demo::Args),
+    /// A load sweep from the reports of `bench run --load F`: TTFT p50 and p95 against the
+    /// load, one line per router, per scenario (SVG), and the table (Markdown).
+    LoadChart(report::load_chart::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
             Cmd::Soak(a) => experiments::soak::run_cli(a, &out_dir).await,
             Cmd::Flow(a) => experiments::flowbench::run_cli(a, &out_dir).await,
             Cmd::Demo(a) => experiments::demo::run_cli(a, &out_dir).await,
+            Cmd::LoadChart(a) => report::load_chart::run_cli(a, &out_dir).await,
         }
     });
     // Real vLLM pods outlive the runs that share them; stop them before exiting.

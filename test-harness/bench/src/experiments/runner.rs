@@ -515,6 +515,9 @@ pub struct BenchConfig {
     pub sweep: Vec<String>,
     /// Fixed-load rate as a fraction of round robin's goodput (swept scenarios).
     pub load_fraction: f64,
+    /// Fixed-load rate as a fraction of the fleet's measured capacity (`--load`), for the
+    /// scenarios not swept; `None` = each scenario's nominal rate.
+    pub load_of_capacity: Option<f64>,
     /// Run the overhead bench too.
     pub overhead: bool,
     /// Output folder (`target/bench`).
@@ -537,6 +540,7 @@ impl BenchConfig {
                 vec!["mixed_gpu".into()]
             },
             load_fraction: 0.7,
+            load_of_capacity: None,
             overhead: true,
             out_dir,
         }
@@ -939,7 +943,16 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 cfg.load_fraction * 100.0
             )
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + &cfg
+            .load_of_capacity
+            .map(|f| {
+                format!(
+                    " This run: the scenarios not swept at {:.0} % of their fleet's measured capacity (`--load`), not their nominal rate.",
+                    f * 100.0
+                )
+            })
+            .unwrap_or_default();
     eprintln!("bench: {}", plan(cfg, &scs, &routers, seeds.len()));
     let mut rep = Report {
         machine: Machine::detect(envoy_version(), setup),
@@ -994,6 +1007,14 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
                 )),
             }
             entry.goodput = Some(g);
+        } else if let Some(f) = cfg.load_of_capacity {
+            entry.offered_rps = f * base.capacity_rps / k;
+            entry.load_of_capacity = Some(f);
+            entry.load_basis = format!(
+                "{:.0} % of the fleet's measured capacity ({:.2} req/s)",
+                f * 100.0,
+                base.capacity_rps / k
+            );
         }
         let mut runs: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
         let mut windows = None;
@@ -1283,6 +1304,18 @@ pub struct Args {
     /// Skip the overhead bench.
     #[arg(long)]
     no_overhead: bool,
+    /// Offer this fraction of each scenario's measured fleet capacity instead of its nominal
+    /// rate (a load sweep's point: run 0.3, 0.5, 0.8 and 1.1, then `bench load-chart`).
+    #[arg(long, value_parser = positive_fraction)]
+    load: Option<f64>,
+}
+
+/// A load of `--load`: a finite number above 0 (at most 4: four times the capacity).
+fn positive_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 4.0 => Ok(f),
+        _ => Err(format!("{s}: a fraction of the capacity in (0, 4]")),
+    }
 }
 
 /// `bench run`: runs it with `args`, results under `out_dir` (`<target>/bench`).
@@ -1299,6 +1332,7 @@ pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::Exi
         no_sweep,
         plan,
         no_overhead,
+        load,
     } = args;
     let partial = !scenarios.is_empty() || !routers.is_empty();
     let mode = Mode {
@@ -1312,6 +1346,7 @@ pub async fn run_cli(args: Args, out_dir: &std::path::Path) -> std::process::Exi
     };
     let mut cfg = BenchConfig::defaults(mode, out_dir.to_path_buf());
     cfg.seeds = seeds.unwrap_or(cfg.seeds);
+    cfg.load_of_capacity = load;
     if no_sweep {
         cfg.sweep.clear();
     } else if !sweep.is_empty() {

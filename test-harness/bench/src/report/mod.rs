@@ -12,6 +12,7 @@
 pub mod chart;
 pub mod dashboard_chart;
 pub mod flow;
+pub mod load_chart;
 pub mod overhead;
 pub mod soak;
 pub mod svg;
@@ -131,6 +132,10 @@ pub struct ScenarioResult {
     pub offered_rps: f64,
     /// Where that rate comes from.
     pub load_basis: String,
+    /// That rate as a fraction of the fleet's measured capacity, when the run set it so
+    /// (`bench run --load`): the x of a load sweep's chart (`bench load-chart`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_of_capacity: Option<f64>,
     /// The scenario's card (Markdown: fleet, rates, anchor, check, floor).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub card: String,
