@@ -99,6 +99,10 @@ fn series(routers: &BTreeMap<String, Vec<Point>>, pick: fn(&Point) -> f64) -> Ve
 
 /// Writes the charts and the table of `sweep` into `out`; returns the files written.
 pub fn write(sweep: &Sweep, out: &Path, prefix: &str) -> Result<Vec<PathBuf>, ChartError> {
+    std::fs::create_dir_all(out).map_err(|e| ChartError::Draw {
+        path: out.display().to_string(),
+        reason: e.to_string(),
+    })?;
     let mut written = Vec::new();
     for (scenario, routers) in sweep {
         for (what, pick) in [
@@ -210,8 +214,11 @@ mod tests {
         let mut sweep = Sweep::new();
         add_report(&mut sweep, &report(Some(0.5), 12.0));
         add_report(&mut sweep, &report(Some(1.1), 80.0));
-        let dir = std::env::temp_dir().join(format!("load-chart-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // A folder that does not exist yet: written makes it.
+        let dir = std::env::temp_dir()
+            .join(format!("load-chart-{}", std::process::id()))
+            .join("new");
+        let _ = std::fs::remove_dir_all(&dir);
         let files = write(&sweep, &dir, "t-").unwrap();
         let names: Vec<String> = files
             .iter()
