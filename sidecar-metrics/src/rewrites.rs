@@ -12,7 +12,12 @@
 //! Rules are written in the `InferenceModelRewrite` shape: `matches[].model {type: Exact,
 //! value}`, `targets[] {modelRewrite, weight}`, plus `sticky: none | conversation` (an
 //! extension: the filter's per-conversation draw). A rule with several matches becomes one
-//! snapshot rule per model name. Without a `rewrites` section the snapshot carries none and the
+//! snapshot rule per model name.
+//!
+//! The snapshot carries a rewrites section only while a source gives rules: the file's
+//! `rewrites.rules` when present (`rules: []` is an empty section, which turns the filter's
+//! configured rules off), the objects' while at least one names a pool of the sidecar. Without
+//! either (no `rewrites` section, no `rules`, every object deleted) it carries none and the
 //! filter applies its own configured rules.
 //!
 //! This module is the rules' shape and checks (a leaf); the `rewrites:` section is
@@ -174,9 +179,10 @@ rules:
     #[test]
     fn rules_in_the_inference_model_rewrite_shape_become_snapshot_rules() {
         let section: crate::config::RewritesConfig = serde_yaml::from_str(RULES).unwrap();
-        check_rules("rewrites.rules", &section.rules).unwrap();
+        let rules = section.rules.as_deref().unwrap();
+        check_rules("rewrites.rules", rules).unwrap();
         let mut out = Vec::new();
-        append_snapshot_rules(&section.rules, &mut out);
+        append_snapshot_rules(rules, &mut out);
         let names: Vec<&str> = out.iter().map(|r| r.model.as_str()).collect();
         assert_eq!(names, ["chat", "chat-2", "alias"]);
         assert_eq!(out[0].sticky, RewriteSticky::Conversation);
@@ -198,7 +204,7 @@ rules:
     fn rules_the_filter_cannot_use_are_refused_by_name() {
         let bad = |yaml: &str| {
             let section: crate::config::RewritesConfig = serde_yaml::from_str(yaml).unwrap();
-            check_rules("rewrites.rules", &section.rules).unwrap_err()
+            check_rules("rewrites.rules", section.rules.as_deref().unwrap()).unwrap_err()
         };
         assert!(
             bad("rules: [{targets: [{modelRewrite: a}]}]").contains("rewrites.rules[0].matches")

@@ -245,7 +245,8 @@ struct Loop {
     /// takes at most 1 / (1 + [`PEER_PUSH_SPACING`]) of the proxy's time for such news.
     peer_push_at: Option<tokio::time::Instant>,
     /// The rewrite rules every snapshot carries (`crate::rewrites`); `None` without a
-    /// `rewrites` section: snapshots then carry none and the filter uses its own.
+    /// `rewrites` section. Without one, or while its sources give no rules, snapshots carry
+    /// no rewrites section and the filter uses its own.
     rewrites: Option<RewriteSources>,
 }
 
@@ -494,10 +495,10 @@ impl Loop {
         }
     }
 
-    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when it has a source.
+    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when a source gives some.
     fn set_rewrites(&mut self, snap: &mut Snapshot) {
-        if let Some(sources) = &mut self.rewrites {
-            snap.rewrites = Some(sources.current().to_vec());
+        if let Some(rules) = self.rewrites.as_mut().and_then(|s| s.current()) {
+            snap.rewrites = Some(rules.to_vec());
         }
     }
 
