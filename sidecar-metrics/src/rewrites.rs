@@ -25,9 +25,10 @@
 //! `crate::kube` (objects).
 
 use llm_router_snapshot::{
-    RewriteRule, RewriteSticky, RewriteTarget, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
+    RewriteRule, RewriteSticky, RewriteTarget, Snapshot, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
 };
 use serde::Deserialize;
+use std::collections::BTreeSet;
 
 /// One rule, as `InferenceModelRewrite.spec.rules[]` spells it (plus `sticky`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -158,10 +159,89 @@ pub fn append_snapshot_rules(specs: &[RuleSpec], out: &mut Vec<RewriteRule>) {
     }
 }
 
+/// The target names of `snap`'s rewrite rules that no pool of the snapshot serves as far as
+/// the sidecar can tell: not in any pool's `models`, not an adapter any pod reports. Sorted,
+/// each once. The filter drops a rule whose target its configuration does not resolve either
+/// (unless it lists the name, e.g. an adapter no pod has loaded yet), so these are most likely
+/// typos or a canary whose pool is not there yet.
+pub fn unknown_targets(snap: &Snapshot) -> Vec<String> {
+    let Some(rules) = snap.rewrites.as_deref() else {
+        return Vec::new();
+    };
+    let mut unknown: BTreeSet<&str> = rules
+        .iter()
+        .flat_map(|r| &r.targets)
+        .map(|t| t.model.as_str())
+        .filter(|name| {
+            !snap
+                .pools
+                .iter()
+                .any(|p| p.models.iter().any(|m| m == name))
+        })
+        .collect();
+    // Adapters only for the names no pool lists: one pass over every pod's lists (which may
+    // hold thousands of names), not one per target.
+    if !unknown.is_empty() {
+        for l in snap
+            .pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .filter_map(|p| p.lora.as_ref())
+        {
+            for a in l.running.iter().chain(&l.waiting) {
+                unknown.remove(a.as_str());
+            }
+        }
+    }
+    unknown.into_iter().map(str::to_owned).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+
+    /// A target is known when a pool lists it as a model or a pod reports it as an adapter
+    /// (running or waiting); each unknown name counts once, however many rules name it.
+    #[test]
+    fn targets_no_pool_serves_are_unknown() {
+        use llm_router_snapshot::{LoraState, Pod, Pool};
+        let rule = |model: &str, targets: &[&str]| RewriteRule {
+            model: model.into(),
+            sticky: RewriteSticky::None,
+            targets: targets
+                .iter()
+                .map(|t| RewriteTarget {
+                    model: (*t).into(),
+                    weight: 1,
+                })
+                .collect(),
+        };
+        let mut snap = Snapshot {
+            pools: vec![Pool {
+                name: "llama".into(),
+                models: vec!["base".into()],
+                pods: vec![Pod {
+                    lora: Some(LoraState {
+                        running: vec!["loaded".into()],
+                        waiting: vec!["queued".into()],
+                        max_loras: 2,
+                    }),
+                    ..Pod::default()
+                }],
+                ..Pool::default()
+            }],
+            ..Snapshot::default()
+        };
+        assert!(unknown_targets(&snap).is_empty(), "no section");
+        snap.rewrites = Some(vec![
+            rule("chat", &["base", "typo", "loaded"]),
+            rule("chat-2", &["queued", "typo", "elsewhere"]),
+        ]);
+        assert_eq!(unknown_targets(&snap), ["elsewhere", "typo"]);
+        snap.rewrites = Some(vec![rule("chat", &["base"])]);
+        assert!(unknown_targets(&snap).is_empty());
+    }
 
     const RULES: &str = r#"
 rules:

@@ -637,3 +637,50 @@ async fn a_deleted_rewrites_section_sends_no_section_and_an_empty_list_an_empty_
     running.stop().await;
     let _ = std::fs::remove_file(&path);
 }
+
+/// Issue 43: the targets of the sidecar's rewrite rules that no pool serves (no pool lists them
+/// in `models`, no pod reports them as an adapter) are counted, each name once, in
+/// `llm_router_sidecar_rewrite_targets_unknown` (and logged); the rules are still sent, the
+/// filter decides (its configuration may know the name).
+#[tokio::test]
+async fn rewrite_targets_in_no_known_pool_are_counted() {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.1))).await;
+    let proxy = FakeProxy::start().await;
+    let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+    cfg.rewrites = Some(
+        serde_yaml::from_str(
+            "reload_ms: 0\nrules:\n\
+             - matches: [{model: {value: chat}}]\n  targets: [{modelRewrite: m1}, {modelRewrite: typo}]\n\
+             - matches: [{model: {value: chat-2}}]\n  targets: [{modelRewrite: typo}, {modelRewrite: elsewhere}]\n",
+        )
+        .expect("the rules parse"),
+    );
+    cfg.validate().expect("valid");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let snaps = proxy
+        .wait_for("the two rules", LIMIT, |s| {
+            last_rewrites(s) == Some(Some(vec!["chat".into(), "chat-2".into()]))
+        })
+        .await;
+    let rules = snaps
+        .last()
+        .and_then(|s| s.rewrites.clone())
+        .expect("rules");
+    assert_eq!(rules[0].targets[1].model, "typo", "sent as configured");
+    let (status, text) = http_get(running.face_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let (samples, errors) = sidecar_metrics::prom::parse_all(&text);
+    assert!(errors.is_empty(), "{errors:?}");
+    let unknown = samples
+        .iter()
+        .find(|s| s.name == "llm_router_sidecar_rewrite_targets_unknown")
+        .map(|s| s.value);
+    assert_eq!(
+        unknown,
+        Some(2.0),
+        "typo and elsewhere; m1 is the pool's model"
+    );
+    running.stop().await;
+}
