@@ -17,10 +17,14 @@
 //! 2. If the whole snapshot still exceeds `max_bytes`, the largest pods' lists are cut to one
 //!    common cap (water-filling: the smallest cap that fits), again waiting first.
 //!
+//! The whole snapshot includes its rewrites section (`crate::rewrites`), which is never cut:
+//! adapters make room for it, and rules that alone exceed the budget leave nothing that fits
+//! (the snapshot is not pushed, as for pods that alone exceed it).
+//!
 //! The result always decodes (`Snapshot::decode`): trimming only shortens lists that already met
 //! the format's limits.
 
-use llm_router_snapshot::{Pod, Pool, Snapshot};
+use llm_router_snapshot::{Pod, Pool, RewriteRule, Snapshot};
 
 /// Bytes of the snapshot header: magic, version, flags, generation, created_ms, pool count.
 const HEADER_BYTES: usize = 4 + 2 + 2 + 8 + 8 + 2;
@@ -107,6 +111,23 @@ fn pool_bytes(p: &Pool) -> usize {
         + p.pods.iter().map(pod_bytes).sum::<usize>()
 }
 
+/// Encoded bytes of a rewrites section: the rule count, then per rule its model, sticky byte,
+/// target count and targets (name and a u32 weight each).
+fn rewrites_bytes(rules: &[RewriteRule]) -> usize {
+    2 + rules
+        .iter()
+        .map(|r| {
+            1 + r.model.len()
+                + 1
+                + 2
+                + r.targets
+                    .iter()
+                    .map(|t| 1 + t.model.len() + 4)
+                    .sum::<usize>()
+        })
+        .sum::<usize>()
+}
+
 /// Exactly `snap.encode()?.len()` for an encodable snapshot, without encoding it.
 pub fn encoded_len(snap: &Snapshot) -> usize {
     let pods = snap.pools.iter().flat_map(|p| &p.pods);
@@ -124,7 +145,12 @@ pub fn encoded_len(snap: &Snapshot) -> usize {
     } else {
         0
     };
-    HEADER_BYTES + snap.pools.iter().map(pool_bytes).sum::<usize>() + peer_work + peer_contexts
+    let rewrites = snap.rewrites.as_deref().map_or(0, rewrites_bytes);
+    HEADER_BYTES
+        + snap.pools.iter().map(pool_bytes).sum::<usize>()
+        + peer_work
+        + peer_contexts
+        + rewrites
 }
 
 /// Keeps the longest prefix of `l` whose names take at most `cap` bytes; returns how many went.
@@ -301,6 +327,66 @@ mod tests {
             encoded_len(&Snapshot::default()),
             Snapshot::default().encode().unwrap().len()
         );
+        // With a rewrites section, empty or not.
+        s.rewrites = Some(vec![]);
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+        s.rewrites = Some(rewrite_rules(3));
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+    }
+
+    /// `n` rules of two targets each, names of different lengths.
+    fn rewrite_rules(n: usize) -> Vec<llm_router_snapshot::RewriteRule> {
+        use llm_router_snapshot::{RewriteRule, RewriteSticky, RewriteTarget};
+        (0..n)
+            .map(|i| RewriteRule {
+                model: format!("chat-{i}"),
+                sticky: RewriteSticky::Conversation,
+                targets: vec![
+                    RewriteTarget {
+                        model: "meta-llama/Llama-3.1-8B-Instruct".into(),
+                        weight: 90,
+                    },
+                    RewriteTarget {
+                        model: format!("canary-{}", "x".repeat(i)),
+                        weight: 10,
+                    },
+                ],
+            })
+            .collect()
+    }
+
+    /// The rewrites section is part of what the total budget bounds: adapters make room for
+    /// it, and a section that alone exceeds the budget leaves nothing that fits.
+    #[test]
+    fn the_rewrites_section_counts_against_the_total_budget() {
+        let pods = || {
+            vec![
+                pod(0, names("r", 100, 40), names("w", 100, 40)),
+                pod(1, names("r", 100, 40), vec![]),
+            ]
+        };
+        let without = fleet(pods()).encode().unwrap().len();
+        let b = Budget {
+            max_bytes: without,
+            max_pod_bytes: 1 << 20,
+        };
+        let mut s = fleet(pods());
+        s.rewrites = Some(rewrite_rules(20));
+        let t = apply(&mut s, &b);
+        let bytes = s.encode().unwrap().len();
+        assert!(bytes <= b.max_bytes, "{bytes} > {}", b.max_bytes);
+        assert_eq!(t.bytes, bytes);
+        assert!(t.by_total.waiting > 0, "{t:?}");
+        assert_eq!(
+            s.rewrites,
+            Some(rewrite_rules(20)),
+            "the rules are kept whole"
+        );
+        // Rules alone over the budget: the floor counts them, nothing fits.
+        let mut s = fleet(pods());
+        s.rewrites = Some(rewrite_rules(200));
+        let t = apply(&mut s, &b);
+        assert!(t.floor_bytes > b.max_bytes && !t.fits(&b), "{t:?}");
     }
 
     /// The sizing the defaults are chosen for: 64 pods reporting 1,000 adapters each (names of

@@ -68,8 +68,8 @@ pub struct Config {
     #[serde(default)]
     pub snapshot: SnapshotConfig,
     pub pools: Vec<PoolConfig>,
-    /// Model rewrite rules sent in every snapshot (`crate::rewrites`); absent = none sent, and
-    /// the filter applies its own configured rules.
+    /// Model rewrite rules sent in every snapshot (`crate::rewrites`); absent = no rewrites
+    /// section sent, and the filter applies its own configured rules.
     #[serde(default)]
     pub rewrites: Option<RewritesConfig>,
     /// The file this configuration was loaded from (set by [`Config::load`]): where the
@@ -500,8 +500,11 @@ pub struct InferencePoolConfig {
 #[serde(deny_unknown_fields)]
 pub struct RewritesConfig {
     /// Rules in the `InferenceModelRewrite` `spec.rules` shape; the first matching rule wins.
+    /// Absent: the file gives no rules (with `kubernetes`, the objects' only; without, the
+    /// snapshot carries no section and the filter's configured rules apply). `[]`: an empty
+    /// section, which turns the filter's configured rules off.
     #[serde(default)]
-    pub rules: Vec<crate::rewrites::RuleSpec>,
+    pub rules: Option<Vec<crate::rewrites::RuleSpec>>,
     /// Re-read the rules from the configuration file this often (ms); 0 = only at start.
     #[serde(default = "d_reload_ms")]
     pub reload_ms: u64,

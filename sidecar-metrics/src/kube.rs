@@ -753,30 +753,37 @@ impl Collection for ModelRewrites {
 }
 
 /// The rules of the objects that name one of `pools`, oldest object first (RFC 3339 times in
-/// UTC sort as text; ties by name, the map's order).
-fn rules_of(objects: &BTreeMap<String, RewriteObject>, pools: &[String]) -> Vec<RuleSpec> {
+/// UTC sort as text; ties by name, the map's order); `None` when no object names one (not an
+/// empty list: that would turn the filter's configured rules off).
+fn rules_of(objects: &BTreeMap<String, RewriteObject>, pools: &[String]) -> Option<Vec<RuleSpec>> {
     let mut mine: Vec<&RewriteObject> = objects
         .values()
         .filter(|o| pools.contains(&o.pool))
         .collect();
+    if mine.is_empty() {
+        return None;
+    }
     mine.sort_by(|a, b| a.created.cmp(&b.created));
-    mine.into_iter()
-        .flat_map(|o| o.rules.iter().cloned())
-        .collect()
+    Some(
+        mine.into_iter()
+            .flat_map(|o| o.rules.iter().cloned())
+            .collect(),
+    )
 }
 
 /// Follows the `InferenceModelRewrite` objects of `pools` (`rewrites.kubernetes`); the
-/// receiver sees their rules, oldest object first, after every change.
+/// receiver sees their rules, oldest object first, after every change (`None` while no object
+/// names one of the pools, and before the first list).
 pub fn start_rewrite_watch(
     k: &RewriteWatchConfig,
     pools: Vec<String>,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<watch::Receiver<Vec<RuleSpec>>, KubeError> {
+) -> Result<watch::Receiver<Option<Vec<RuleSpec>>>, KubeError> {
     let api = Api::connect(k.api.as_ref())?;
     let c = ModelRewrites {
         namespace: namespace_or_own(k.namespace.as_ref()),
     };
-    let (tx, rx) = watch::channel(Vec::new());
+    let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let label = pools.join(",");
         informer(
@@ -788,7 +795,15 @@ pub fn start_rewrite_watch(
                 tx.send_if_modified(|old| {
                     let changed = *old != rules;
                     if changed {
-                        tracing::info!(rules = rules.len(), "InferenceModelRewrite rules changed");
+                        match &rules {
+                            Some(r) => tracing::info!(
+                                rules = r.len(),
+                                "InferenceModelRewrite rules changed"
+                            ),
+                            None => tracing::info!(
+                                "no InferenceModelRewrite names the sidecar's pools any more"
+                            ),
+                        }
                         old.clone_from(&rules);
                     }
                     changed

@@ -12,7 +12,12 @@
 //! Rules are written in the `InferenceModelRewrite` shape: `matches[].model {type: Exact,
 //! value}`, `targets[] {modelRewrite, weight}`, plus `sticky: none | conversation` (an
 //! extension: the filter's per-conversation draw). A rule with several matches becomes one
-//! snapshot rule per model name. Without a `rewrites` section the snapshot carries none and the
+//! snapshot rule per model name.
+//!
+//! The snapshot carries a rewrites section only while a source gives rules: the file's
+//! `rewrites.rules` when present (`rules: []` is an empty section, which turns the filter's
+//! configured rules off), the objects' while at least one names a pool of the sidecar. Without
+//! either (no `rewrites` section, no `rules`, every object deleted) it carries none and the
 //! filter applies its own configured rules.
 //!
 //! This module is the rules' shape and checks (a leaf); the `rewrites:` section is
@@ -20,9 +25,10 @@
 //! `crate::kube` (objects).
 
 use llm_router_snapshot::{
-    RewriteRule, RewriteSticky, RewriteTarget, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
+    RewriteRule, RewriteSticky, RewriteTarget, Snapshot, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
 };
 use serde::Deserialize;
+use std::collections::BTreeSet;
 
 /// One rule, as `InferenceModelRewrite.spec.rules[]` spells it (plus `sticky`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -153,10 +159,89 @@ pub fn append_snapshot_rules(specs: &[RuleSpec], out: &mut Vec<RewriteRule>) {
     }
 }
 
+/// The target names of `snap`'s rewrite rules that no pool of the snapshot serves as far as
+/// the sidecar can tell: not in any pool's `models`, not an adapter any pod reports. Sorted,
+/// each once. The filter drops a rule whose target its configuration does not resolve either
+/// (unless it lists the name, e.g. an adapter no pod has loaded yet), so these are most likely
+/// typos or a canary whose pool is not there yet.
+pub fn unknown_targets(snap: &Snapshot) -> Vec<String> {
+    let Some(rules) = snap.rewrites.as_deref() else {
+        return Vec::new();
+    };
+    let mut unknown: BTreeSet<&str> = rules
+        .iter()
+        .flat_map(|r| &r.targets)
+        .map(|t| t.model.as_str())
+        .filter(|name| {
+            !snap
+                .pools
+                .iter()
+                .any(|p| p.models.iter().any(|m| m == name))
+        })
+        .collect();
+    // Adapters only for the names no pool lists: one pass over every pod's lists (which may
+    // hold thousands of names), not one per target.
+    if !unknown.is_empty() {
+        for l in snap
+            .pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .filter_map(|p| p.lora.as_ref())
+        {
+            for a in l.running.iter().chain(&l.waiting) {
+                unknown.remove(a.as_str());
+            }
+        }
+    }
+    unknown.into_iter().map(str::to_owned).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+
+    /// A target is known when a pool lists it as a model or a pod reports it as an adapter
+    /// (running or waiting); each unknown name counts once, however many rules name it.
+    #[test]
+    fn targets_no_pool_serves_are_unknown() {
+        use llm_router_snapshot::{LoraState, Pod, Pool};
+        let rule = |model: &str, targets: &[&str]| RewriteRule {
+            model: model.into(),
+            sticky: RewriteSticky::None,
+            targets: targets
+                .iter()
+                .map(|t| RewriteTarget {
+                    model: (*t).into(),
+                    weight: 1,
+                })
+                .collect(),
+        };
+        let mut snap = Snapshot {
+            pools: vec![Pool {
+                name: "llama".into(),
+                models: vec!["base".into()],
+                pods: vec![Pod {
+                    lora: Some(LoraState {
+                        running: vec!["loaded".into()],
+                        waiting: vec!["queued".into()],
+                        max_loras: 2,
+                    }),
+                    ..Pod::default()
+                }],
+                ..Pool::default()
+            }],
+            ..Snapshot::default()
+        };
+        assert!(unknown_targets(&snap).is_empty(), "no section");
+        snap.rewrites = Some(vec![
+            rule("chat", &["base", "typo", "loaded"]),
+            rule("chat-2", &["queued", "typo", "elsewhere"]),
+        ]);
+        assert_eq!(unknown_targets(&snap), ["elsewhere", "typo"]);
+        snap.rewrites = Some(vec![rule("chat", &["base"])]);
+        assert!(unknown_targets(&snap).is_empty());
+    }
 
     const RULES: &str = r#"
 rules:
@@ -174,9 +259,10 @@ rules:
     #[test]
     fn rules_in_the_inference_model_rewrite_shape_become_snapshot_rules() {
         let section: crate::config::RewritesConfig = serde_yaml::from_str(RULES).unwrap();
-        check_rules("rewrites.rules", &section.rules).unwrap();
+        let rules = section.rules.as_deref().unwrap();
+        check_rules("rewrites.rules", rules).unwrap();
         let mut out = Vec::new();
-        append_snapshot_rules(&section.rules, &mut out);
+        append_snapshot_rules(rules, &mut out);
         let names: Vec<&str> = out.iter().map(|r| r.model.as_str()).collect();
         assert_eq!(names, ["chat", "chat-2", "alias"]);
         assert_eq!(out[0].sticky, RewriteSticky::Conversation);
@@ -198,7 +284,7 @@ rules:
     fn rules_the_filter_cannot_use_are_refused_by_name() {
         let bad = |yaml: &str| {
             let section: crate::config::RewritesConfig = serde_yaml::from_str(yaml).unwrap();
-            check_rules("rewrites.rules", &section.rules).unwrap_err()
+            check_rules("rewrites.rules", section.rules.as_deref().unwrap()).unwrap_err()
         };
         assert!(
             bad("rules: [{targets: [{modelRewrite: a}]}]").contains("rewrites.rules[0].matches")

@@ -245,8 +245,12 @@ struct Loop {
     /// takes at most 1 / (1 + [`PEER_PUSH_SPACING`]) of the proxy's time for such news.
     peer_push_at: Option<tokio::time::Instant>,
     /// The rewrite rules every snapshot carries (`crate::rewrites`); `None` without a
-    /// `rewrites` section: snapshots then carry none and the filter uses its own.
+    /// `rewrites` section. Without one, or while its sources give no rules, snapshots carry
+    /// no rewrites section and the filter uses its own.
     rewrites: Option<RewriteSources>,
+    /// The rewrite targets no pool of the last snapshot serves, as last logged
+    /// ([`crate::rewrites::unknown_targets`]).
+    unknown_targets: Vec<String>,
 }
 
 impl Loop {
@@ -494,10 +498,22 @@ impl Loop {
         }
     }
 
-    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when it has a source.
+    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when a source gives some,
+    /// and counts the rules' targets that no pool of `snap` serves (logged when they change).
     fn set_rewrites(&mut self, snap: &mut Snapshot) {
-        if let Some(sources) = &mut self.rewrites {
-            snap.rewrites = Some(sources.current().to_vec());
+        if let Some(rules) = self.rewrites.as_mut().and_then(|s| s.current()) {
+            snap.rewrites = Some(rules.to_vec());
+        }
+        let unknown = crate::rewrites::unknown_targets(snap);
+        if unknown != self.unknown_targets {
+            if !unknown.is_empty() {
+                tracing::warn!(
+                    targets = ?unknown,
+                    "rewrite targets that no pool serves (no pool lists them in models, no pod reports them as an adapter): the filter drops their rules unless its configuration knows the names"
+                );
+            }
+            self.stats.rewrite_targets_unknown(unknown.len());
+            self.unknown_targets = unknown;
         }
     }
 

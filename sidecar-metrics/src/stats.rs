@@ -76,6 +76,8 @@ struct Inner {
     adapters_trimmed: BTreeMap<(&'static str, &'static str), u64>,
     budget_bytes: u64,
     over_budget: u64,
+    /// Target names of the last snapshot's rewrite rules that no pool serves.
+    rewrite_targets_unknown: u64,
     hub: HubNumbers,
     /// Subscriber side: age of the oldest other replica's tally in each applied hub frame.
     peer_age: Option<Histogram>,
@@ -357,6 +359,12 @@ fn encode_snapshots(enc: &mut DescriptorEncoder, i: &Inner, now_ms: u64) -> Enco
     )?;
     single(
         enc,
+        "llm_router_sidecar_rewrite_targets_unknown",
+        "Target names of the last snapshot's rewrite rules that no pool serves (in no pool's models, no pod's adapters; logged as a warning).",
+        &ConstGauge::new(i.rewrite_targets_unknown as i64),
+    )?;
+    single(
+        enc,
         "llm_router_sidecar_scrape_rounds",
         "Scrape rounds completed.",
         &ConstCounter::new(i.rounds),
@@ -560,6 +568,11 @@ impl Stats {
     /// A snapshot was not pushed: it exceeds the budget even without adapters.
     pub fn snapshot_over_budget(&self) {
         self.with(|i| i.over_budget += 1);
+    }
+
+    /// The target names of the snapshot's rewrite rules that no pool serves.
+    pub fn rewrite_targets_unknown(&self, n: usize) {
+        self.with(|i| i.rewrite_targets_unknown = n as u64);
     }
 
     pub fn push_done(&self, result: &'static str, accepted: Option<(u64, u64)>) {

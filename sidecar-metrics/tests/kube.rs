@@ -1245,7 +1245,8 @@ fn targets(t: &[(&str, u32)]) -> Vec<(String, u32)> {
 
 /// InferenceModelRewrites of the sidecar's pool reach every snapshot and follow the objects
 /// live: the oldest object ruling a model wins, another pool's objects are ignored, a weight
-/// change and a deletion apply with the next push.
+/// change and a deletion apply with the next push, and with the pool's last object deleted the
+/// snapshot carries no section again.
 #[tokio::test]
 async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
     use sidecar_metrics::config::{RewriteWatchConfig, RewritesConfig};
@@ -1272,7 +1273,7 @@ async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
     let proxy = FakeProxy::start().await;
     let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
     cfg.rewrites = Some(RewritesConfig {
-        rules: Vec::new(),
+        rules: None,
         reload_ms: 0,
         kubernetes: Some(RewriteWatchConfig {
             namespace: Some("llm".into()),
@@ -1319,6 +1320,16 @@ async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
             "the newer object's rule once the older is gone",
             LIMIT,
             |s| chat_rule(s) == Some(next.clone()),
+        )
+        .await;
+    // The pool's last object gone (another pool's is left): no section at all, so the
+    // filter's configured rules apply again (an empty section would turn them off).
+    api.event(REWRITES, "DELETED", "newer", None);
+    proxy
+        .wait_for(
+            "no rewrites section once the pool has no object",
+            LIMIT,
+            |s| s.last().is_some_and(|s| s.rewrites.is_none()),
         )
         .await;
     running.stop().await;

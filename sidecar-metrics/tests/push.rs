@@ -562,3 +562,125 @@ async fn a_413_lowers_the_budget_until_pushes_fit() {
     );
     running.stop().await;
 }
+
+/// A configuration file pushing to `proxy` from the pods of `fleet`, with `rewrites` (YAML, the
+/// whole `rewrites:` section or nothing) appended.
+fn config_file(proxy: &FakeProxy, fleet: &FakeFleet, rewrites: &str) -> String {
+    let pods: Vec<String> = fleet.endpoints().iter().map(|e| format!("{e:?}")).collect();
+    format!(
+        "push:\n  address: \"{}\"\n  secret: {SECRET}\nscrape:\n  interval_ms: 20\n\
+         heartbeat_ms: 1000\nlisten: \"127.0.0.1:0\"\npools:\n  - name: llama\n    \
+         cluster: pool_llama\n    models: [m1]\n    discovery:\n      static: [{}]\n{rewrites}",
+        proxy.addr,
+        pods.join(", ")
+    )
+}
+
+/// Writes `text` to `path` whole (a rename), so the sidecar never reads half a file.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+/// The rewrites section of the last snapshot: `None` when it has none, else the rules' models.
+fn last_rewrites(s: &[llm_router_snapshot::Snapshot]) -> Option<Option<Vec<String>>> {
+    let last = s.last()?;
+    Some(
+        last.rewrites
+            .as_ref()
+            .map(|rules| rules.iter().map(|r| r.model.clone()).collect()),
+    )
+}
+
+/// Issue 43: a snapshot carries a rewrites section only when a source gives rules, so the
+/// filter's configured rules apply otherwise. The file is re-read while the sidecar runs: its
+/// rules reach the snapshot; the section deleted sends no section (not an empty one, which
+/// would turn the filter's rules off); `rules: []` sends an empty section (turns them off on
+/// purpose); a section without `rules` sends none again.
+#[tokio::test]
+async fn a_deleted_rewrites_section_sends_no_section_and_an_empty_list_an_empty_one() {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.1))).await;
+    let proxy = FakeProxy::start().await;
+    let path = std::env::temp_dir().join(format!("sidecar-rewrites-{}.yaml", std::process::id()));
+    let rules =
+        "rewrites:\n  reload_ms: 20\n  rules:\n    - matches: [{model: {value: chat}}]\n      \
+                 targets: [{modelRewrite: m1}]\n";
+    replace_file(&path, &config_file(&proxy, &fleet, rules));
+    let cfg = sidecar_metrics::config::Config::load(&path).expect("the file loads");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let chat = Some(Some(vec!["chat".to_owned()]));
+    proxy
+        .wait_for("the file's rule", LIMIT, |s| last_rewrites(s) == chat)
+        .await;
+    for (what, section, want) in [
+        ("no section once the file has none", "", Some(None)),
+        (
+            "an empty section for `rules: []`",
+            "rewrites:\n  rules: []\n",
+            Some(Some(vec![])),
+        ),
+        (
+            "no section for a section without rules",
+            "rewrites:\n  reload_ms: 20\n",
+            Some(None),
+        ),
+        ("the rule again", rules, chat.clone()),
+    ] {
+        replace_file(&path, &config_file(&proxy, &fleet, section));
+        proxy
+            .wait_for(what, LIMIT, |s| last_rewrites(s) == want)
+            .await;
+    }
+    running.stop().await;
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Issue 43: the targets of the sidecar's rewrite rules that no pool serves (no pool lists them
+/// in `models`, no pod reports them as an adapter) are counted, each name once, in
+/// `llm_router_sidecar_rewrite_targets_unknown` (and logged); the rules are still sent, the
+/// filter decides (its configuration may know the name).
+#[tokio::test]
+async fn rewrite_targets_in_no_known_pool_are_counted() {
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.1))).await;
+    let proxy = FakeProxy::start().await;
+    let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+    cfg.rewrites = Some(
+        serde_yaml::from_str(
+            "reload_ms: 0\nrules:\n\
+             - matches: [{model: {value: chat}}]\n  targets: [{modelRewrite: m1}, {modelRewrite: typo}]\n\
+             - matches: [{model: {value: chat-2}}]\n  targets: [{modelRewrite: typo}, {modelRewrite: elsewhere}]\n",
+        )
+        .expect("the rules parse"),
+    );
+    cfg.validate().expect("valid");
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let snaps = proxy
+        .wait_for("the two rules", LIMIT, |s| {
+            last_rewrites(s) == Some(Some(vec!["chat".into(), "chat-2".into()]))
+        })
+        .await;
+    let rules = snaps
+        .last()
+        .and_then(|s| s.rewrites.clone())
+        .expect("rules");
+    assert_eq!(rules[0].targets[1].model, "typo", "sent as configured");
+    let (status, text) = http_get(running.face_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    let (samples, errors) = sidecar_metrics::prom::parse_all(&text);
+    assert!(errors.is_empty(), "{errors:?}");
+    let unknown = samples
+        .iter()
+        .find(|s| s.name == "llm_router_sidecar_rewrite_targets_unknown")
+        .map(|s| s.value);
+    assert_eq!(
+        unknown,
+        Some(2.0),
+        "typo and elsewhere; m1 is the pool's model"
+    );
+    running.stop().await;
+}

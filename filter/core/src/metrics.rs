@@ -28,6 +28,9 @@ pub const SNAPSHOT_AGE: &str = "llm_router_snapshot_age_seconds";
 pub const SNAPSHOT_GENERATION: &str = "llm_router_snapshot_generation";
 /// Snapshot pushes by `result` (`accepted`, `refused`; counter).
 pub const SNAPSHOT_PUSHES: &str = "llm_router_snapshot_pushes_total";
+/// Rules of the current snapshot's rewrites section that this proxy dropped because they do
+/// not resolve against its configuration (`crate::config::DroppedRewrite`; gauge).
+pub const SNAPSHOT_REWRITES_DROPPED: &str = "llm_router_snapshot_rewrites_dropped";
 /// Routed requests whose chosen pod had a cached prefix of the prompt (`pool`; counter).
 pub const PREFIX_HITS: &str = "llm_router_prefix_hits_total";
 /// Adapter requests routed to a pod where the adapter is resident or at home (`pool`; counter).

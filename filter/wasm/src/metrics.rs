@@ -67,6 +67,7 @@ pub struct Metrics {
     decision: Histogram,
     snapshot_age: Gauge,
     snapshot_generation: Gauge,
+    snapshot_rewrites_dropped: Gauge,
     pushes_accepted: Counter,
     pushes_refused: Counter,
     ticks: u64,
@@ -81,6 +82,7 @@ impl Metrics {
             decision: Histogram::define(names::DECISION_DURATION),
             snapshot_age: Gauge::define(names::SNAPSHOT_AGE),
             snapshot_generation: Gauge::define(names::SNAPSHOT_GENERATION),
+            snapshot_rewrites_dropped: Gauge::define(names::SNAPSHOT_REWRITES_DROPPED),
             pushes_accepted: Counter::define(&stat_name(
                 names::SNAPSHOT_PUSHES,
                 &[("result", "accepted")],
@@ -217,6 +219,11 @@ impl Metrics {
         if let Some(a) = age_s {
             self.snapshot_age.set(a);
         }
+    }
+
+    /// The current snapshot's rewrite rules that did not resolve (0 without a snapshot).
+    pub fn snapshot_rewrites_dropped(&self, n: usize) {
+        self.snapshot_rewrites_dropped.set(n as u64);
     }
 
     pub fn in_flight(&mut self, pool: &str, pod: &str, n: u32) {

@@ -101,6 +101,7 @@ fn set_gauges(w: &mut Worker) {
         Some(f) => {
             let age_ms = host::now_ms().saturating_sub(f.accepted_ms);
             metrics.snapshot(f.snapshot.generation, Some(age_ms / 1000));
+            metrics.snapshot_rewrites_dropped(f.dropped_rewrites.len());
             let flow = router.config.flow.enabled;
             for pool in &f.snapshot.pools {
                 if flow {
@@ -115,7 +116,10 @@ fn set_gauges(w: &mut Worker) {
                 }
             }
         }
-        None => metrics.snapshot(0, None),
+        None => {
+            metrics.snapshot(0, None);
+            metrics.snapshot_rewrites_dropped(0);
+        }
     }
     metrics.end_tick();
 }

@@ -37,8 +37,8 @@ impl Config {
         }
         check_snapshot(&self.snapshot)?;
         check_pools(&self.pools)?;
-        if let Some(r) = &self.rewrites {
-            crate::rewrites::check_rules("rewrites.rules", &r.rules)
+        if let Some(rules) = self.rewrites.as_ref().and_then(|r| r.rules.as_deref()) {
+            crate::rewrites::check_rules("rewrites.rules", rules)
                 .map_err(|e| invalid("rewrites", e))?;
         }
         Ok(())

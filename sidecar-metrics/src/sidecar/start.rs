@@ -409,6 +409,7 @@ impl Loop {
             push_started: None,
             peer_push_at: None,
             rewrites: None,
+            unknown_targets: Vec::new(),
             cfg,
         }
     }

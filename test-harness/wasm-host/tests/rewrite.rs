@@ -212,3 +212,18 @@ fn the_snapshot_rules_replace_the_configured_ones_and_change_with_the_next_push(
     let share = qwen_share(&vm);
     assert!((0.02..=0.25).contains(&share), "{share}");
 }
+
+/// `llm_router_snapshot_rewrites_dropped`: the snapshot's rules that did not resolve, set with
+/// the other gauges on the tick; back to 0 once a snapshot's rules all resolve, or it has none.
+#[test]
+fn the_dropped_snapshot_rules_are_a_gauge() {
+    const GAUGE: &str = "llm_router_snapshot_rewrites_dropped";
+    let host = host();
+    let vm = host.vm(&config_with(&rules("none"))).unwrap();
+    push_ok(&vm, &snapshot_with_rules(&host, 1, 90, 10));
+    vm.advance(std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(metric_sum(&host, GAUGE, &[]), 1, "the typo rule");
+    push_ok(&vm, &snapshot(&host, 2, two_pools()));
+    vm.advance(std::time::Duration::from_secs(1)).unwrap();
+    assert_eq!(metric_sum(&host, GAUGE, &[]), 0, "no section");
+}

@@ -1596,6 +1596,15 @@ fn a_snapshot_rule_that_does_not_resolve_is_dropped_and_named() {
         "{}",
         dropped.reason
     );
+    // The reason says where the rule came from: the snapshot (a configured rule is never
+    // dropped: it refuses the configuration, naming `rewrites[i]`, config/tests.rs).
+    assert!(
+        dropped
+            .reason
+            .starts_with("snapshot rewrite \"typo\".targets[0].model: \"no-such-model\""),
+        "{}",
+        dropped.reason
+    );
     let s = MemoryStore::new();
     let e = go(&r, &s, Some(&fleet), &chat("typo", "hi"), ctx(1100)).unwrap_err();
     assert_eq!(e.status, 404);
