@@ -936,7 +936,7 @@ async fn forged_replayed_and_future_tallies_change_no_routing_decision() {
     // The attacks claim work on the three pods the baseline used most: any one taken moves
     // every conversation on them (at least 9 of the 12) to the fourth.
     let used = |p: &SocketAddr| baseline.iter().filter(|b| **b == p.to_string()).count();
-    let spared = *pods.iter().min_by_key(|p| used(*p)).unwrap();
+    let spared = *pods.iter().min_by_key(|p| used(p)).unwrap();
     let busy: Vec<SocketAddr> = pods.iter().copied().filter(|p| *p != spared).collect();
     let exposed = CONVERSATIONS - used(&spared);
     let mut forger = Forger {
