@@ -87,17 +87,10 @@ async fn rounds(face: SocketAddr) -> u64 {
         .unwrap_or(0)
 }
 
-/// Sends one chat request; returns the pod that served it (the filter's served header).
+/// Sends one chat request; returns the pod that served it.
 async fn served(envoy: &EnvoyProcess, i: usize) -> String {
     let body = json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": format!("hello {i}")}]});
-    let r = testkit::post_json(envoy.listen_addr, "/v1/chat/completions", &[], &body)
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.header("x-gateway-destination-endpoint-served")
-        .or(r.header("x-model-sim-pod"))
-        .unwrap_or_default()
-        .to_string()
+    common::served_by(envoy.listen_addr, &body).await
 }
 
 async fn override_metrics(pod: SocketAddr, body: Value) {

@@ -9,12 +9,20 @@
 //! - a restarted sidecar resubscribes and its proxy accepts its pushes;
 //! - no request fails, and no push is ever refused as stale (409).
 //!
+//! Three gateways also show each other's work through one hub, and three more, whose sidecars
+//! hold only their replica credentials, route exactly as before while tallies forged with the
+//! wrong keys, dated in the future or replayed are sent to their two hubs (after a positive
+//! control that a genuine tally does move their conversations).
+//!
 //! Needs Envoy, the filter `.wasm` and `target/release/model-sim` (`./build.sh`): skipped with a
 //! message when missing, failed when `CI` is set.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,8 +82,9 @@ fn start_sidecar(
     ChildGuard::spawn("sidecar-metrics", cmd).unwrap()
 }
 
-async fn start_gateway(pods: &[SocketAddr], hubs: &[SocketAddr]) -> Gateway {
-    let envoy = EnvoySpec::new(Router::Filter)
+/// Envoy with the real filter in front of `pods`, taking snapshots signed with the push secret.
+async fn start_envoy(pods: &[SocketAddr]) -> EnvoyProcess {
+    EnvoySpec::new(Router::Filter)
         .pool("llama", "pool_llama", pods.to_vec())
         .plugin_config(json!({
             "pools": [{"name": "llama", "cluster": "pool_llama", "models": [MODEL]}],
@@ -83,7 +92,11 @@ async fn start_gateway(pods: &[SocketAddr], hubs: &[SocketAddr]) -> Gateway {
         }))
         .start()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn start_gateway(pods: &[SocketAddr], hubs: &[SocketAddr]) -> Gateway {
+    let envoy = start_envoy(pods).await;
     let face = addr();
     let sidecar = start_sidecar(&envoy, pods, hubs, face);
     Gateway {
@@ -496,4 +509,515 @@ async fn contexts(envoy: &EnvoyProcess) -> (u64, u64) {
         pool["peer_contexts"].as_u64().unwrap_or(0),
         pool["placed_contexts"].as_u64().unwrap_or(0),
     )
+}
+
+// ---- Forged, replayed and future-dated tallies ----
+
+/// The hubs' own secret in the test below: the push secret (in every Envoy's configuration)
+/// opens nothing on them, and the gateway sidecars hold only their credentials.
+const HUB_SECRET: &str = "e2e-hub-only-secret-0123456789abcdef";
+/// Another deployment's hub secret.
+const OTHER_HUB_SECRET: &str = "e2e-other-hubs-secret-0123456789abcdef";
+/// The hubs' `hub.tally_ttl_ms` in the test below (500 by default): one genuine tally, never
+/// renewed, stays live while the positive control routes its conversations.
+const TALLY_TTL_MS: u64 = 2_000;
+/// The replica the test's own genuine tally speaks for (the gateways are replicas 1, 2 and 3).
+const TEST_REPLICA: u64 = 4;
+/// Conversations routed in each round, conversation `i` through gateway `i % 3`.
+const CONVERSATIONS: usize = 12;
+/// How many times each attack is sent to each hub.
+const REPEATS: usize = 8;
+
+/// Writes `text` to `dir/name`; the path.
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The pool as a configuration file writes it (static discovery).
+fn pool_json(pods: &[SocketAddr]) -> Value {
+    let eps: Vec<String> = pods.iter().map(|p| p.to_string()).collect();
+    json!({"name": "llama", "cluster": "pool_llama", "models": [MODEL], "discovery": {"static": eps}})
+}
+
+/// A hub holding the hub secret (`hub.secret_file`), keeping tallies for [`TALLY_TTL_MS`]. The
+/// configuration is written as JSON, which is YAML.
+fn start_keyed_hub(
+    dir: &Path,
+    name: &str,
+    pods: &[SocketAddr],
+    listen: SocketAddr,
+    face: SocketAddr,
+    hub_secret: &Path,
+) -> ChildGuard {
+    let cfg = json!({
+        "mode": "hub",
+        "listen": face.to_string(),
+        "push": {"secret": SECRET},
+        "hub": {
+            "listen": listen.to_string(),
+            "secret_file": hub_secret,
+            "tally_ttl_ms": TALLY_TTL_MS,
+        },
+        "pools": [pool_json(pods)],
+    });
+    let file = write(dir, &format!("{name}.yaml"), &cfg.to_string());
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run").arg("--config").arg(file);
+    ChildGuard::spawn("sidecar-metrics-hub", cmd).unwrap()
+}
+
+/// Replica `replica`'s sidecar for `envoy`, following `hubs` with the credential that
+/// `sidecar-metrics credential` writes from the hub secret (which the sidecar never sees).
+fn start_credentialed_sidecar(
+    dir: &Path,
+    replica: u64,
+    hub_secret: &Path,
+    envoy: &EnvoyProcess,
+    pods: &[SocketAddr],
+    hubs: &[SocketAddr],
+    face: SocketAddr,
+) -> ChildGuard {
+    let credential = dir.join(format!("replica-{replica}.credential"));
+    let made = Command::new(BIN)
+        .arg("credential")
+        .arg("--hub-secret-file")
+        .arg(hub_secret)
+        .args(["--replica", &replica.to_string()])
+        .arg("--out")
+        .arg(&credential)
+        .status()
+        .unwrap();
+    assert!(made.success(), "`sidecar-metrics credential` failed");
+    let hubs: Vec<String> = hubs.iter().map(|h| format!("http://{h}")).collect();
+    let cfg = json!({
+        "listen": face.to_string(),
+        "push": {"address": envoy.push_addr().to_string(), "secret": SECRET},
+        "hub": {
+            "upstreams": hubs,
+            "credential_file": credential,
+            // A loaded test machine may delay a frame: stay on the hubs.
+            "fallback_after_ms": 1000,
+        },
+        "pools": [pool_json(pods)],
+    });
+    let file = write(dir, &format!("replica-{replica}.yaml"), &cfg.to_string());
+    let mut cmd = Command::new(BIN);
+    cmd.arg("run").arg("--config").arg(file);
+    ChildGuard::spawn("sidecar-metrics", cmd).unwrap()
+}
+
+/// Pods of the first pool whose health is `ok` in gateway `envoy`'s filter.
+async fn healthy_pods(envoy: &EnvoyProcess) -> usize {
+    let Ok(r) = testkit::get(envoy.push_addr(), "/__llm_router/state", &[]).await else {
+        return 0;
+    };
+    let Ok(v) = r.json() else { return 0 };
+    v["pools"][0]["pods"].as_array().map_or(0, |p| {
+        p.iter().filter(|p| p["health"] == json!("ok")).count()
+    })
+}
+
+/// `(peer_in_flight, peer_pending_tokens)` of `pod` in a [`peer_work`] list.
+fn work_on(work: &[(String, u64, u64)], pod: SocketAddr) -> (u64, u64) {
+    work.iter()
+        .find(|(a, _, _)| *a == pod.to_string())
+        .map_or((0, 0), |&(_, n, t)| (n, t))
+}
+
+fn no_peer_work(work: &[(String, u64, u64)]) -> bool {
+    work.iter().all(|&(_, n, t)| n == 0 && t == 0)
+}
+
+/// Asserts that no gateway's filter shows other replicas' work, looking every 20 ms for `span`.
+async fn no_peer_work_for(gws: &[Gateway], span: Duration, after: &str) {
+    let start = Instant::now();
+    loop {
+        for (i, g) in gws.iter().enumerate() {
+            let w = peer_work(&g.envoy).await;
+            assert!(
+                no_peer_work(&w),
+                "gateway {i}'s filter shows peer work after {after}: {w:?}"
+            );
+        }
+        if start.elapsed() >= span {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A tally claiming a thousand requests and four million pending prompt tokens on each of
+/// `busy` (far over what the filters accept from other replicas).
+fn claim(replica: u64, seq: u64, taken_ms: u64, busy: &[SocketAddr]) -> Vec<u8> {
+    llm_router_snapshot::Tally {
+        replica,
+        seq,
+        taken_ms,
+        pools: vec![llm_router_snapshot::TallyPool {
+            name: "llama".into(),
+            pods: busy
+                .iter()
+                .map(|p| llm_router_snapshot::TallyPod {
+                    address: p.to_string(),
+                    in_flight: 1_000,
+                    pending_tokens: 4_000_000,
+                })
+                .collect(),
+            contexts: Vec::new(),
+        }],
+    }
+    .encode()
+    .unwrap()
+}
+
+/// POSTs one tally to every hub: their answers.
+async fn to_hubs(hubs: &[SocketAddr], replica: u64, signature: &str, body: &[u8]) -> Vec<u16> {
+    let mut answers = Vec::new();
+    for h in hubs {
+        answers.push(common::post_tally(*h, &replica.to_string(), signature, body).await);
+    }
+    answers
+}
+
+/// Conversation `i` of a round: a distinct opening (so no two share a cached prefix), a few
+/// prefix blocks long.
+fn conversation(tag: &str, i: usize) -> Value {
+    let text = format!(
+        "{tag} {i:02}: {}",
+        "Tell me about the tides, the moon and the old harbour wall. ".repeat(8)
+    );
+    json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]})
+}
+
+/// Routes the round's conversations, conversation `i` through gateway `i % 3`: the pod that
+/// served each.
+async fn route_all(gws: &[Gateway], tag: &str) -> Vec<String> {
+    let mut served = Vec::new();
+    for i in 0..CONVERSATIONS {
+        let listen = gws[i % gws.len()].envoy.listen_addr;
+        served.push(common::served_by(listen, &conversation(tag, i)).await);
+    }
+    served
+}
+
+/// The ways a tally is forged or replayed below, each refused by the hubs with its status.
+#[derive(Debug, Clone, Copy)]
+enum Attack {
+    /// Replica 4's tally signed with replica 4's key derived from another hub's secret.
+    OtherHubSecret,
+    /// Replica 1's own key (its credential) on a tally naming replica 2.
+    ReplicaOneAsTwo,
+    /// Signed with the push secret itself (what every Envoy's environment holds).
+    PushSecret,
+    /// Replica 4's key as derived from the push secret (the configuration from before the hub
+    /// secret was split from it).
+    PushDerivedKey,
+    /// Replica 4's genuine key, a fresh seq, `taken_ms` one minute ahead of the hubs' clock.
+    Future,
+    /// The positive control's genuine tally again, byte for byte.
+    Replay,
+}
+
+impl Attack {
+    const ALL: [Attack; 6] = [
+        Attack::OtherHubSecret,
+        Attack::ReplicaOneAsTwo,
+        Attack::PushSecret,
+        Attack::PushDerivedKey,
+        Attack::Future,
+        Attack::Replay,
+    ];
+
+    /// The hub's answer: 403 for a signature that is not the named replica's, 409 for a
+    /// genuinely signed tally it will not take.
+    fn refusal(self) -> u16 {
+        match self {
+            Attack::Future | Attack::Replay => 409,
+            _ => 403,
+        }
+    }
+}
+
+/// What an attacker holds, and what the test recorded of the genuine tally.
+struct Forger {
+    genuine: Vec<u8>,
+    genuine_signature: String,
+    /// Replica 4's key under the real hub secret (the positive control's).
+    replica_key: sidecar_metrics::keys::Key,
+    replica_one_key: sidecar_metrics::keys::Key,
+    other_hub_key: sidecar_metrics::keys::Key,
+    push_derived_key: sidecar_metrics::keys::Key,
+    /// Where the forged tallies claim work.
+    busy: Vec<SocketAddr>,
+    /// The last seq used (each forged tally takes a fresh one above the genuine tally's).
+    seq: u64,
+}
+
+impl Forger {
+    /// `(replica header, signature, body)` of one attempt.
+    fn forge(&mut self, attack: Attack) -> (u64, String, Vec<u8>) {
+        let now = sidecar_metrics::clock::now_ms();
+        self.seq = sidecar_metrics::share::next_seq(self.seq, now);
+        let sign = llm_router_snapshot::sign;
+        let forged = |replica: u64, taken_ms: u64| claim(replica, self.seq, taken_ms, &self.busy);
+        match attack {
+            Attack::OtherHubSecret => {
+                let b = forged(TEST_REPLICA, now);
+                (TEST_REPLICA, sign(&self.other_hub_key, &b), b)
+            }
+            Attack::ReplicaOneAsTwo => {
+                let b = forged(2, now);
+                (2, sign(&self.replica_one_key, &b), b)
+            }
+            Attack::PushSecret => {
+                let b = forged(TEST_REPLICA, now);
+                (TEST_REPLICA, sign(SECRET.as_bytes(), &b), b)
+            }
+            Attack::PushDerivedKey => {
+                let b = forged(TEST_REPLICA, now);
+                (TEST_REPLICA, sign(&self.push_derived_key, &b), b)
+            }
+            Attack::Future => {
+                let b = forged(TEST_REPLICA, now + 60_000);
+                (TEST_REPLICA, sign(&self.replica_key, &b), b)
+            }
+            Attack::Replay => (
+                TEST_REPLICA,
+                self.genuine_signature.clone(),
+                self.genuine.clone(),
+            ),
+        }
+    }
+}
+
+/// Three gateways (real Envoy + the real filter `.wasm`, each with its sidecar holding only its
+/// own replica credential) follow two hubs that hold their own hub secret, in front of four idle
+/// model-sim pods.
+/// - Positive control: a genuine tally from replica 4 (signed with its real key) claiming far
+///   too much work on three pods reaches every filter capped (8 requests, 8 × 32,768 tokens a
+///   pod) and the conversations go to the fourth pod. Replayed after the hubs' TTL, it is
+///   refused (409) and the claim stays gone.
+/// - Baseline: twelve conversations routed through the three gateways.
+/// - Attacks, each sent repeatedly to both hubs, claiming work on the three pods the baseline
+///   used most: signed with another hub's secret, replica 1's key posing as replica 2, the push
+///   secret, a key derived from the push secret (403 each); replica 4's real key dated a
+///   minute ahead, and an exact replay of the control (409 each). No filter shows peer work
+///   meanwhile, and the same twelve conversations are routed again exactly as in the baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_replayed_and_future_tallies_change_no_routing_decision() {
+    use sidecar_metrics::keys::HubKeys;
+    if !testkit::prerequisites_ready(
+        "e2e_hub",
+        [
+            testkit::envoy_binary().err().map(|e| e.to_string()),
+            testkit::filter_wasm().err().map(|e| e.to_string()),
+            testkit::bin("model-sim").err().map(|e| e.to_string()),
+        ],
+    ) {
+        return;
+    }
+    let started = Instant::now();
+    let sim = ["--profile", "h100", "--speedup", "50", "--model", MODEL];
+    let mut sims = Vec::new();
+    for _ in 0..4 {
+        sims.push(testkit::start_model_sim(&sim).await.unwrap());
+    }
+    let pods: Vec<SocketAddr> = sims.iter().map(|s| s.addr).collect();
+    // The secret, credential and configuration files, kept with the processes' logs.
+    let dir = testkit::testlog_dir("e2e-hub-tallies").unwrap();
+    let hub_secret = write(&dir, "hub-secret", &format!("{HUB_SECRET}\n"));
+    let (hub_addrs, hub_faces) = ([addr(), addr()], [addr(), addr()]);
+    let _hubs: Vec<ChildGuard> = (0..2)
+        .map(|i| {
+            let name = format!("hub-{i}");
+            start_keyed_hub(&dir, &name, &pods, hub_addrs[i], hub_faces[i], &hub_secret)
+        })
+        .collect();
+    let mut gws = Vec::new();
+    for replica in 1..=3 {
+        let envoy = start_envoy(&pods).await;
+        let face = addr();
+        let sidecar =
+            start_credentialed_sidecar(&dir, replica, &hub_secret, &envoy, &pods, &hub_addrs, face);
+        gws.push(Gateway {
+            envoy,
+            face,
+            sidecar,
+        });
+    }
+    for g in &gws {
+        until("the gateway on a hub", async || {
+            frames(g.face).await >= 3 && on_hub(g.face).await
+        })
+        .await;
+        until("the four pods healthy in its filter", async || {
+            healthy_pods(&g.envoy).await == 4
+        })
+        .await;
+    }
+    let setup = started.elapsed();
+
+    // Positive control: replica 4's genuine tally claims work on pods 0-2.
+    let keys = HubKeys::from_secret(HUB_SECRET.as_bytes());
+    let replica_key = keys.credential(TEST_REPLICA).tally;
+    let (spared, busy) = (pods[3], &pods[..3]);
+    let seq = sidecar_metrics::share::next_seq(0, sidecar_metrics::clock::now_ms());
+    let genuine = claim(TEST_REPLICA, seq, sidecar_metrics::clock::now_ms(), busy);
+    let genuine_signature = llm_router_snapshot::sign(&replica_key, &genuine);
+    let posted = Instant::now();
+    let answers = to_hubs(&hub_addrs, TEST_REPLICA, &genuine_signature, &genuine).await;
+    assert_eq!(answers, [204, 204], "the genuine tally was not taken");
+    let slack = u64::from(llm_router_snapshot::tally::PEER_SLACK);
+    let capped = (
+        slack,
+        slack * u64::from(llm_router_snapshot::tally::PEER_MAX_TOKENS_PER_REQUEST),
+    );
+    for g in &gws {
+        until("the genuine claim, capped, in the filter", async || {
+            let w = peer_work(&g.envoy).await;
+            busy.iter().all(|p| work_on(&w, *p) == capped) && work_on(&w, spared) == (0, 0)
+        })
+        .await;
+    }
+    let seen_after = posted.elapsed();
+    let control = route_all(&gws, "control").await;
+    let routed_by = posted.elapsed();
+    let to_spared = control.iter().filter(|p| **p == spared.to_string()).count();
+    eprintln!(
+        "positive control: the claim reached all three filters {seen_after:?} after the POST \
+         (capped at {capped:?} a pod); {to_spared} of {CONVERSATIONS} conversations went to the \
+         spared pod, all routed {routed_by:?} after the POST; served: {control:?}"
+    );
+    assert!(
+        routed_by < Duration::from_millis(TALLY_TTL_MS),
+        "the control's conversations took longer than the tally lives ({routed_by:?})"
+    );
+    assert!(
+        to_spared >= CONVERSATIONS - 2,
+        "only {to_spared} of {CONVERSATIONS} conversations avoided the claimed pods: {control:?}"
+    );
+
+    // The claim expires with the hubs' TTL; the same tally sent again is a replay.
+    for g in &gws {
+        until("the genuine claim expired", async || {
+            no_peer_work(&peer_work(&g.envoy).await)
+        })
+        .await;
+    }
+    let gone_after = posted.elapsed();
+    let answers = to_hubs(&hub_addrs, TEST_REPLICA, &genuine_signature, &genuine).await;
+    let replayed_at = posted.elapsed();
+    assert_eq!(
+        answers,
+        [409, 409],
+        "the genuine tally replayed after its TTL was not refused"
+    );
+    // Still younger than the hubs' age bound: the seq, not the age, refused it.
+    assert!(
+        replayed_at < Duration::from_millis(sidecar_metrics::share::MAX_TALLY_AGE_MS),
+        "the replay came {replayed_at:?} after the tally; too late to test the seq"
+    );
+    no_peer_work_for(&gws, Duration::from_millis(300), "the replay").await;
+    eprintln!(
+        "the claim was gone from every filter {gone_after:?} after the POST (TTL {TALLY_TTL_MS} ms); \
+         its replay {replayed_at:?} after it: {answers:?}"
+    );
+
+    // Baseline: where the conversations go with no other replica's work claimed.
+    let baseline = route_all(&gws, "conversation").await;
+    for g in &gws {
+        until("no peer work after the baseline", async || {
+            no_peer_work(&peer_work(&g.envoy).await)
+        })
+        .await;
+    }
+    // The attacks claim work on the three pods the baseline used most: any one taken moves
+    // every conversation on them (at least 9 of the 12) to the fourth.
+    let used = |p: &SocketAddr| baseline.iter().filter(|b| **b == p.to_string()).count();
+    let spared = *pods.iter().min_by_key(|p| used(p)).unwrap();
+    let busy: Vec<SocketAddr> = pods.iter().copied().filter(|p| *p != spared).collect();
+    let exposed = CONVERSATIONS - used(&spared);
+    let mut forger = Forger {
+        genuine,
+        genuine_signature,
+        replica_key,
+        replica_one_key: keys.credential(1).tally,
+        other_hub_key: HubKeys::from_secret(OTHER_HUB_SECRET.as_bytes())
+            .credential(TEST_REPLICA)
+            .tally,
+        push_derived_key: HubKeys::from_secret(SECRET.as_bytes())
+            .credential(TEST_REPLICA)
+            .tally,
+        busy,
+        seq,
+    };
+    let frames_before: Vec<u64> =
+        futures_util::future::join_all(gws.iter().map(|g| frames(g.face))).await;
+    let attacks_started = Instant::now();
+    let mut posts = 2 * hub_addrs.len();
+    for round in 0..REPEATS {
+        for attack in Attack::ALL {
+            let (replica, signature, body) = forger.forge(attack);
+            let answers = to_hubs(&hub_addrs, replica, &signature, &body).await;
+            posts += answers.len();
+            assert!(
+                answers.iter().all(|a| *a == attack.refusal()),
+                "{attack:?} (round {round}) answered {answers:?}, not {}",
+                attack.refusal()
+            );
+        }
+        no_peer_work_for(&gws, Duration::ZERO, "the attacks").await;
+    }
+    let attacks_took = attacks_started.elapsed();
+    no_peer_work_for(&gws, Duration::from_millis(300), "the attacks").await;
+    // The filters were fed all along (so "no peer work" is what the hubs streamed).
+    for (g, before) in gws.iter().zip(frames_before) {
+        assert!(on_hub(g.face).await, "a gateway left the hubs");
+        assert!(
+            frames(g.face).await >= before + 5,
+            "a gateway got no frames during the attacks"
+        );
+    }
+
+    // The same conversations again: every decision is the baseline's.
+    let after = route_all(&gws, "conversation").await;
+    let changed: Vec<(usize, &String, &String)> = (0..CONVERSATIONS)
+        .filter(|&i| after[i] != baseline[i])
+        .map(|i| (i, &baseline[i], &after[i]))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "routing decisions changed after the attacks (conversation, before, after): {changed:?}"
+    );
+    // Each hub refused every attempt and counted it (the control's replay among the refused).
+    for face in hub_faces {
+        let tallies =
+            |result: &str| format!("llm_router_sidecar_hub_tallies_total{{result=\"{result}\"}}");
+        let forbidden = 4 * REPEATS as u64;
+        let refused = 2 * REPEATS as u64 + 1;
+        assert_eq!(metric(face, &tallies("forbidden")).await, forbidden);
+        assert_eq!(metric(face, &tallies("refused")).await, refused);
+        assert!(metric(face, &tallies("accepted")).await >= 1);
+    }
+    for g in &gws {
+        assert_eq!(
+            metric(
+                g.face,
+                "llm_router_sidecar_tallies_shared_total{result=\"hub_error\"}"
+            )
+            .await,
+            0,
+            "a gateway's own tally was refused by a hub"
+        );
+    }
+    eprintln!(
+        "{posts} tally POSTs ({} forged or replayed, {REPEATS} of each of {} attacks to each of \
+         the two hubs, in {attacks_took:?}), all refused; {exposed} of {CONVERSATIONS} baseline \
+         decisions were on the attacked pods, none changed; setup {setup:?}, whole test {:?}",
+        posts - 2 * hub_addrs.len(),
+        Attack::ALL.len(),
+        started.elapsed()
+    );
 }

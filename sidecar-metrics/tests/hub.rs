@@ -11,7 +11,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{vllm_text, Answer, FakeFleet, FakeProxy, SECRET};
+use common::{post_tally, vllm_text, Answer, FakeFleet, FakeProxy, SECRET};
 use sidecar_metrics::config::{Config, Discovery, Mode};
 use sidecar_metrics::hub;
 use sidecar_metrics::sidecar::{self, Running};
@@ -373,28 +373,6 @@ async fn one_pod_hub() -> (FakeFleet, Running, SocketAddr) {
         .unwrap();
     let addr = h.hub_addr.unwrap();
     (fleet, h, addr)
-}
-
-/// A raw POST of a tally to the hub: status code of the answer (0 when the hub closed first).
-async fn post_tally(hub: SocketAddr, replica: &str, signature: &str, body: &[u8]) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(hub).await.unwrap();
-    let head = format!(
-        "POST {} HTTP/1.1\r\nhost: hub\r\ncontent-length: {}\r\n{}: {replica}\r\n{}: {signature}\r\nconnection: close\r\n\r\n",
-        sidecar_metrics::share::TALLY_PATH,
-        body.len(),
-        sidecar_metrics::share::REPLICA_HEADER,
-        llm_router_snapshot::SIGNATURE_HEADER,
-    );
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
-    let mut answer = Vec::new();
-    let _ = tokio::time::timeout(LIMIT, s.read_to_end(&mut answer)).await;
-    String::from_utf8_lossy(&answer)
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Keys per role: a hub given its own secret refuses whoever holds only the push secret (the

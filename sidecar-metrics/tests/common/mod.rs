@@ -1,5 +1,6 @@
 //! Shared helpers for the integration tests: a fake fleet of `/metrics` endpoints whose text the
-//! test can change, and a fake push target that records every request it gets.
+//! test can change, a fake push target that records every request it gets, a raw tally POST to a
+//! hub, and the pod that served a request through a real gateway.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
@@ -436,4 +437,41 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// A raw POST of a tally to a hub's tally endpoint, with `replica` as the replica header and
+/// `signature` as the signature header, whatever they say (a test sends what no sidecar would):
+/// the status code of the answer, 0 when the hub closed first.
+pub async fn post_tally(hub: SocketAddr, replica: &str, signature: &str, body: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(hub).await.expect("connect");
+    let head = format!(
+        "POST {} HTTP/1.1\r\nhost: hub\r\ncontent-length: {}\r\n{}: {replica}\r\n{}: {signature}\r\nconnection: close\r\n\r\n",
+        sidecar_metrics::share::TALLY_PATH,
+        body.len(),
+        sidecar_metrics::share::REPLICA_HEADER,
+        llm_router_snapshot::SIGNATURE_HEADER,
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    s.write_all(body).await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sends one chat request through the gateway listening on `listen` and returns the pod that
+/// served it: the filter's served header when it discloses it, else model-sim's own.
+pub async fn served_by(listen: SocketAddr, body: &serde_json::Value) -> String {
+    let r = testkit::post_json(listen, "/v1/chat/completions", &[], body)
+        .await
+        .expect("request");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.header("x-gateway-destination-endpoint-served")
+        .or(r.header("x-model-sim-pod"))
+        .unwrap_or_default()
+        .to_string()
 }
