@@ -36,6 +36,19 @@ const SECRET: &str = "e2e-hub-secret-0123456789abcdef-0123";
 const MODEL: &str = "llama-model";
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// Envoy, the filter's `.wasm` and model-sim are built (else the test is skipped, or fails
+/// under CI, as the test kit decides).
+fn prerequisites_ready() -> bool {
+    testkit::prerequisites_ready(
+        "e2e_hub",
+        [
+            testkit::envoy_binary().err().map(|e| e.to_string()),
+            testkit::filter_wasm().err().map(|e| e.to_string()),
+            testkit::bin("model-sim").err().map(|e| e.to_string()),
+        ],
+    )
+}
+
 fn addr() -> SocketAddr {
     format!("127.0.0.1:{}", testkit::free_port().unwrap())
         .parse()
@@ -198,14 +211,7 @@ async fn scrapes_follow_the_hubs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_follow_two_hubs_and_survive_losing_them() {
-    if !testkit::prerequisites_ready(
-        "e2e_hub",
-        [
-            testkit::envoy_binary().err().map(|e| e.to_string()),
-            testkit::filter_wasm().err().map(|e| e.to_string()),
-            testkit::bin("model-sim").err().map(|e| e.to_string()),
-        ],
-    ) {
+    if !prerequisites_ready() {
         return;
     }
     let sim = ["--profile", "h100", "--speedup", "50", "--model", MODEL];
@@ -383,14 +389,7 @@ async fn peer_work(envoy: &EnvoyProcess) -> Vec<(String, u64, u64)> {
 /// document gateway 0 places reaches the others' snapshots as a placed context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_gateway_counts_the_others_work_through_the_hub() {
-    if !testkit::prerequisites_ready(
-        "e2e_hub",
-        [
-            testkit::envoy_binary().err().map(|e| e.to_string()),
-            testkit::filter_wasm().err().map(|e| e.to_string()),
-            testkit::bin("model-sim").err().map(|e| e.to_string()),
-        ],
-    ) {
+    if !prerequisites_ready() {
         return;
     }
     // Slow pods (real-time speed), so requests stay in flight for a few seconds.
@@ -808,14 +807,7 @@ impl Forger {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_replayed_and_future_tallies_change_no_routing_decision() {
     use sidecar_metrics::keys::HubKeys;
-    if !testkit::prerequisites_ready(
-        "e2e_hub",
-        [
-            testkit::envoy_binary().err().map(|e| e.to_string()),
-            testkit::filter_wasm().err().map(|e| e.to_string()),
-            testkit::bin("model-sim").err().map(|e| e.to_string()),
-        ],
-    ) {
+    if !prerequisites_ready() {
         return;
     }
     let started = Instant::now();
