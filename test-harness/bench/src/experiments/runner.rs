@@ -343,6 +343,9 @@ pub async fn run_windowed(
         samples: window_samples.clone(),
         wall_s: window_s,
     });
+    if let Some(cold) = cold_long_reads(&window_samples) {
+        summary.extra.insert("cold_long_reads".into(), cold as f64);
+    }
     let pods: Vec<(String, PodWindow)> = label_list
         .into_iter()
         .enumerate()
@@ -626,6 +629,30 @@ pub fn select(cfg: &BenchConfig) -> Result<(Vec<Scenario>, Vec<RouterKind>), Run
         })?);
     }
     Ok((scs, routers))
+}
+
+/// Uncached prompt tokens above which an answered read counts as a cold long read: more than a
+/// system prompt of the shared-prefix scenarios (1,500 tokens) prefilled, so a document or a
+/// whole conversation read where no pod's cache held it.
+pub const COLD_READ_TOKENS: u64 = 1_500;
+
+/// Answered requests among `samples` that prefilled more than [`COLD_READ_TOKENS`] (prompt
+/// tokens less cached tokens, as the server reported them); `None` when no answer reported
+/// cached tokens (a server that does not count them).
+pub fn cold_long_reads(samples: &[Sample]) -> Option<u64> {
+    let reported: Vec<(u64, u64)> = samples
+        .iter()
+        .filter_map(|s| Some((s.outcome.prompt_tokens?, s.outcome.cached_tokens?)))
+        .collect();
+    if reported.is_empty() {
+        return None;
+    }
+    Some(
+        reported
+            .iter()
+            .filter(|&&(prompt, cached)| prompt.saturating_sub(cached) > COLD_READ_TOKENS)
+            .count() as u64,
+    )
 }
 
 /// The metrics whose ratios get an interval.
@@ -1720,5 +1747,34 @@ mod tests {
         assert_eq!(Windows::min_requests(&m(false, 1.0), 5, false), 400);
         assert_eq!(Windows::min_requests(&m(false, 1.0), 1, true), 400);
         assert_eq!(Windows::min_requests(&m(true, 1.0), 5, false), 0);
+    }
+
+    #[test]
+    fn cold_long_reads_count_answers_that_prefilled_more_than_a_system_prompt() {
+        let read = |prompt: Option<u64>, cached: Option<u64>| Sample {
+            id: 0,
+            model: "m".into(),
+            at_ms: 0.0,
+            lag_ms: 0.0,
+            tag: None,
+            group: Some(1),
+            outcome: Outcome {
+                status: 200,
+                prompt_tokens: prompt,
+                cached_tokens: cached,
+                ..Outcome::default()
+            },
+        };
+        let samples = [
+            read(Some(4_200), Some(0)),     // a document read cold
+            read(Some(4_200), Some(4_000)), // the same, cached
+            read(Some(1_501), Some(0)),     // just over a system prompt
+            read(Some(1_500), Some(0)),     // a system prompt alone: not long
+            read(Some(9_000), Some(7_400)), // a conversation missing 1,600 tokens
+            read(None, None),               // failed: nothing reported
+        ];
+        assert_eq!(cold_long_reads(&samples), Some(3));
+        assert_eq!(cold_long_reads(&[read(Some(4_000), None)]), None);
+        assert_eq!(cold_long_reads(&[]), None);
     }
 }
