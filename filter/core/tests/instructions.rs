@@ -161,6 +161,35 @@ fn a_decision_does_not_grow_with_the_pool() {
     );
 }
 
+/// The same decision made by one of several gateway replicas (`decision-guard replicas`:
+/// other replicas' work on every pod, the most peer contexts a pool holds, the prompt's anchor
+/// looked up among them and its new copy noted in the ring the tally serves) stays within the
+/// same [`BUDGET`]: what sharing placements through the hub costs a request is small beside the
+/// decision. Both counts are printed.
+#[test]
+fn a_decision_among_replicas_stays_within_its_instruction_budget() {
+    if !valgrind_runs("replica instruction guard") {
+        return;
+    }
+    let budget = from_env("LLMR_INSTRUCTION_BUDGET", BUDGET);
+    let lone = per_decision(64);
+    let runs = |n: u64| counted(&["replicas".into(), n.to_string(), "64".into()]);
+    let base = runs(0);
+    let among = runs(RUNS).saturating_sub(base) / RUNS;
+    println!(
+        "decision (64 pods, 20 KB prompt): {lone} instructions alone, {among} as one of several \
+         replicas ({} peer contexts); budget {budget}",
+        llm_router_snapshot::MAX_PEER_CONTEXTS
+    );
+    assert!(among > 0, "the measured run did no more work");
+    assert!(
+        among <= budget,
+        "a replica's decision costs {among} instructions, over the budget of {budget}: profile \
+         `valgrind --tool=callgrind {} replicas {RUNS}`",
+        PathBuf::from(env!("CARGO_BIN_EXE_decision-guard")).display()
+    );
+}
+
 /// Pushes in the measured run of the push guard.
 const PUSHES: u64 = 3;
 

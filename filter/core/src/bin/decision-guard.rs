@@ -9,6 +9,13 @@
 //! load excluded. Run at 64 and at 4,096 pods, the two counts show whether a decision's cost
 //! grows with the pool (`tests/instructions.rs`, `a_decision_does_not_grow_with_the_pool`).
 //!
+//! `decision-guard replicas N [PODS]` makes the same decisions as one of several gateway
+//! replicas behind a metrics hub: every pod shows another replica's request in flight, and the
+//! snapshot carries the most peer contexts a pool holds (`MAX_PEER_CONTEXTS`, none of them the
+//! prompt's), so each decision looks up every page of its prompt among them and notes its turn
+//! and its new copy in the rings. Against the plain count: what sharing placements costs a
+//! request.
+//!
 //! `decision-guard push N [PODS]` takes N pushes instead (after one warm-up): the encoded
 //! snapshot of PODS pods decoded and validated, then indexed as a worker does on a new
 //! generation ([`Fleet::load`]). Run at 256 and at 4,096 pods, the counts show whether a push
@@ -17,7 +24,9 @@
 use llm_router_core::request::{self, ApiKind};
 use llm_router_core::router::Decision;
 use llm_router_core::{Config, Context, Fleet, Hold, MemoryStore, Router};
-use llm_router_snapshot::{Engine, Health, LoraState, Pod, Pool, Snapshot};
+use llm_router_snapshot::{
+    Engine, Health, LoraState, PeerContext, PeerWork, Pod, Pool, Snapshot, MAX_PEER_CONTEXTS,
+};
 use std::hint::black_box;
 use std::process::ExitCode;
 
@@ -78,6 +87,35 @@ fn snapshot(pods: usize) -> Snapshot {
     }
 }
 
+/// [`snapshot`] as one of several gateway replicas sees it: another replica's request in
+/// flight on every pod, and a full list of the contexts other replicas placed (keys no prompt
+/// of [`body`] has, spread over the pods).
+fn replicas_snapshot(pods: usize) -> Snapshot {
+    let mut snap = snapshot(pods);
+    for pool in &mut snap.pools {
+        for pod in &mut pool.pods {
+            pod.peers = PeerWork {
+                in_flight: 1,
+                pending_tokens: 512,
+            };
+        }
+        let ids: Vec<u32> = pool
+            .pods
+            .iter()
+            .map(|p| llm_router_core::prefix::pod_id(&p.address))
+            .collect();
+        pool.peer_contexts = (0..MAX_PEER_CONTEXTS)
+            .map(|i| PeerContext {
+                key: xxhash_rust::xxh64::xxh64(&(i as u64).to_le_bytes(), 7),
+                pod: ids.get(i % ids.len().max(1)).copied().unwrap_or(0),
+                blocks: 128,
+            })
+            .collect();
+        pool.peer_contexts.sort_unstable();
+    }
+    snap
+}
+
 /// A chat body of 20 KB: a system prompt and a user turn that differs per request.
 fn body(i: usize) -> Vec<u8> {
     let mut user = format!("request {i}: ");
@@ -94,14 +132,15 @@ fn body(i: usize) -> Vec<u8> {
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let push = args.first().is_some_and(|a| a == "push");
-    if push {
+    let replicas = args.first().is_some_and(|a| a == "replicas");
+    if push || replicas {
         args.remove(0);
     }
     let runs: usize = match args.first().map(|a| a.parse()) {
         Some(Ok(n)) if n <= MAX_RUNS => n,
         _ => {
             eprintln!(
-                "usage: decision-guard [push] N [PODS]  (0 <= N <= {MAX_RUNS}, 1 <= PODS <= {MAX_PODS})"
+                "usage: decision-guard [push|replicas] N [PODS]  (0 <= N <= {MAX_RUNS}, 1 <= PODS <= {MAX_PODS})"
             );
             return ExitCode::from(2);
         }
@@ -126,7 +165,12 @@ fn main() -> ExitCode {
         return pushes(&store, &config, pods, runs);
     }
     let router = Router::new(config);
-    let fleet = Fleet::load(&store, snapshot(pods), NOW_MS, &router.config);
+    let snap = if replicas {
+        replicas_snapshot(pods)
+    } else {
+        snapshot(pods)
+    };
+    let fleet = Fleet::load(&store, snap, NOW_MS, &router.config);
     // The same bodies whatever N is: runs differ only in the decisions they make.
     let bodies: Vec<Vec<u8>> = (0..=MAX_RUNS).map(body).collect();
     for (i, b) in bodies.iter().take(runs + 1).enumerate() {
