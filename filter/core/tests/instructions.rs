@@ -132,8 +132,19 @@ fn a_decision_stays_within_its_instruction_budget() {
 
 /// Instructions per decision over `pods` pods (the warm-up-only run subtracted).
 fn per_decision(pods: u64) -> u64 {
-    let base = instructions_at(0, pods);
-    let total = instructions_at(RUNS, pods);
+    per_decision_as(None, pods)
+}
+
+/// [`per_decision`] in one of `decision-guard`'s modes (`Some("replicas")`), or the plain one.
+fn per_decision_as(mode: Option<&str>, pods: u64) -> u64 {
+    let args = |n: u64| -> Vec<String> {
+        mode.map(str::to_string)
+            .into_iter()
+            .chain([n.to_string(), pods.to_string()])
+            .collect()
+    };
+    let base = counted(&args(0));
+    let total = counted(&args(RUNS));
     total.saturating_sub(base) / RUNS
 }
 
@@ -173,9 +184,7 @@ fn a_decision_among_replicas_stays_within_its_instruction_budget() {
     }
     let budget = from_env("LLMR_INSTRUCTION_BUDGET", BUDGET);
     let lone = per_decision(64);
-    let runs = |n: u64| counted(&["replicas".into(), n.to_string(), "64".into()]);
-    let base = runs(0);
-    let among = runs(RUNS).saturating_sub(base) / RUNS;
+    let among = per_decision_as(Some("replicas"), 64);
     println!(
         "decision (64 pods, 20 KB prompt): {lone} instructions alone, {among} as one of several \
          replicas ({} peer contexts); budget {budget}",
