@@ -12,8 +12,8 @@
 //! `decision-guard replicas N [PODS]` makes the same decisions as one of several gateway
 //! replicas behind a metrics hub: every pod shows another replica's request in flight, and the
 //! snapshot carries the most peer contexts a pool holds (`MAX_PEER_CONTEXTS`, none of them the
-//! prompt's), so each decision looks up every page of its prompt among them and notes its turn
-//! and its new copy in the rings. Against the plain count: what sharing placements costs a
+//! prompt's), so each decision looks up the prompt's anchor among them and notes its new copy
+//! in the ring its tally serves. Against the plain count: what sharing placements costs a
 //! request.
 //!
 //! `decision-guard push N [PODS]` takes N pushes instead (after one warm-up): the encoded
