@@ -354,6 +354,7 @@ fn phase(endpoints: &[String], push: SocketAddr, secs: u64, name_filter: bool) -
         log: Default::default(),
         snapshot: Default::default(),
         rewrites: None,
+        objectives: None,
         path: None,
         pools: vec![PoolConfig {
             name: "llama".into(),

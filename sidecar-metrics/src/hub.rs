@@ -682,6 +682,7 @@ mod tests {
     fn snap(generation: u64) -> Vec<u8> {
         Snapshot {
             rewrites: None,
+            objectives: None,
             generation,
             created_ms: 5,
             pools: vec![],

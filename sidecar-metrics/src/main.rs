@@ -238,6 +238,7 @@ fn flags_only_config(a: &RunArgs) -> Result<Config, CliError> {
         scrape: Default::default(),
         snapshot: Default::default(),
         rewrites: None,
+        objectives: None,
         path: None,
         heartbeat_ms: 1000,
         pod_stale_after_ms: 1000,

@@ -328,6 +328,7 @@ async fn strangers_are_neither_served_nor_followed() {
 async fn open_stranger(secret: &str) -> SocketAddr {
     let snap = llm_router_snapshot::Snapshot {
         rewrites: None,
+        objectives: None,
         generation: u64::MAX - 1,
         created_ms: u64::MAX - 1,
         pools: vec![llm_router_snapshot::Pool {

@@ -19,11 +19,12 @@
 //! pool end [ context_count u16 | (key u64 | pod u32 | blocks u32) * context_count ]
 //!                                                            (only with FLAG_PEER_CONTEXTS)
 //! end      [ rewrites section, see [`rewrites`] ]            (only with FLAG_REWRITES)
+//!          [ objectives section, see [`objectives`] ]        (only with FLAG_OBJECTIVES)
 //! str8     len u8 | UTF-8 bytes;  str16: len u16 | UTF-8 bytes;  list8: count u16 | str8 * count
 //! ```
 //! `kv_bp` is the KV-cache use in basis points (0..=10000), `0xFFFF` when the engine has no KV
 //! gauge. `max_loras = 0xFFFF` means "no LoRA information". `block_size`/`num_blocks` are 0 when
-//! unknown. Nothing may follow the last pool but the rewrites section.
+//! unknown. Nothing may follow the last pool but the rewrites and objectives sections.
 //!
 //! Flags: [`FLAG_PEER_WORK`] (bit 0) says every pod carries the work *other* gateway replicas
 //! have in flight on it ([`PeerWork`], merged by a metrics hub from the replicas' [`tally`]s).
@@ -32,7 +33,10 @@
 //! [`FLAG_REWRITES`] (bit 2) says the snapshot ends with the model rewrite rules the filter is
 //! to apply instead of its configured ones ([`RewriteRule`]; present even when empty, since "no
 //! rules" from a sidecar that manages them differs from "the sidecar says nothing").
-//! A snapshot with no peer work, no peer contexts and no rewrites section sets no flag and is
+//! [`FLAG_OBJECTIVES`] (bit 3) says the snapshot ends with the objectives' priorities the filter
+//! is to use instead of its configured `objectives` ([`Objective`]; present even when empty,
+//! for the same reason).
+//! A snapshot with no peer work, no peer contexts and neither section sets no flag and is
 //! byte for byte what filters before the flags read, so a sidecar without a hub keeps working
 //! with them.
 
@@ -40,9 +44,11 @@ use std::fmt;
 use std::net::SocketAddr;
 
 pub mod auth;
+pub mod objectives;
 pub mod rewrites;
 pub mod tally;
 pub use auth::{check_secret, sign, verify, SignatureError, SIGNATURE_HEADER};
+pub use objectives::{Objective, MAX_OBJECTIVES};
 pub use rewrites::{
     RewriteRule, RewriteSticky, RewriteTarget, MAX_REWRITE_RULES, MAX_REWRITE_TARGETS,
 };
@@ -58,8 +64,10 @@ pub const FLAG_PEER_WORK: u16 = 0x0001;
 pub const FLAG_PEER_CONTEXTS: u16 = 0x0002;
 /// Header flag: the snapshot ends with its rewrites section ([`Snapshot::rewrites`]).
 pub const FLAG_REWRITES: u16 = 0x0004;
+/// Header flag: the snapshot ends with its objectives section ([`Snapshot::objectives`]).
+pub const FLAG_OBJECTIVES: u16 = 0x0008;
 /// Every flag this build reads.
-const KNOWN_FLAGS: u16 = FLAG_PEER_WORK | FLAG_PEER_CONTEXTS | FLAG_REWRITES;
+const KNOWN_FLAGS: u16 = FLAG_PEER_WORK | FLAG_PEER_CONTEXTS | FLAG_REWRITES | FLAG_OBJECTIVES;
 /// Upper bounds that keep a hostile or corrupt snapshot from costing the proxy memory.
 pub const MAX_POOLS: usize = 256;
 /// Per pool.
@@ -445,6 +453,9 @@ pub struct Snapshot {
     /// The model rewrite rules the filter applies instead of its configured `rewrites`;
     /// `None` (no section) leaves the configured ones in force.
     pub rewrites: Option<Vec<RewriteRule>>,
+    /// The objectives' priorities the filter uses instead of its configured `objectives`;
+    /// `None` (no section) leaves the configured ones in force.
+    pub objectives: Option<Vec<Objective>>,
 }
 
 /// Why bytes are not a valid snapshot. Each variant says where.
@@ -547,6 +558,9 @@ impl Snapshot {
         if self.rewrites.is_some() {
             flags |= FLAG_REWRITES;
         }
+        if self.objectives.is_some() {
+            flags |= FLAG_OBJECTIVES;
+        }
         w.out.extend_from_slice(&MAGIC);
         w.u16(VERSION);
         w.u16(flags);
@@ -600,6 +614,9 @@ impl Snapshot {
         if let Some(rules) = &self.rewrites {
             rewrites::write_rewrites(&mut w, rules)?;
         }
+        if let Some(list) = &self.objectives {
+            objectives::write_objectives(&mut w, list)?;
+        }
         Ok(w.out)
     }
 
@@ -643,6 +660,11 @@ impl Snapshot {
         } else {
             None
         };
+        let objectives = if flags & FLAG_OBJECTIVES != 0 {
+            Some(objectives::read_objectives(&mut r)?)
+        } else {
+            None
+        };
         check_flags_announce_content(&pools, peer_work, peer_contexts)?;
         r.end()?;
         let snap = Snapshot {
@@ -650,13 +672,14 @@ impl Snapshot {
             created_ms,
             pools,
             rewrites,
+            objectives,
         };
         snap.validate()?;
         Ok(snap)
     }
 
     /// The rules every snapshot obeys: non-empty unique pool names, a cluster per pool,
-    /// a rewrites section within its limits ([`rewrites`]),
+    /// rewrites and objectives sections within their limits ([`rewrites`], [`objectives`]),
     /// `ip:port` pod addresses unique within a pool, KV use within [0, 1].
     pub fn validate(&self) -> Result<(), DecodeError> {
         let bad = |m: String| Err(DecodeError::Invalid(m));
@@ -729,6 +752,9 @@ impl Snapshot {
         if let Some(rules) = &self.rewrites {
             rewrites::validate_rewrites(rules)?;
         }
+        if let Some(list) = &self.objectives {
+            objectives::validate_objectives(list)?;
+        }
         Ok(())
     }
 
@@ -736,6 +762,7 @@ impl Snapshot {
     /// (`generation`, `created_ms`, `scraped_at_ms`). The sidecar pushes only on a change.
     pub fn same_state(&self, other: &Snapshot) -> bool {
         self.rewrites == other.rewrites
+            && self.objectives == other.objectives
             && self.pools.len() == other.pools.len()
             && self.pools.iter().zip(&other.pools).all(|(a, b)| {
                 a.name == b.name

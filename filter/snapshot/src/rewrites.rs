@@ -183,6 +183,7 @@ mod tests {
                     },
                 ],
             }]),
+            objectives: None,
         }
     }
 
@@ -221,6 +222,7 @@ mod tests {
         assert_eq!(Snapshot::decode(&bytes).unwrap(), empty);
         let none = Snapshot {
             rewrites: None,
+            objectives: None,
             ..canary()
         };
         let bytes = none.encode().unwrap();

@@ -370,6 +370,7 @@ mod tests {
         };
         Snapshot {
             rewrites: None,
+            objectives: None,
             generation: 1,
             created_ms: 1,
             pools: vec![Pool {
@@ -552,7 +553,7 @@ mod tests {
         assert!(!back.same_state(&Snapshot::decode(&plain).unwrap()));
         // A flag this build does not know is still refused.
         let mut odd = with.clone();
-        odd[6] |= 0x08;
+        odd[6] |= 0x10;
         assert!(matches!(
             Snapshot::decode(&odd),
             Err(DecodeError::UnsupportedFlags(_))

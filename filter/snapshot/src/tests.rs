@@ -12,6 +12,7 @@ use super::*;
 fn one_pod() -> Snapshot {
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 7,
         created_ms: 0x0102,
         pools: vec![Pool {
@@ -127,12 +128,13 @@ fn header_errors_say_what_is_wrong() {
     assert!(e.to_string().contains("version 2"));
     // Bit 0 is FLAG_PEER_WORK (then every pod carries 8 more bytes), bit 1
     // FLAG_PEER_CONTEXTS (then every pool ends with its list), bit 2 FLAG_REWRITES (then the
-    // snapshot ends with its rules); the others are unknown.
+    // snapshot ends with its rules), bit 3 FLAG_OBJECTIVES (then with its objectives); the
+    // others are unknown.
     let mut b = ONE_POD_BYTES.to_vec();
-    b[6] = 8;
+    b[6] = 16;
     assert_eq!(
         Snapshot::decode(&b).unwrap_err(),
-        DecodeError::UnsupportedFlags(8)
+        DecodeError::UnsupportedFlags(16)
     );
     let mut b = ONE_POD_BYTES.to_vec();
     b[6] = 4;
@@ -140,6 +142,15 @@ fn header_errors_say_what_is_wrong() {
         Snapshot::decode(&b).unwrap_err(),
         DecodeError::Truncated {
             wanted: "rewrite rules",
+            ..
+        }
+    ));
+    let mut b = ONE_POD_BYTES.to_vec();
+    b[6] = 8;
+    assert!(matches!(
+        Snapshot::decode(&b).unwrap_err(),
+        DecodeError::Truncated {
+            wanted: "objectives",
             ..
         }
     ));
@@ -307,6 +318,7 @@ mod signatures {
     fn only_the_right_signature_over_the_same_bytes_verifies() {
         let snap = Snapshot {
             rewrites: None,
+            objectives: None,
             generation: 7,
             created_ms: 1,
             pools: vec![],

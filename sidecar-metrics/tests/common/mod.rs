@@ -395,6 +395,7 @@ pub fn config(
         log: Default::default(),
         snapshot: Default::default(),
         rewrites: None,
+        objectives: None,
         path: None,
         pools: vec![PoolConfig {
             name: "llama".into(),

@@ -315,6 +315,7 @@ async fn env_secret_signs_pushes(label: &str, envoy: &EnvoyProcess) {
         .as_millis() as u64;
     let snap = llm_router_snapshot::Snapshot {
         rewrites: None,
+        objectives: None,
         generation: now,
         created_ms: now,
         pools: vec![],
@@ -582,6 +583,7 @@ async fn a_broken_pod_that_reports_itself_idle_cannot_draw_the_pool() {
     };
     let snap = llm_router_snapshot::Snapshot {
         rewrites: None,
+        objectives: None,
         generation: now,
         created_ms: now,
         pools: vec![llm_router_snapshot::Pool {

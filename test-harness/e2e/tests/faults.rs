@@ -68,6 +68,7 @@ fn now_ms() -> u64 {
 fn snapshot(pods: &[(SocketAddr, u32)]) -> Snapshot {
     Snapshot {
         rewrites: None,
+        objectives: None,
         // Below any generation the sidecar uses (the Unix time in ms at its start).
         generation: now_ms() / 2,
         created_ms: now_ms(),

@@ -54,6 +54,7 @@ fn fleet(n: usize, now_ms: u64) -> Snapshot {
         .collect();
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: now_ms,
         pools: vec![Pool {

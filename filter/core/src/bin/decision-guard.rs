@@ -75,6 +75,7 @@ fn snapshot(pods: usize) -> Snapshot {
         .collect();
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: NOW_MS,
         pools: vec![Pool {

@@ -109,6 +109,7 @@ fn case(seed: u64) -> (Router, Fleet, MemoryStore, Vec<(String, Context)>) {
         .unwrap();
     let snapshot = Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: NOW_MS,
         pools: vec![Pool {

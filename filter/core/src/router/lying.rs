@@ -100,6 +100,7 @@ impl Sim {
             .collect();
         let snap = Snapshot {
             rewrites: None,
+            objectives: None,
             generation: self.now + 1,
             created_ms: self.now,
             pools: vec![Pool {
@@ -303,6 +304,7 @@ fn a_healthy_pool_with_one_idle_pod_does_not_shed() {
     };
     let snap = |waits: [u32; 4]| Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 0,
         pools: vec![Pool {
@@ -360,6 +362,7 @@ fn a_learned_cost_stays_above_a_sixteenth_of_the_pools_median() {
         .collect();
     let snap = Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 0,
         pools: vec![Pool {

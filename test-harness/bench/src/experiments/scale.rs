@@ -274,6 +274,7 @@ pub fn synthetic(size: FleetSize, addresses: &[String], now_ms: u64, seed: u64) 
     }
     let snapshot = Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: now_ms,
         pools: pools

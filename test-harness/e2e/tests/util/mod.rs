@@ -122,6 +122,7 @@ pub fn with_lora(mut p: Pod, running: &[&str], max: u16) -> Pod {
 pub fn snapshot(pools: Vec<(&TestPool, Vec<Pod>)>) -> Snapshot {
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: next_generation(),
         created_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)

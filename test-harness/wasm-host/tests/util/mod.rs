@@ -124,6 +124,7 @@ pub fn snapshot(host: &Host, generation: u64, pools: Vec<Pool>) -> Vec<u8> {
     let now = host.now_ms();
     let mut snap = Snapshot {
         rewrites: None,
+        objectives: None,
         generation,
         created_ms: now,
         pools,
