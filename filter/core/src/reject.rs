@@ -167,6 +167,24 @@ impl Rejection {
         }
     }
 
+    /// No snapshot has arrived yet and the configuration names no pool: the gateway learns
+    /// its pools and models from the snapshot, so it cannot yet tell an unknown model from one
+    /// a pod will serve (not a 404, which a client would not retry).
+    pub fn no_snapshot_yet() -> Self {
+        Rejection {
+            status: 503,
+            kind: "service_unavailable_error",
+            code: "no_endpoints",
+            message: "No fleet snapshot has arrived yet: this gateway learns its pools and \
+                      models from it."
+                .to_string(),
+            retry_after_s: Some(1),
+            reason: "rejected-no-endpoints",
+            pool: String::new(),
+            allow: None,
+        }
+    }
+
     /// A request on a path the filter does not serve, with `unknown_paths: reject`. The path is
     /// not repeated.
     pub fn path_not_found() -> Self {

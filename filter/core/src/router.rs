@@ -153,9 +153,15 @@ impl Router {
         ctx: Context,
         hold: Hold,
     ) -> Result<Decision, Rejection> {
-        let target = self
-            .resolve(req, ctx, fleet)
-            .ok_or_else(|| Rejection::model_not_found(&req.model))?;
+        let target = match self.resolve(req, ctx, fleet) {
+            Some(t) => t,
+            // Pools the configuration does not name are learnt from the snapshot: before the
+            // first one any model may be theirs.
+            None if fleet.is_none() && self.config.pools.is_empty() => {
+                return Err(Rejection::no_snapshot_yet())
+            }
+            None => return Err(Rejection::model_not_found(&req.model)),
+        };
         let view = match self.pool_view(store, fleet, target, ctx)? {
             Viewed::Ready(v) => v,
             Viewed::Fallback(r) => return Ok(Decision::Routed(*r)),

@@ -300,6 +300,11 @@ pub fn state_json(store: &impl SharedStore, now_ms: u64) -> String {
         "age_ms": meta.map(|m| now_ms.saturating_sub(m.accepted_ms)),
         "pools": pools,
         "rewrites": snap.as_ref().and_then(|s| s.rewrites.as_deref()).map(rewrites_json),
+        "objectives": snap.as_ref().and_then(|s| s.objectives.as_deref()).map(|list| {
+            list.iter()
+                .map(|o| (o.name.clone(), serde_json::Value::from(o.priority)))
+                .collect::<serde_json::Map<_, _>>()
+        }),
     })
     .to_string()
 }
@@ -334,6 +339,7 @@ mod tests {
     fn snap_at(generation: u64, address: &str) -> Vec<u8> {
         Snapshot {
             rewrites: None,
+            objectives: None,
             generation,
             created_ms: 5,
             pools: vec![Pool {

@@ -16,7 +16,7 @@ use llm_router_core::config::{
 use llm_router_core::flow as flowctl;
 use llm_router_core::priority::Class;
 use llm_router_core::request::{self, ApiKind, Entry, ParsedRequest, RequestError};
-use llm_router_core::router::{Answer, Decision};
+use llm_router_core::router::{Answer, Decision, Fleet};
 use llm_router_core::{Config, Context as RouteContext, Rejection};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
@@ -265,8 +265,8 @@ impl Http {
         now_ns: u64,
     ) -> (Result<Decision, Rejection>, RouteContext) {
         let mut w = self.worker.borrow_mut();
-        let ctx = route_context(&mut w, saved, self.id, now_ns);
         let fleet = w.fleet();
+        let ctx = route_context(&mut w, fleet.as_deref(), saved, self.id, now_ns);
         let hold = waiting::hold(&w, parsed, ctx, fleet.as_deref());
         let decision = w
             .router
@@ -431,12 +431,19 @@ impl Http {
 }
 
 /// The decision's context for stream `id`: its priority (client-set only where the
-/// configuration trusts it), the clock, the tie-break and its deadline.
-fn route_context(w: &mut Worker, saved: &SavedHeaders, id: u32, now_ns: u64) -> RouteContext {
+/// configuration trusts it; an objective's from `fleet`'s objectives when the snapshot carries
+/// them), the clock, the tie-break and its deadline.
+fn route_context(
+    w: &mut Worker,
+    fleet: Option<&Fleet>,
+    saved: &SavedHeaders,
+    id: u32,
+    now_ns: u64,
+) -> RouteContext {
     let tie = worker::tie(&mut w.requests, now_ns, u64::from(id));
-    let cfg = &w.router.config;
-    let priority = if cfg.priority.trust_headers {
-        cfg.request_priority(saved.priority.as_deref(), saved.objective.as_deref())
+    let priority = if w.router.config.priority.trust_headers {
+        w.router
+            .request_priority(fleet, saved.priority.as_deref(), saved.objective.as_deref())
     } else {
         0
     };

@@ -50,6 +50,8 @@ pub struct Worker {
     pub gauges_ms: u64,
     /// The snapshot's rewrite rules that did not resolve, as last logged.
     pub dropped_rewrites: Vec<DroppedRewrite>,
+    /// Where the configured pools and the snapshot's disagree, as last logged.
+    pub pool_mismatches: Vec<String>,
 }
 
 impl Worker {
@@ -77,6 +79,7 @@ impl Worker {
             waiting_elsewhere: HashMap::new(),
             gauges_ms: 0,
             dropped_rewrites: Vec::new(),
+            pool_mismatches: Vec::new(),
         }
     }
 
@@ -86,6 +89,12 @@ impl Worker {
         let fleet = cache.current(&HostStore, &router.config);
         if let Some(f) = &fleet {
             log_dropped_rewrites(&mut self.dropped_rewrites, &f.dropped_rewrites);
+            if self.pool_mismatches != f.pool_mismatches {
+                for m in &f.pool_mismatches {
+                    host::log(LogLevel::Warn, &format!("llm-router: {m}"));
+                }
+                self.pool_mismatches.clone_from(&f.pool_mismatches);
+            }
         }
         fleet
     }

@@ -1885,20 +1885,39 @@ fn an_inference_objective_header_maps_to_a_priority() {
         .unwrap();
     push_ok(&vm, &saturated_fleet(&host, 6));
     let body = chat_body(LLAMA, "nightly batch");
-    for (objective, status) in [("batch", Some(429)), ("chat", None), ("unknown", None)] {
-        let mut r = post(&vm, "/v1/chat/completions", &body);
-        r.header("x-gateway-inference-objective", objective)
-            .body(&body)
-            .send()
-            .unwrap();
-        assert_eq!(
-            r.local_response().map(|l| l.status),
-            status,
-            "{objective}\n{}",
-            r.explain()
-        );
-        r.finish().unwrap();
-    }
+    let expect = |cases: [(&str, Option<u32>); 3]| {
+        for (objective, status) in cases {
+            let mut r = post(&vm, "/v1/chat/completions", &body);
+            r.header("x-gateway-inference-objective", objective)
+                .body(&body)
+                .send()
+                .unwrap();
+            assert_eq!(
+                r.local_response().map(|l| l.status),
+                status,
+                "{objective}\n{}",
+                r.explain()
+            );
+            r.finish().unwrap();
+        }
+    };
+    expect([("batch", Some(429)), ("chat", None), ("unknown", None)]);
+    // A snapshot's objectives section (the sidecar follows InferenceObjective objects)
+    // replaces the configured map with the next push: "chat" is sheddable now and "batch",
+    // which the section does not list, standard.
+    let mut snap = llm_router_snapshot::Snapshot::decode(&saturated_fleet(&host, 6)).unwrap();
+    snap.generation = 2;
+    snap.objectives = Some(vec![llm_router_snapshot::Objective {
+        name: "chat".into(),
+        priority: -1,
+    }]);
+    push_ok(&vm, &snap.encode().unwrap());
+    expect([("batch", None), ("chat", Some(429)), ("unknown", None)]);
+    // The section gone again: the configured map is back.
+    snap.generation = 3;
+    snap.objectives = None;
+    push_ok(&vm, &snap.encode().unwrap());
+    expect([("batch", Some(429)), ("chat", None), ("unknown", None)]);
     // An explicit priority header wins over the objective.
     let mut r = post(&vm, "/v1/chat/completions", &body);
     r.headers(&[
@@ -1908,5 +1927,110 @@ fn an_inference_objective_header_maps_to_a_priority() {
     .body(&body)
     .send()
     .unwrap();
+    assert_routed(&r);
+}
+
+/// A configured pool the snapshot does not list, or lists under another cluster, is logged
+/// once with the names involved when the first such snapshot arrives (not per request), and
+/// again only when the disagreement changes.
+#[test]
+fn pools_the_snapshot_and_the_configuration_disagree_on_are_logged_once() {
+    let host = host();
+    let vm = host.vm(&config()).unwrap();
+    let llama_only = |generation, cluster: &str| {
+        snapshot(
+            &host,
+            generation,
+            vec![pool(
+                "llama",
+                cluster,
+                &[LLAMA],
+                vec![pod("10.0.0.1:8000", 0, 1, 0.1)],
+            )],
+        )
+    };
+    let warnings = |vm: &proxy_wasm_host::Vm| -> Vec<String> {
+        vm.logs()
+            .into_iter()
+            .filter(|l| l.level == LogLevel::Warn && l.message.contains("llm-router: pool"))
+            .map(|l| l.message)
+            .collect()
+    };
+    push_ok(&vm, &llama_only(1, "pool_llama"));
+    for _ in 0..3 {
+        let body = chat_body(LLAMA, "hi");
+        let mut r = post(&vm, "/v1/chat/completions", &body);
+        r.body(&body).send().unwrap();
+        assert_routed(&r);
+        r.finish().unwrap();
+    }
+    let w = warnings(&vm);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("\"qwen\"") && w[0].contains("\"pool_qwen\""),
+        "{}",
+        w[0]
+    );
+    // The same disagreement in the next snapshot: nothing new.
+    push_ok(&vm, &llama_only(2, "pool_llama"));
+    let body = chat_body(LLAMA, "hi");
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body(&body).send().unwrap();
+    r.finish().unwrap();
+    assert_eq!(warnings(&vm).len(), 1);
+    // Another one: the llama pool under another cluster too.
+    push_ok(&vm, &llama_only(3, "llama_v2"));
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body(&body).send().unwrap();
+    r.finish().unwrap();
+    let w = warnings(&vm);
+    assert_eq!(w.len(), 3, "{w:?}");
+    assert!(w[1..].iter().any(|m| m.contains("\"llama_v2\"")), "{w:?}");
+}
+
+/// A filter whose configuration names no pool learns them from the snapshot: before the first
+/// one a request is 503 with `retry-after` (the model may be one the snapshot will bring), then
+/// it routes.
+#[test]
+fn a_filter_without_configured_pools_answers_503_until_the_first_snapshot() {
+    let host = host();
+    let vm = host
+        .vm(&format!(
+            r#"{{"snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#
+        ))
+        .unwrap();
+    let body = chat_body(LLAMA, "hi");
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body(&body).send().unwrap();
+    let lr = r.local_response().expect("answered by the filter");
+    assert_eq!(lr.status, 503, "{}", r.explain());
+    assert!(
+        lr.body_text().contains("no_endpoints"),
+        "{}",
+        lr.body_text()
+    );
+    assert!(
+        lr.headers
+            .iter()
+            .any(|(k, v)| k == "retry-after" && v == "1"),
+        "{:?}",
+        lr.headers
+    );
+    r.finish().unwrap();
+    push_ok(
+        &vm,
+        &snapshot(
+            &host,
+            1,
+            vec![pool(
+                "llama",
+                "pool_llama",
+                &[LLAMA],
+                vec![pod("10.0.0.1:8000", 0, 1, 0.1)],
+            )],
+        ),
+    );
+    let mut r = post(&vm, "/v1/chat/completions", &body);
+    r.body(&body).send().unwrap();
     assert_routed(&r);
 }

@@ -426,12 +426,23 @@ impl Config {
     /// A request's priority from its `priority_header` and `objective_header` values (the
     /// objective through `objectives`); 0 (standard) unless `priority.trust_headers` is on.
     pub fn request_priority(&self, priority: Option<&str>, objective: Option<&str>) -> i32 {
+        self.request_priority_with(priority, objective, |o| self.objectives.get(o).copied())
+    }
+
+    /// As [`Config::request_priority`], the objective's priority looked up by `objectives`
+    /// (the snapshot's objectives where it carries them, `crate::router::Router::request_priority`).
+    pub fn request_priority_with(
+        &self,
+        priority: Option<&str>,
+        objective: Option<&str>,
+        objectives: impl Fn(&str) -> Option<i32>,
+    ) -> i32 {
         if !self.priority.trust_headers {
             return 0;
         }
         priority
             .and_then(|p| p.trim().parse::<i32>().ok())
-            .or_else(|| objective.and_then(|o| self.objectives.get(o).copied()))
+            .or_else(|| objective.and_then(objectives))
             .unwrap_or(0)
     }
 

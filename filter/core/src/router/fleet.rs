@@ -112,6 +112,32 @@ fn snapshot_rewrites(
     (Some(rewrites), dropped)
 }
 
+/// Where the configuration's pools and the snapshot's disagree, a line each naming the pool and
+/// both sides: a configured pool the snapshot does not list (its requests fall back, or are
+/// refused, as `snapshot.on_missing` says), one both list under different clusters (the
+/// configured cluster is used). Empty when they agree, or when the configuration names no pool
+/// (pools from the snapshot alone). The filter logs them when they change — with the first
+/// snapshot, at startup — rather than per request.
+pub fn pool_mismatches(snapshot: &Snapshot, config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in &config.pools {
+        match snapshot.pools.iter().find(|s| s.name == p.name) {
+            None => out.push(format!(
+                "pool {:?} (cluster {:?}) is configured but the snapshot does not list it (it lists {:?})",
+                p.name,
+                p.cluster,
+                snapshot.pools.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
+            )),
+            Some(s) if s.cluster != p.cluster => out.push(format!(
+                "pool {:?}: the configuration names cluster {:?}, the snapshot {:?} (the configured one is used)",
+                p.name, p.cluster, s.cluster
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
 /// The fleet as of one accepted snapshot, with what is derived from it once (not per request).
 #[derive(Debug, Clone)]
 pub struct Fleet {
@@ -129,6 +155,9 @@ pub struct Fleet {
     pub rewrites: Option<Rewrites>,
     /// The snapshot's rules that did not resolve (logged by the filter when they change).
     pub dropped_rewrites: Vec<DroppedRewrite>,
+    /// Where the configured pools and the snapshot's disagree ([`pool_mismatches`]; logged by
+    /// the filter when they change).
+    pub pool_mismatches: Vec<String>,
 }
 
 impl Fleet {
@@ -175,6 +204,7 @@ impl Fleet {
             .map(|(i, pool)| PoolIndex::new(pool, baselines.get(i), config, prev))
             .collect();
         let (rewrites, dropped_rewrites) = snapshot_rewrites(&snapshot, config, prev);
+        let pool_mismatches = pool_mismatches(&snapshot, config);
         Fleet {
             snapshot,
             accepted_ms,
@@ -183,6 +213,7 @@ impl Fleet {
             pools,
             rewrites,
             dropped_rewrites,
+            pool_mismatches,
         }
     }
 

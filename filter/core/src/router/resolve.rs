@@ -22,6 +22,27 @@ impl Router {
             .unwrap_or(&self.config.rewrites)
     }
 
+    /// A request's priority from its priority and objective headers
+    /// ([`crate::config::Config::request_priority`]): the objective's priority is the
+    /// snapshot's when it carries an objectives section (the sidecar follows llm-d's
+    /// `InferenceObjective` objects, so a change needs no configuration change), else the
+    /// configured `objectives`'. An objective the section does not list is standard (0).
+    pub fn request_priority(
+        &self,
+        fleet: Option<&Fleet>,
+        priority: Option<&str>,
+        objective: Option<&str>,
+    ) -> i32 {
+        match fleet.and_then(|f| f.snapshot.objectives.as_deref()) {
+            Some(list) => self
+                .config
+                .request_priority_with(priority, objective, |name| {
+                    list.iter().find(|o| o.name == name).map(|o| o.priority)
+                }),
+            None => self.config.request_priority(priority, objective),
+        }
+    }
+
     /// Resolves a request's model name: the pool settings, the body's new `model` (an alias's
     /// rewrite, or the target a rewrite rule chose), whether the served name is an adapter, and
     /// the served name when a rewrite rule chose it ([`crate::rewrite`]; drawn from `ctx.tie`,

@@ -44,6 +44,7 @@ fn pod(addr: &str, waiting: u32, kv: f32) -> Pod {
 fn snapshot() -> Snapshot {
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 1000,
         pools: vec![
@@ -1628,6 +1629,73 @@ fn a_snapshot_rule_that_does_not_resolve_is_dropped_and_named() {
     assert!(r.rewrites(Some(&fleet)).is_empty());
 }
 
+/// A snapshot's objectives section replaces the configured `objectives` whole (an objective
+/// only the configuration lists is standard then); without the section, or without a
+/// snapshot, the configured map applies; an explicit priority header still wins; nothing is
+/// read where client headers are not trusted.
+#[test]
+fn the_snapshot_objectives_replace_the_configured_ones() {
+    use llm_router_snapshot::Objective;
+    let trusted = CONFIG.replacen(
+        r#""top_k": 2"#,
+        r#""top_k": 2, "priority": {"trust_headers": true}, "objectives": {"batch": -1, "vip": 1}"#,
+        1,
+    );
+    let r = router(&trusted);
+    let with = |list: Option<Vec<Objective>>| {
+        Fleet::new(
+            Snapshot {
+                objectives: list,
+                ..snapshot()
+            },
+            1000,
+            vec![],
+            &r.config,
+        )
+    };
+    let none = with(None);
+    let listed = with(Some(vec![
+        Objective {
+            name: "batch".into(),
+            priority: 5,
+        },
+        Objective {
+            name: "bulk".into(),
+            priority: -3,
+        },
+    ]));
+    let empty = with(Some(vec![]));
+    let p = |fleet: Option<&Fleet>, priority: Option<&str>, objective: &str| {
+        r.request_priority(fleet, priority, Some(objective))
+    };
+    assert_eq!(p(None, None, "batch"), -1);
+    assert_eq!(p(Some(&none), None, "batch"), -1);
+    assert_eq!(p(Some(&none), None, "vip"), 1);
+    assert_eq!(p(Some(&listed), None, "batch"), 5);
+    assert_eq!(p(Some(&listed), None, "bulk"), -3);
+    assert_eq!(
+        p(Some(&listed), None, "vip"),
+        0,
+        "configured only: replaced"
+    );
+    assert_eq!(
+        p(Some(&listed), Some("2"), "bulk"),
+        2,
+        "the priority header wins"
+    );
+    assert_eq!(p(Some(&empty), None, "batch"), 0);
+    let untrusted = router(&CONFIG.replacen(
+        r#""top_k": 2"#,
+        r#""top_k": 2, "objectives": {"batch": -1}"#,
+        1,
+    ));
+    assert_eq!(
+        untrusted.request_priority(Some(&listed), None, Some("bulk")),
+        0
+    );
+    assert_eq!(untrusted.request_priority(None, None, Some("batch")), 0);
+}
+
 /// The next snapshot with the same rules and pools reuses the resolution (a sidecar repeats
 /// the rules every 50 ms); a weight change resolves again.
 #[test]
@@ -1655,4 +1723,57 @@ fn the_rules_are_resolved_once_per_change() {
         .map(|t| t.weight)
         .collect();
     assert_eq!(weights, [0, 100]);
+}
+
+/// With no pool in the configuration (pools come from the snapshot alone), a request before
+/// the first snapshot is 503 with `retry-after` (the model may be a pool's the snapshot will
+/// bring), not 404; once the snapshot arrives its models route and an unknown one is 404.
+/// With configured pools an unknown model stays 404 before any snapshot.
+#[test]
+fn without_configured_pools_a_request_before_the_first_snapshot_is_503_not_404() {
+    let r = router(r#"{"top_k": 2}"#);
+    let s = MemoryStore::new();
+    let before = go(&r, &s, None, &chat("mistral-7b", "hi"), ctx(1000)).unwrap_err();
+    assert_eq!((before.status, before.code), (503, "no_endpoints"));
+    assert_eq!(before.retry_after_s, Some(1));
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    let out = go(&r, &s, Some(&fleet), &chat("mistral-7b", "hi"), ctx(1100)).unwrap();
+    assert_eq!(out.cluster, "pool_discovered");
+    let unknown = go(&r, &s, Some(&fleet), &chat("nope", "hi"), ctx(1100)).unwrap_err();
+    assert_eq!(unknown.status, 404);
+    let configured = router(CONFIG);
+    let unknown = go(&configured, &s, None, &chat("nope", "hi"), ctx(1000)).unwrap_err();
+    assert_eq!(unknown.status, 404);
+}
+
+/// The configured pools checked against the snapshot's once per snapshot: none when they
+/// agree (or nothing is configured); a configured pool the snapshot lacks and a cluster the
+/// two name differently, each with the names involved.
+#[test]
+fn pools_the_configuration_and_the_snapshot_disagree_on_are_named() {
+    use super::fleet::pool_mismatches;
+    assert!(pool_mismatches(&snapshot(), &router(CONFIG).config).is_empty());
+    assert!(pool_mismatches(&snapshot(), &router(r#"{"top_k": 2}"#).config).is_empty());
+    let odd = CONFIG
+        .replacen(r#""cluster": "pool_qwen""#, r#""cluster": "qwen_v2""#, 1)
+        .replacen(
+            r#""pools": ["#,
+            r#""pools": [{"name": "ghost", "cluster": "pool_ghost"},"#,
+            1,
+        );
+    let r = router(&odd);
+    let m = pool_mismatches(&snapshot(), &r.config);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(
+        m[0].contains("\"ghost\"")
+            && m[0].contains("\"pool_ghost\"")
+            && m[0].contains("\"discovered\""),
+        "{m:?}"
+    );
+    assert!(
+        m[1].contains("\"qwen\"") && m[1].contains("\"qwen_v2\"") && m[1].contains("\"pool_qwen\""),
+        "{m:?}"
+    );
+    let fleet = Fleet::new(snapshot(), 1000, vec![], &r.config);
+    assert_eq!(fleet.pool_mismatches, m);
 }
