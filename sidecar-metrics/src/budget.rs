@@ -17,9 +17,10 @@
 //! 2. If the whole snapshot still exceeds `max_bytes`, the largest pods' lists are cut to one
 //!    common cap (water-filling: the smallest cap that fits), again waiting first.
 //!
-//! The whole snapshot includes its rewrites section (`crate::rewrites`), which is never cut:
-//! adapters make room for it, and rules that alone exceed the budget leave nothing that fits
-//! (the snapshot is not pushed, as for pods that alone exceed it).
+//! The whole snapshot includes its rewrites and objectives sections (`crate::rewrites`, the
+//! `InferenceObjective` priorities), which are never cut: adapters make room for them, and
+//! sections that alone exceed the budget leave nothing that fits (the snapshot is not pushed,
+//! as for pods that alone exceed it).
 //!
 //! The result always decodes (`Snapshot::decode`): trimming only shortens lists that already met
 //! the format's limits.
@@ -128,6 +129,11 @@ fn rewrites_bytes(rules: &[RewriteRule]) -> usize {
         .sum::<usize>()
 }
 
+/// The objectives section's bytes: a count, then each name (str8) and its priority.
+fn objectives_bytes(list: &[llm_router_snapshot::Objective]) -> usize {
+    2 + list.iter().map(|o| 1 + o.name.len() + 4).sum::<usize>()
+}
+
 /// Exactly `snap.encode()?.len()` for an encodable snapshot, without encoding it.
 pub fn encoded_len(snap: &Snapshot) -> usize {
     let pods = snap.pools.iter().flat_map(|p| &p.pods);
@@ -146,11 +152,13 @@ pub fn encoded_len(snap: &Snapshot) -> usize {
         0
     };
     let rewrites = snap.rewrites.as_deref().map_or(0, rewrites_bytes);
+    let objectives = snap.objectives.as_deref().map_or(0, objectives_bytes);
     HEADER_BYTES
         + snap.pools.iter().map(pool_bytes).sum::<usize>()
         + peer_work
         + peer_contexts
         + rewrites
+        + objectives
 }
 
 /// Keeps the longest prefix of `l` whose names take at most `cap` bytes; returns how many went.
@@ -281,6 +289,7 @@ mod tests {
     fn fleet(pods: Vec<Pod>) -> Snapshot {
         Snapshot {
             rewrites: None,
+            objectives: None,
             generation: 1,
             created_ms: 2,
             pools: vec![Pool {
@@ -331,6 +340,20 @@ mod tests {
         s.rewrites = Some(vec![]);
         assert_eq!(encoded_len(&s), s.encode().unwrap().len());
         s.rewrites = Some(rewrite_rules(3));
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+        // And an objectives section, empty or not.
+        s.objectives = Some(vec![]);
+        assert_eq!(encoded_len(&s), s.encode().unwrap().len());
+        s.objectives = Some(
+            ["vip", "batch-nightly"]
+                .iter()
+                .zip([10, -1])
+                .map(|(name, priority)| llm_router_snapshot::Objective {
+                    name: (*name).into(),
+                    priority,
+                })
+                .collect(),
+        );
         assert_eq!(encoded_len(&s), s.encode().unwrap().len());
     }
 

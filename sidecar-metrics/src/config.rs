@@ -72,6 +72,10 @@ pub struct Config {
     /// section sent, and the filter applies its own configured rules.
     #[serde(default)]
     pub rewrites: Option<RewritesConfig>,
+    /// Follow llm-d's `InferenceObjective` objects and send their priorities in every snapshot
+    /// (replacing the filter's configured `objectives`); absent = no objectives section sent.
+    #[serde(default)]
+    pub objectives: Option<ObjectivesConfig>,
     /// The file this configuration was loaded from (set by [`Config::load`]): where the
     /// `rewrites` rules are re-read from while the sidecar runs.
     #[serde(skip)]
@@ -510,18 +514,27 @@ pub struct RewritesConfig {
     pub reload_ms: u64,
     /// Also follow the `InferenceModelRewrite` objects of the sidecar's pools.
     #[serde(default)]
-    pub kubernetes: Option<RewriteWatchConfig>,
+    pub kubernetes: Option<ObjectWatchConfig>,
 }
 
 fn d_reload_ms() -> u64 {
     500
 }
 
-/// `rewrites.kubernetes`: where the `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`) of
-/// the sidecar's pools (`spec.poolRef.name`) are watched.
+/// The `objectives:` section: the `InferenceObjective` priorities every snapshot carries.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct RewriteWatchConfig {
+pub struct ObjectivesConfig {
+    /// Where the `InferenceObjective` objects of the sidecar's pools are watched.
+    pub kubernetes: ObjectWatchConfig,
+}
+
+/// `rewrites.kubernetes`, `objectives.kubernetes`: where the `InferenceModelRewrite` or
+/// `InferenceObjective` objects (`llm-d.ai/v1alpha2`) of the sidecar's pools
+/// (`spec.poolRef.name`) are watched.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectWatchConfig {
     /// Absent = the pod's own namespace (in-cluster), else `default`.
     #[serde(default)]
     pub namespace: Option<String>,

@@ -19,11 +19,15 @@
 //! `InferenceModelRewrite` objects (`llm-d.ai/v1alpha2`, `rewrites.kubernetes`) are a third
 //! collection: every object of the namespace, kept for the sidecar's pools
 //! (`spec.poolRef.name`), their rules oldest object first (`crate::rewrites`).
+//! `InferenceObjective` objects (`llm-d.ai/v1alpha2`, `objectives.kubernetes`) a fourth, the
+//! same way: each object of the sidecar's pools is an objective named as the object, with its
+//! `spec.priority` (unset: 0), in the snapshot's objectives section.
 //!
 //! Credentials: in-cluster service account by default, or `{server, token|token_file, ca_file}`.
 //! RBAC needed: `get`, `list`, `watch` on `endpointslices` in group `discovery.k8s.io`, or on
 //! `pods` (core group) and `inferencepools` in group `inference.networking.k8s.io`, and on
-//! `inferencemodelrewrites` in group `llm-d.ai` with `rewrites.kubernetes` (see README.md).
+//! `inferencemodelrewrites` in group `llm-d.ai` with `rewrites.kubernetes`, and on
+//! `inferenceobjectives` in that group with `objectives.kubernetes` (see README.md).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -40,7 +44,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, PortRef, RewriteWatchConfig};
+use crate::config::{InferencePoolConfig, KubeApi, KubeConfig, ObjectWatchConfig, PortRef};
 use crate::endpoints::{normalise_set, Endpoints};
 use crate::rewrites::{check_rules, RuleSpec};
 
@@ -775,14 +779,127 @@ fn rules_of(objects: &BTreeMap<String, RewriteObject>, pools: &[String]) -> Opti
 /// receiver sees their rules, oldest object first, after every change (`None` while no object
 /// names one of the pools, and before the first list).
 pub fn start_rewrite_watch(
-    k: &RewriteWatchConfig,
+    k: &ObjectWatchConfig,
     pools: Vec<String>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<watch::Receiver<Option<Vec<RuleSpec>>>, KubeError> {
+    follow_pool_objects(
+        k,
+        |namespace| ModelRewrites { namespace },
+        pools,
+        rules_of,
+        shutdown,
+    )
+}
+
+/// The `InferenceObjective` objects (`llm-d.ai/v1alpha2`) of a namespace.
+struct Objectives {
+    namespace: String,
+}
+
+/// What matters of one `InferenceObjective`: the pool it applies to and its priority.
+#[derive(Debug, Clone, PartialEq)]
+struct ObjectiveObject {
+    pool: String,
+    priority: i32,
+}
+
+#[derive(Deserialize)]
+struct InferenceObjective {
+    spec: InferenceObjectiveSpec,
+}
+
+#[derive(Deserialize)]
+struct InferenceObjectiveSpec {
+    #[serde(rename = "poolRef")]
+    pool_ref: PoolRef,
+    /// Unset is 0 (standard), as llm-d reads it.
+    #[serde(default)]
+    priority: Option<i32>,
+}
+
+impl Collection for Objectives {
+    type Item = ObjectiveObject;
+    const KIND: &'static str = "InferenceObjective";
+
+    fn path(&self) -> String {
+        format!(
+            "/apis/llm-d.ai/v1alpha2/namespaces/{}/inferenceobjectives?",
+            query_escape(&self.namespace)
+        )
+    }
+
+    fn item(&self, obj: &Value) -> Result<ObjectiveObject, serde_json::Error> {
+        let o = InferenceObjective::deserialize(obj)?;
+        Ok(ObjectiveObject {
+            pool: o.spec.pool_ref.name,
+            priority: o.spec.priority.unwrap_or(0),
+        })
+    }
+}
+
+/// The objectives of the objects that name one of `pools`, by object name (the map's order);
+/// `None` when no object names one (not an empty list: that would turn the filter's configured
+/// objectives off). Names the snapshot cannot carry (over 255 bytes; past
+/// [`llm_router_snapshot::MAX_OBJECTIVES`]) are left out, logged.
+fn objectives_of(
+    objects: &BTreeMap<String, ObjectiveObject>,
+    pools: &[String],
+) -> Option<Vec<llm_router_snapshot::Objective>> {
+    let mut out = Vec::new();
+    let mut any = false;
+    for (name, o) in objects.iter().filter(|(_, o)| pools.contains(&o.pool)) {
+        any = true;
+        if name.is_empty() || name.len() > 255 || out.len() == llm_router_snapshot::MAX_OBJECTIVES {
+            tracing::warn!(object = %name, "InferenceObjective not sent: its name is over 255 bytes or the snapshot holds no more");
+            continue;
+        }
+        out.push(llm_router_snapshot::Objective {
+            name: name.clone(),
+            priority: o.priority,
+        });
+    }
+    any.then_some(out)
+}
+
+/// Follows the `InferenceObjective` objects of `pools` (`objectives.kubernetes`); the receiver
+/// sees their priorities after every change (`None` while no object names one of the pools,
+/// and before the first list).
+pub fn start_objective_watch(
+    k: &ObjectWatchConfig,
+    pools: Vec<String>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<watch::Receiver<Option<Vec<llm_router_snapshot::Objective>>>, KubeError> {
+    follow_pool_objects(
+        k,
+        |namespace| Objectives { namespace },
+        pools,
+        objectives_of,
+        shutdown,
+    )
+}
+
+/// What a followed kind of object gives the snapshot, from the objects by name and the
+/// sidecar's pools ([`rules_of`], [`objectives_of`]).
+type Derive<I, T> = fn(&BTreeMap<String, I>, &[String]) -> Option<Vec<T>>;
+
+/// Follows one kind of object that names the sidecar's `pools` (collection `C` in `k`'s
+/// namespace, made by `collection`): the receiver sees what `of` makes of them after every
+/// change, `None` before the first list.
+fn follow_pool_objects<C, T>(
+    k: &ObjectWatchConfig,
+    collection: impl FnOnce(String) -> C,
+    pools: Vec<String>,
+    of: Derive<C::Item, T>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<watch::Receiver<Option<Vec<T>>>, KubeError>
+where
+    C: Collection + Send + Sync + 'static,
+    C::Item: Send + Sync,
+    T: Clone + PartialEq + Send + Sync + 'static,
+{
     let api = Api::connect(k.api.as_ref())?;
-    let c = ModelRewrites {
-        namespace: namespace_or_own(k.namespace.as_ref()),
-    };
+    let c = collection(namespace_or_own(k.namespace.as_ref()));
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let label = pools.join(",");
@@ -791,20 +908,19 @@ pub fn start_rewrite_watch(
             &api,
             &c,
             |map| {
-                let rules = rules_of(map, &pools);
+                let now = of(map, &pools);
                 tx.send_if_modified(|old| {
-                    let changed = *old != rules;
+                    let changed = *old != now;
                     if changed {
-                        match &rules {
-                            Some(r) => tracing::info!(
-                                rules = r.len(),
-                                "InferenceModelRewrite rules changed"
-                            ),
-                            None => tracing::info!(
-                                "no InferenceModelRewrite names the sidecar's pools any more"
-                            ),
+                        match &now {
+                            Some(v) => {
+                                tracing::info!(entries = v.len(), "{} objects changed", C::KIND)
+                            }
+                            None => {
+                                tracing::info!("no {} names the sidecar's pools any more", C::KIND)
+                            }
                         }
-                        old.clone_from(&rules);
+                        old.clone_from(&now);
                     }
                     changed
                 });
@@ -1329,6 +1445,38 @@ mod tests {
             Some(WatchEnd::Relist)
         ));
         assert!(map.is_empty());
+    }
+
+    /// Only the sidecar's pools' objects, by name; an unset priority is 0; a name the snapshot
+    /// cannot carry is left out; no object of the pools is no section, not an empty one.
+    #[test]
+    fn objectives_of_the_pools_by_name() {
+        let c = Objectives {
+            namespace: "llm".into(),
+        };
+        let obj = |pool: &str, priority: Option<i32>| {
+            let mut spec = serde_json::json!({"poolRef": {"name": pool}});
+            if let Some(p) = priority {
+                spec["priority"] = p.into();
+            }
+            c.item(&serde_json::json!({"spec": spec}))
+                .expect("an objective")
+        };
+        let mut map = BTreeMap::new();
+        map.insert("vip".to_string(), obj("llama", Some(10)));
+        map.insert("plain".to_string(), obj("llama", None));
+        map.insert("theirs".to_string(), obj("qwen", Some(-1)));
+        map.insert("x".repeat(256), obj("llama", Some(1)));
+        let got: Vec<(String, i32)> = objectives_of(&map, &["llama".to_string()])
+            .expect("a section")
+            .into_iter()
+            .map(|o| (o.name, o.priority))
+            .collect();
+        assert_eq!(got, vec![("plain".into(), 0), ("vip".into(), 10)]);
+        assert_eq!(objectives_of(&map, &["other".to_string()]), None);
+        assert!(c
+            .item(&serde_json::json!({"spec": {"priority": 1}}))
+            .is_err());
     }
 
     #[test]

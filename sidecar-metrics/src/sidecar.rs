@@ -248,6 +248,10 @@ struct Loop {
     /// `rewrites` section. Without one, or while its sources give no rules, snapshots carry
     /// no rewrites section and the filter uses its own.
     rewrites: Option<RewriteSources>,
+    /// The `InferenceObjective` priorities every snapshot carries (`objectives.kubernetes`);
+    /// `None` without an `objectives` section. Without one, or while no object names the
+    /// sidecar's pools, snapshots carry no objectives section and the filter uses its own.
+    objectives: Option<watch::Receiver<Option<Vec<llm_router_snapshot::Objective>>>>,
     /// The rewrite targets no pool of the last snapshot serves, as last logged
     /// ([`crate::rewrites::unknown_targets`]).
     unknown_targets: Vec<String>,
@@ -492,17 +496,22 @@ impl Loop {
             .collect();
         Snapshot {
             rewrites: None,
+            objectives: None,
             generation: 0,
             created_ms: now,
             pools,
         }
     }
 
-    /// Puts this sidecar's rewrite rules into `snap` (over a hub's), when a source gives some,
-    /// and counts the rules' targets that no pool of `snap` serves (logged when they change).
-    fn set_rewrites(&mut self, snap: &mut Snapshot) {
+    /// Puts this sidecar's rewrite rules and objectives into `snap` (over a hub's), when a
+    /// source gives some, and counts the rules' targets that no pool of `snap` serves (logged
+    /// when they change).
+    fn set_sections(&mut self, snap: &mut Snapshot) {
         if let Some(rules) = self.rewrites.as_mut().and_then(|s| s.current()) {
             snap.rewrites = Some(rules.to_vec());
+        }
+        if let Some(list) = self.objectives.as_ref().and_then(|rx| rx.borrow().clone()) {
+            snap.objectives = Some(list);
         }
         let unknown = crate::rewrites::unknown_targets(snap);
         if unknown != self.unknown_targets {
@@ -521,7 +530,7 @@ impl Loop {
     fn finish_round(&mut self, push_fut: &mut Option<BoxFut<PushOutcome>>) {
         let now = now_ms();
         let mut snap = self.build(now);
-        self.set_rewrites(&mut snap);
+        self.set_sections(&mut snap);
         let trim = self.trim(&mut snap);
         self.stats.round_done(now);
         self.deliver(snap, trim, now, false, push_fut);
@@ -546,7 +555,7 @@ impl Loop {
         if !peer_only {
             self.last_hub_pods = Some(snap.clone());
         }
-        self.set_rewrites(&mut snap);
+        self.set_sections(&mut snap);
         let oldest = llm_router_snapshot::tally::merge_peers(&mut snap, tallies, self.replica);
         self.stats
             .peer_work_age(oldest.map(|t| now.saturating_sub(t)));

@@ -546,6 +546,7 @@ struct PoolApi {
 const POOLS: &str = "inferencepools";
 const PODS: &str = "pods";
 const REWRITES: &str = "inferencemodelrewrites";
+const OBJECTIVES: &str = "inferenceobjectives";
 
 /// A real-shaped InferencePool (GAIE v1), with an endpoint picker the sidecar ignores.
 fn inference_pool(labels: serde_json::Value, ports: &[u16]) -> serde_json::Value {
@@ -653,7 +654,7 @@ impl PoolApi {
                 .expect("object exists"),
         };
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        if resource == POOLS || resource == REWRITES {
+        if [POOLS, REWRITES, OBJECTIVES].contains(&resource) {
             let errors = testkit::crds::check_manifest(&obj, &self.crds);
             assert!(errors.is_empty(), "not a valid {resource}: {errors:?}");
         }
@@ -711,6 +712,7 @@ impl PoolApi {
         let list_kind = match resource {
             POOLS => ("inference.networking.k8s.io/v1", "InferencePoolList"),
             REWRITES => ("llm-d.ai/v1alpha2", "InferenceModelRewriteList"),
+            OBJECTIVES => ("llm-d.ai/v1alpha2", "InferenceObjectiveList"),
             _ => ("v1", "PodList"),
         };
         if ns != "llm" {
@@ -777,6 +779,13 @@ impl PoolApi {
         ) -> Response {
             api.answer(REWRITES, &ns, q)
         }
+        async fn objectives(
+            State(api): State<PoolApi>,
+            Path(ns): Path<String>,
+            Query(q): Query<BTreeMap<String, String>>,
+        ) -> Response {
+            api.answer(OBJECTIVES, &ns, q)
+        }
         let app = Router::new()
             .route(
                 "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
@@ -785,6 +794,10 @@ impl PoolApi {
             .route(
                 "/apis/llm-d.ai/v1alpha2/namespaces/{ns}/inferencemodelrewrites",
                 get(rewrites),
+            )
+            .route(
+                "/apis/llm-d.ai/v1alpha2/namespaces/{ns}/inferenceobjectives",
+                get(objectives),
             )
             .route("/api/v1/namespaces/{ns}/pods", get(pods))
             .with_state(self.clone());
@@ -1249,7 +1262,7 @@ fn targets(t: &[(&str, u32)]) -> Vec<(String, u32)> {
 /// snapshot carries no section again.
 #[tokio::test]
 async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
-    use sidecar_metrics::config::{RewriteWatchConfig, RewritesConfig};
+    use sidecar_metrics::config::{ObjectWatchConfig, RewritesConfig};
     let api = PoolApi::new();
     let older = model_rewrite(
         "canary",
@@ -1275,7 +1288,7 @@ async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
     cfg.rewrites = Some(RewritesConfig {
         rules: None,
         reload_ms: 0,
-        kubernetes: Some(RewriteWatchConfig {
+        kubernetes: Some(ObjectWatchConfig {
             namespace: Some("llm".into()),
             api: Some(KubeApi {
                 server: format!("http://{api_addr}"),
@@ -1330,6 +1343,131 @@ async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
             "no rewrites section once the pool has no object",
             LIMIT,
             |s| s.last().is_some_and(|s| s.rewrites.is_none()),
+        )
+        .await;
+    running.stop().await;
+    server.abort();
+}
+
+/// A real-shaped `InferenceObjective` (llm-d.ai/v1alpha2) named `name` for pool `pool`, with
+/// `priority` (`None`: the field unset).
+fn objective(name: &str, pool: &str, priority: Option<i32>) -> serde_json::Value {
+    let mut spec = json!({"poolRef": {"group": "inference.networking.k8s.io",
+                                      "kind": "InferencePool", "name": pool}});
+    if let Some(p) = priority {
+        spec["priority"] = json!(p);
+    }
+    json!({
+        "apiVersion": "llm-d.ai/v1alpha2",
+        "kind": "InferenceObjective",
+        "metadata": {"name": name, "namespace": "llm", "uid": format!("uid-{name}"),
+                     "generation": 1, "creationTimestamp": "2026-12-01T08:00:00Z"},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted",
+            "message": "", "lastTransitionTime": "2026-12-01T08:00:01Z", "observedGeneration": 1}]}
+    })
+}
+
+#[test]
+fn the_test_objectives_are_valid_inference_objectives_and_the_check_has_teeth() {
+    let crds = testkit::crds::load_crds(&testkit::crds::crds_dir());
+    for ok in [
+        objective("vip", "llama", Some(10)),
+        objective("bulk", "llama", Some(-5)),
+        objective("plain", "llama", None),
+    ] {
+        assert_eq!(
+            testkit::crds::check_manifest(&ok, &crds),
+            Vec::<String>::new()
+        );
+    }
+    // The pool reference is required, and a priority is an integer.
+    let mut no_pool = objective("vip", "llama", Some(1));
+    no_pool["spec"].as_object_mut().unwrap().remove("poolRef");
+    assert!(!testkit::crds::check_manifest(&no_pool, &crds).is_empty());
+    let mut text = objective("vip", "llama", Some(1));
+    text["spec"]["priority"] = json!("high");
+    assert!(!testkit::crds::check_manifest(&text, &crds).is_empty());
+}
+
+/// The priorities of the objectives in the last snapshot, by name; `None` without the section.
+fn objectives_in(s: &[llm_router_snapshot::Snapshot]) -> Option<Vec<(String, i32)>> {
+    let list = s.last()?.objectives.as_ref()?;
+    Some(list.iter().map(|o| (o.name.clone(), o.priority)).collect())
+}
+
+/// InferenceObjectives of the sidecar's pool reach every snapshot and follow the objects live:
+/// an unset priority is 0, another pool's objects are ignored, a new object, a changed
+/// priority and a deletion apply with the next push, and with the pool's last object deleted
+/// the snapshot carries no section again (the filter's configured objectives apply).
+#[tokio::test]
+async fn inference_objectives_of_the_pool_reach_the_snapshot_live() {
+    use sidecar_metrics::config::{ObjectWatchConfig, ObjectivesConfig};
+    let api = PoolApi::new();
+    api.put(OBJECTIVES, "vip", objective("vip", "llama", Some(10)));
+    api.put(OBJECTIVES, "plain", objective("plain", "llama", None));
+    api.put(
+        OBJECTIVES,
+        "theirs",
+        objective("theirs", "other-pool", Some(7)),
+    );
+    let (api_addr, server) = api.serve().await;
+    let fleet = FakeFleet::start(1, Answer::Text(vllm_text(0, 1, 0.1))).await;
+    let proxy = FakeProxy::start().await;
+    let mut cfg = config(proxy.addr, Discovery::Static(fleet.endpoints()), 20, 1000);
+    cfg.objectives = Some(ObjectivesConfig {
+        kubernetes: ObjectWatchConfig {
+            namespace: Some("llm".into()),
+            api: Some(KubeApi {
+                server: format!("http://{api_addr}"),
+                token: Some("test-token".into()),
+                token_file: None,
+                ca_file: None,
+            }),
+        },
+    });
+    cfg.validate().unwrap();
+    let running = sidecar::start(cfg, common::SECRET.into())
+        .await
+        .expect("start");
+    let want = |v: &[(&str, i32)]| -> Vec<(String, i32)> {
+        v.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect()
+    };
+    let first = want(&[("plain", 0), ("vip", 10)]);
+    proxy
+        .wait_for("the pool's objectives", LIMIT, |s| {
+            objectives_in(s) == Some(first.clone())
+        })
+        .await;
+    api.wait_watches(OBJECTIVES, 1).await;
+    api.put(OBJECTIVES, "bulk", objective("bulk", "llama", Some(-1)));
+    api.event(
+        OBJECTIVES,
+        "MODIFIED",
+        "vip",
+        Some(objective("vip", "llama", Some(2))),
+    );
+    let second = want(&[("bulk", -1), ("plain", 0), ("vip", 2)]);
+    proxy
+        .wait_for("a new objective and a changed priority", LIMIT, |s| {
+            objectives_in(s) == Some(second.clone())
+        })
+        .await;
+    for name in ["bulk", "plain"] {
+        api.event(OBJECTIVES, "DELETED", name, None);
+    }
+    let third = want(&[("vip", 2)]);
+    proxy
+        .wait_for("the deletions", LIMIT, |s| {
+            objectives_in(s) == Some(third.clone())
+        })
+        .await;
+    api.event(OBJECTIVES, "DELETED", "vip", None);
+    proxy
+        .wait_for(
+            "no objectives section once the pool has no object",
+            LIMIT,
+            |s| s.last().is_some_and(|s| s.objectives.is_none()),
         )
         .await;
     running.stop().await;

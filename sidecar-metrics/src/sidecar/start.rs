@@ -150,6 +150,19 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
                 source,
             }
         })?;
+    let objectives = match &cfg.objectives {
+        Some(o) => {
+            let pools: Vec<String> = cfg.pools.iter().map(|p| p.name.clone()).collect();
+            Some(
+                crate::kube::start_objective_watch(&o.kubernetes, pools, shutdown_rx.clone())
+                    .map_err(|source| DiscoveryError::Kube {
+                        pool: "objectives.kubernetes".into(),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let (listener, face_addr) = bind(&cfg.listen).await?;
     stats.snapshot_budget(cfg.snapshot.max_bytes);
     let (snap_tx, snap_rx) = watch::channel(None);
@@ -162,6 +175,7 @@ pub async fn start(cfg: Config, secret: String) -> Result<Running, StartError> {
     ));
     let mut lp = Loop::new(cfg, pools, out, stats.clone(), snap_tx, cred.replica);
     lp.rewrites = rewrites;
+    lp.objectives = objectives;
     let loop_task = tokio::spawn(run_loop(lp, follow, shutdown_rx));
     tasks.push(loop_task);
     tasks.push(face_task);
@@ -409,6 +423,7 @@ impl Loop {
             push_started: None,
             peer_push_at: None,
             rewrites: None,
+            objectives: None,
             unknown_targets: Vec::new(),
             cfg,
         }
