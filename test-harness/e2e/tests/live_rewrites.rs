@@ -1,20 +1,24 @@
 //! Issue 43: a canary's weight change reaches every gateway replica within 2 s, with no Envoy
-//! reload and no request lost. Two real Envoys with the real filter `.wasm`, each fed by its
-//! real `sidecar-metrics`, in front of model-sim pods serving the base model and a LoRA
-//! adapter (the canary). The rule `chat -> {stable: 100, canary: 0}` lives in the sidecars'
-//! configuration files (`rewrites:`, re-read while they run), not in the filter's; it reaches
-//! the filters in the signed snapshot. A client loop per replica sends requests all along;
-//! both files are rewritten to `{stable: 0, canary: 100}` and the test asserts:
+//! reload and no request lost; so does the rule's deletion. Two real Envoys with the real
+//! filter `.wasm`, each fed by its real `sidecar-metrics`, in front of model-sim pods serving
+//! the base model and a LoRA adapter (the canary). The rule `chat -> {stable: 100, canary: 0}`
+//! lives in the sidecars' configuration files (`rewrites:`, re-read while they run); it
+//! reaches the filters in the signed snapshot. The filters' own configuration has only
+//! `chat -> stable` (what a gateway falls back to), so the canary is reachable only through
+//! the snapshot. A client loop per replica sends requests all along; both files are rewritten
+//! to `{stable: 0, canary: 100}`, then the section is deleted from both, and the test asserts:
 //!
 //! - every replica serves the canary (the `x-llm-router-served-model` header and the model the
-//!   pod echoes) for every request sent 2 s after the change;
+//!   pod echoes) for every request sent 2 s after the change, and the stable model again (its
+//!   configured rule: a deleted section is no section) for every request sent 2 s after the
+//!   deletion;
 //! - the same Envoy processes (PIDs) and the same Wasm VMs (Envoy's
 //!   `wasm.envoy.wasm.runtime.v8.created` counter, which a plugin reload raises) served it all;
 //! - every response was a 200.
 //!
 //! `LLMR_E2E_SIDECAR_WITHOUT_REWRITES=1` leaves the section out of the sidecars' files (what a
-//! sidecar that does not send rules does): the filters then know no `chat` and the test fails,
-//! which shows it can.
+//! sidecar that does not send rules does): the filters then keep their configured rule, never
+//! serve the canary, and the test fails, which shows it can.
 //!
 //! Needs Envoy, the filter `.wasm`, `model-sim` and `sidecar-metrics` (`./build.sh`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -44,12 +48,21 @@ fn rewrites_yaml(stable: u32, canary: u32) -> String {
     )
 }
 
-/// One sidecar's whole configuration file.
-fn sidecar_yaml(base: &str, weights: (u32, u32)) -> String {
-    if std::env::var_os("LLMR_E2E_SIDECAR_WITHOUT_REWRITES").is_some() {
-        return base.to_owned();
+/// One sidecar's whole configuration file: with the rule at `weights`, or without a
+/// `rewrites:` section (`None`).
+fn sidecar_yaml(base: &str, weights: Option<(u32, u32)>) -> String {
+    match weights {
+        Some(_) if std::env::var_os("LLMR_E2E_SIDECAR_WITHOUT_REWRITES").is_some() => {
+            base.to_owned()
+        }
+        Some((stable, canary)) => format!("{base}{}", rewrites_yaml(stable, canary)),
+        None => base.to_owned(),
     }
-    format!("{base}{}", rewrites_yaml(weights.0, weights.1))
+}
+
+/// The filters' own rule for `chat`: the stable model only.
+fn configured_rule() -> Value {
+    json!({"rewrites": [{"model": "chat", "targets": [{"model": MODEL}]}]})
 }
 
 /// Replaces `path` whole (write, then rename), so the sidecar never reads half a file.
@@ -69,7 +82,7 @@ async fn start_sidecar(
     let port = stack::free_ports(1).unwrap()[0];
     let base = stack::sidecar_config(envoy.push_addr(), pods, ([127, 0, 0, 1], port).into());
     let path = dir.join("sidecar.yaml");
-    write_atomically(&path, &sidecar_yaml(&base, (100, 0)));
+    write_atomically(&path, &sidecar_yaml(&base, Some((100, 0))));
     let mut cmd = std::process::Command::new(testkit::bin("sidecar-metrics").unwrap());
     cmd.arg("run").arg("--config").arg(&path);
     let guard = ChildGuard::spawn_logged("sidecar-metrics", cmd, &dir.join("sidecar.log")).unwrap();
@@ -168,14 +181,23 @@ fn wasm_runtime_stats(envoy: &EnvoyProcess) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// When the replica's answers turned to the canary for good: the send time of the first
-/// request after which every answer served it, measured from `change`.
-fn applied_after(answers: &[Answer], change: Instant) -> Option<Duration> {
-    let canary = |a: &Answer| a.served == CANARY && a.echoed == CANARY;
-    let last_other = answers.iter().rposition(|a| !canary(a));
-    let first_for_good = match last_other {
-        Some(i) => answers.get(i + 1)?,
-        None => answers.first()?,
+/// When the replica's answers sent from `change` until `until` turned to `model` for good: the
+/// send time of the first request after which every answer in that span served it (header and
+/// echo), measured from `change`; `None` when the last one did not.
+fn applied_after(
+    answers: &[Answer],
+    change: Instant,
+    until: Instant,
+    model: &str,
+) -> Option<Duration> {
+    let span: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.sent >= change && a.sent < until)
+        .collect();
+    let served = |a: &Answer| a.served == model && a.echoed == model;
+    let first_for_good = match span.iter().rposition(|a| !served(a)) {
+        Some(i) => span.get(i + 1)?,
+        None => span.first()?,
     };
     Some(first_for_good.sent.saturating_duration_since(change))
 }
@@ -201,11 +223,14 @@ async fn a_canary_weight_change_reaches_every_replica_within_2s_without_a_reload
             &fleet,
             &pods.addrs,
             &adapters,
-            &Value::Null,
+            &configured_rule(),
         );
         spec.name = format!("e2e-live-rewrites-{i}");
-        // The rule is nowhere in the filter's own configuration.
-        assert!(spec.effective_plugin_config().get("rewrites").is_none());
+        // The filter's own rule knows only the stable model: the canary comes from the snapshot.
+        assert_eq!(
+            spec.effective_plugin_config()["rewrites"],
+            configured_rule()["rewrites"]
+        );
         envoys.push(spec.start().await.unwrap());
     }
     let mut sidecars = Vec::new();
@@ -233,9 +258,15 @@ async fn a_canary_weight_change_reaches_every_replica_within_2s_without_a_reload
     tokio::time::sleep(Duration::from_secs(1)).await;
     let change = Instant::now();
     for (path, base) in &files {
-        write_atomically(path, &sidecar_yaml(base, (0, 100)));
+        write_atomically(path, &sidecar_yaml(base, Some((0, 100))));
     }
     tokio::time::sleep(BOUND + Duration::from_secs(2)).await;
+    let deletion = Instant::now();
+    for (path, base) in &files {
+        write_atomically(path, &sidecar_yaml(base, None));
+    }
+    tokio::time::sleep(BOUND + Duration::from_secs(2)).await;
+    let end = Instant::now();
     stop.store(true, Ordering::Relaxed);
     let mut answers = Vec::new();
     for l in loops {
@@ -261,21 +292,30 @@ async fn a_canary_weight_change_reaches_every_replica_within_2s_without_a_reload
                 .all(|x| x.served == MODEL && x.echoed == MODEL),
             "replica {i}: before the change, not all to the stable model"
         );
-        let after = applied_after(a, change)
-            .unwrap_or_else(|| panic!("replica {i} never served the canary for good"));
-        let late = a.iter().filter(|x| x.sent >= change + after).count();
-        assert!(late >= 5, "replica {i}: too few requests after the change");
-        println!(
-            "replica {i}: {} requests, every one sent {after:?} after the change served the canary",
-            a.len()
-        );
-        assert!(
-            after <= BOUND,
-            "replica {i} served the stable model {after:?} after the change"
-        );
-        slowest = slowest.max(after);
+        for (what, from, until, model) in [
+            ("the change", change, deletion, CANARY),
+            ("the deletion", deletion, end, MODEL),
+        ] {
+            let after = applied_after(a, from, until, model).unwrap_or_else(|| {
+                panic!("replica {i} never served {model} for good after {what}")
+            });
+            let late = a
+                .iter()
+                .filter(|x| x.sent >= from + after && x.sent < until)
+                .count();
+            assert!(late >= 5, "replica {i}: too few requests after {what}");
+            println!(
+                "replica {i}: {} requests, every one sent {after:?} after {what} served {model}",
+                a.len()
+            );
+            assert!(
+                after <= BOUND,
+                "replica {i} served another model {after:?} after {what}"
+            );
+            slowest = slowest.max(after);
+        }
     }
-    println!("change to every replica applying it: {slowest:?}");
+    println!("change or deletion to every replica applying it: {slowest:?}");
     for (i, e) in envoys.iter().enumerate() {
         assert_eq!(e.pid(), pids[i], "replica {i}: Envoy restarted");
         assert!(testkit::pid_alive(e.pid()), "replica {i}: Envoy exited");
