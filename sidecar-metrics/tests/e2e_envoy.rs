@@ -137,7 +137,14 @@ async fn sidecar_steers_the_filter_in_a_real_envoy() {
     // Every pod every round: the duty bound (`scrape.max_duty`, its own tests) would space a
     // pod's scrapes by 50× their duration, which on a loaded machine passes a round or two,
     // and the count of rounds below is this test's measure.
-    .args(["--interval-ms", "50", "--max-duty", "0", "--listen", &face.to_string()]);
+    .args([
+        "--interval-ms",
+        "50",
+        "--max-duty",
+        "0",
+        "--listen",
+        &face.to_string(),
+    ]);
     let sidecar = ChildGuard::spawn("sidecar-metrics", cmd).unwrap();
 
     let ok = |s: &Value, p: SocketAddr| pod(s, p).is_some_and(|p| p["health"] == json!("ok"));
