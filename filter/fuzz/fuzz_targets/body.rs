@@ -70,6 +70,7 @@ fn fleet(config: &Config) -> Fleet {
     };
     let snapshot = Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 1_000,
         pools: vec![

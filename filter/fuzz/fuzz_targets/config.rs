@@ -28,6 +28,7 @@ use llm_router_snapshot::{Engine, Pod, Pool, Snapshot};
 fn snapshot(config: &Config) -> Snapshot {
     Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 1_000,
         pools: config

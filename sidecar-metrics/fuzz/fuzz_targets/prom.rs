@@ -118,6 +118,7 @@ fn check_normalise(text: &str) {
     // What the sidecar pushes for this pod (sidecar.rs `pod_entry`).
     let snapshot = Snapshot {
         rewrites: None,
+        objectives: None,
         generation: 1,
         created_ms: 1,
         pools: vec![Pool {
