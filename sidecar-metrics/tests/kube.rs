@@ -27,6 +27,16 @@ use tokio::sync::broadcast;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
+/// The credentials every test gives the sidecar for a stand-in API server at `addr`.
+fn stand_in_api(addr: SocketAddr) -> KubeApi {
+    KubeApi {
+        server: format!("http://{addr}"),
+        token: Some("test-token".into()),
+        token_file: None,
+        ca_file: None,
+    }
+}
+
 /// A real-shaped EndpointSlice for one pod on loopback.
 fn slice(name: &str, rv: u64, pod: SocketAddr, ready: bool) -> serde_json::Value {
     json!({
@@ -215,12 +225,7 @@ async fn endpointslice_changes_reach_the_snapshot() {
         service: Some("vllm".into()),
         label_selector: None,
         port: Some(PortRef::Name("http".into())),
-        api: Some(KubeApi {
-            server: format!("http://{api_addr}"),
-            token: Some("test-token".into()),
-            token_file: None,
-            ca_file: None,
-        }),
+        api: Some(stand_in_api(api_addr)),
     });
     let cfg = config(proxy.addr, discovery, 20, 1000);
     let running = sidecar::start(cfg, common::SECRET.into())
@@ -853,12 +858,7 @@ fn pool_discovery(api_addr: SocketAddr, port: Option<u16>) -> Discovery {
         name: "llama-pool".into(),
         namespace: Some("llm".into()),
         port,
-        api: Some(KubeApi {
-            server: format!("http://{api_addr}"),
-            token: Some("test-token".into()),
-            token_file: None,
-            ca_file: None,
-        }),
+        api: Some(stand_in_api(api_addr)),
     })
 }
 
@@ -1290,12 +1290,7 @@ async fn inference_model_rewrites_of_the_pool_reach_the_snapshot_live() {
         reload_ms: 0,
         kubernetes: Some(ObjectWatchConfig {
             namespace: Some("llm".into()),
-            api: Some(KubeApi {
-                server: format!("http://{api_addr}"),
-                token: Some("test-token".into()),
-                token_file: None,
-                ca_file: None,
-            }),
+            api: Some(stand_in_api(api_addr)),
         }),
     });
     cfg.validate().unwrap();
@@ -1418,12 +1413,7 @@ async fn inference_objectives_of_the_pool_reach_the_snapshot_live() {
     cfg.objectives = Some(ObjectivesConfig {
         kubernetes: ObjectWatchConfig {
             namespace: Some("llm".into()),
-            api: Some(KubeApi {
-                server: format!("http://{api_addr}"),
-                token: Some("test-token".into()),
-                token_file: None,
-                ca_file: None,
-            }),
+            api: Some(stand_in_api(api_addr)),
         },
     });
     cfg.validate().unwrap();
