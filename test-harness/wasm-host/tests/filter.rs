@@ -1938,15 +1938,11 @@ fn pools_the_snapshot_and_the_configuration_disagree_on_are_logged_once() {
     let host = host();
     let vm = host.vm(&config()).unwrap();
     let llama_only = |generation, cluster: &str| {
+        let pods = vec![pod("10.0.0.1:8000", 0, 1, 0.1)];
         snapshot(
             &host,
             generation,
-            vec![pool(
-                "llama",
-                cluster,
-                &[LLAMA],
-                vec![pod("10.0.0.1:8000", 0, 1, 0.1)],
-            )],
+            vec![pool("llama", cluster, &[LLAMA], pods)],
         )
     };
     let warnings = |vm: &proxy_wasm_host::Vm| -> Vec<String> {
@@ -1956,14 +1952,18 @@ fn pools_the_snapshot_and_the_configuration_disagree_on_are_logged_once() {
             .map(|l| l.message)
             .collect()
     };
+    // `n` routed requests (the filter reads the newest snapshot on each).
+    let send = |n: usize| {
+        for _ in 0..n {
+            let body = chat_body(LLAMA, "hi");
+            let mut r = post(&vm, "/v1/chat/completions", &body);
+            r.body(&body).send().unwrap();
+            assert_routed(&r);
+            r.finish().unwrap();
+        }
+    };
     push_ok(&vm, &llama_only(1, "pool_llama"));
-    for _ in 0..3 {
-        let body = chat_body(LLAMA, "hi");
-        let mut r = post(&vm, "/v1/chat/completions", &body);
-        r.body(&body).send().unwrap();
-        assert_routed(&r);
-        r.finish().unwrap();
-    }
+    send(3);
     let w = warnings(&vm);
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(
@@ -1973,16 +1973,11 @@ fn pools_the_snapshot_and_the_configuration_disagree_on_are_logged_once() {
     );
     // The same disagreement in the next snapshot: nothing new.
     push_ok(&vm, &llama_only(2, "pool_llama"));
-    let body = chat_body(LLAMA, "hi");
-    let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.body(&body).send().unwrap();
-    r.finish().unwrap();
+    send(1);
     assert_eq!(warnings(&vm).len(), 1);
     // Another one: the llama pool under another cluster too.
     push_ok(&vm, &llama_only(3, "llama_v2"));
-    let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.body(&body).send().unwrap();
-    r.finish().unwrap();
+    send(1);
     let w = warnings(&vm);
     assert_eq!(w.len(), 3, "{w:?}");
     assert!(w[1..].iter().any(|m| m.contains("\"llama_v2\"")), "{w:?}");
