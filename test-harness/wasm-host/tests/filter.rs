@@ -1690,6 +1690,9 @@ fn the_secret_comes_from_the_environment_and_placeholders_are_refused() {
     );
 }
 
+/// A filter whose configuration names no pool learns them from the snapshot: before the first
+/// one a request is 503 with `retry-after` (the model may be one the snapshot will bring), then
+/// the snapshot's models route and an unknown one is 404.
 #[test]
 fn pools_may_come_from_the_snapshot_alone() {
     let host = host();
@@ -1698,6 +1701,21 @@ fn pools_may_come_from_the_snapshot_alone() {
             r#"{{"snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#
         ))
         .unwrap();
+    let before = chat(&vm, "mistral-7b", "bonjour");
+    let lr = before.local_response().expect("answered by the filter");
+    assert_eq!(lr.status, 503, "{}", before.explain());
+    assert!(
+        lr.body_text().contains("no_endpoints"),
+        "{}",
+        lr.body_text()
+    );
+    assert!(
+        lr.headers
+            .iter()
+            .any(|(k, v)| k == "retry-after" && v == "1"),
+        "{:?}",
+        lr.headers
+    );
     push_ok(
         &vm,
         &snapshot(
@@ -1981,51 +1999,4 @@ fn pools_the_snapshot_and_the_configuration_disagree_on_are_logged_once() {
     let w = warnings(&vm);
     assert_eq!(w.len(), 3, "{w:?}");
     assert!(w[1..].iter().any(|m| m.contains("\"llama_v2\"")), "{w:?}");
-}
-
-/// A filter whose configuration names no pool learns them from the snapshot: before the first
-/// one a request is 503 with `retry-after` (the model may be one the snapshot will bring), then
-/// it routes.
-#[test]
-fn a_filter_without_configured_pools_answers_503_until_the_first_snapshot() {
-    let host = host();
-    let vm = host
-        .vm(&format!(
-            r#"{{"snapshot": {{"secret": "{SECRET}", "endpoints": true}}}}"#
-        ))
-        .unwrap();
-    let body = chat_body(LLAMA, "hi");
-    let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.body(&body).send().unwrap();
-    let lr = r.local_response().expect("answered by the filter");
-    assert_eq!(lr.status, 503, "{}", r.explain());
-    assert!(
-        lr.body_text().contains("no_endpoints"),
-        "{}",
-        lr.body_text()
-    );
-    assert!(
-        lr.headers
-            .iter()
-            .any(|(k, v)| k == "retry-after" && v == "1"),
-        "{:?}",
-        lr.headers
-    );
-    r.finish().unwrap();
-    push_ok(
-        &vm,
-        &snapshot(
-            &host,
-            1,
-            vec![pool(
-                "llama",
-                "pool_llama",
-                &[LLAMA],
-                vec![pod("10.0.0.1:8000", 0, 1, 0.1)],
-            )],
-        ),
-    );
-    let mut r = post(&vm, "/v1/chat/completions", &body);
-    r.body(&body).send().unwrap();
-    assert_routed(&r);
 }
