@@ -1237,6 +1237,55 @@ mod tests {
     }
 
     #[test]
+    fn sweep_points_are_judged_by_their_load_band() {
+        // The filter at 0.9× round robin (the best other here) at p50 and p95: it meets the
+        // light-load bound (≤ 1.05×) and misses the ≤ 0.8× one; which is judged depends on the
+        // run's load alone.
+        let bounds_at = |load: Option<f64>| {
+            let mut lora = ScenarioResult {
+                load_of_capacity: load,
+                ..ScenarioResult::default()
+            };
+            lora.insert("round_robin".to_string(), run(10.0, 100, 10.0));
+            lora.insert("filter".to_string(), run(9.0, 100, 10.0));
+            let scenarios = BTreeMap::from([("vllm_lora".to_string(), lora)]);
+            let rows: Vec<RatioRow> = ["ttft_p50_ms", "ttft_p95_ms"]
+                .iter()
+                .map(|m| RatioRow {
+                    scenario: "vllm_lora".into(),
+                    router: "filter".into(),
+                    baseline: "round_robin".into(),
+                    metric: (*m).into(),
+                    ratio: Some(0.9),
+                    ci95: Some([0.89, 0.91]),
+                    seeds: 10,
+                })
+                .collect();
+            let mut judged: Vec<(String, String, Option<bool>)> = check_targets(&scenarios, &rows)
+                .into_iter()
+                .filter(|t| t.baseline.starts_with("best other"))
+                .map(|t| (t.metric, t.target, t.met))
+                .collect();
+            judged.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+            judged
+        };
+        let light = |m: &str| (m.to_string(), "≤ 1.05×".to_string(), Some(true));
+        let busy = ("ttft_p95_ms".to_string(), "≤ 0.8×".to_string(), Some(false));
+        assert_eq!(
+            bounds_at(Some(0.3)),
+            vec![light("ttft_p50_ms"), light("ttft_p95_ms")]
+        );
+        assert_eq!(bounds_at(Some(0.8)), vec![busy.clone()]);
+        // The scenario's nominal rate is not a light load.
+        assert_eq!(bounds_at(None), vec![busy.clone()]);
+        // 50 % belongs to both bands.
+        assert_eq!(
+            bounds_at(Some(0.5)),
+            vec![light("ttft_p50_ms"), busy, light("ttft_p95_ms")]
+        );
+    }
+
+    #[test]
     fn a_scenario_whose_condition_failed_is_reported_invalid() {
         let mut scenarios = BTreeMap::new();
         let mut b = ScenarioResult {
