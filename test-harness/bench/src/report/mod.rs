@@ -1266,7 +1266,7 @@ mod tests {
                 .filter(|t| t.baseline.starts_with("best other"))
                 .map(|t| (t.metric, t.target, t.met))
                 .collect();
-            judged.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+            judged.sort();
             judged
         };
         let light = |m: &str| (m.to_string(), "≤ 1.05×".to_string(), Some(true));
