@@ -57,6 +57,9 @@ pub struct Hashes {
     /// and on every gateway replica, so replicas can agree on a home pod for it without sharing
     /// state.
     pub key: u64,
+    /// `key` ends with the first user message (not the [`KEY_BLOCKS`] fallback, which prompts
+    /// sharing their opening blocks share): a conversation's own key.
+    pub keyed: bool,
 }
 
 /// Hashes a prompt. `key_pieces` is the number of leading pieces that end with the first user
@@ -74,6 +77,7 @@ pub fn block_hashes(
         return Hashes {
             blocks: out,
             key: seed,
+            keyed: false,
         };
     }
     let mut chain = BlockChain {
@@ -106,11 +110,16 @@ pub fn block_hashes(
         }
     }
     let tail = chain.hasher.digest();
+    let keyed = key.is_some();
     let key = key.unwrap_or_else(|| match out.len() {
         0 => tail,
         n => out.get(n.min(KEY_BLOCKS) - 1).copied().unwrap_or(tail),
     });
-    Hashes { blocks: out, key }
+    Hashes {
+        blocks: out,
+        key,
+        keyed,
+    }
 }
 
 struct BlockChain<'o> {

@@ -48,6 +48,23 @@ pub(super) struct Credits {
     pub(super) anchor: Option<(u64, usize)>,
     /// Candidates other replicas' notes put the anchor on (not a new copy there).
     pub(super) peer_placed: Vec<usize>,
+    /// For a conversation (a chat request, [`prefix::Hashes::key`] its key): the blocks of
+    /// history it carries (`None` on its first turn), for [`super::record::record`] to note
+    /// where a turn goes when it starts the conversation or moves it
+    /// ([`crate::placed::note_placed`]).
+    pub(super) conversation: Option<Option<usize>>,
+    /// The candidate other replicas' notes put the conversation's latest turn on.
+    pub(super) peer_turn: Option<usize>,
+}
+
+/// Where other gateway replicas sent a conversation's latest turn, when their notes say: the
+/// candidate (by `ids`) of the note with the most blocks (each turn is longer than the last, so
+/// the deepest note is the newest placement).
+pub(super) fn peer_turn(d: &PoolIndex, key: u64, ids: &[u32]) -> Option<usize> {
+    peer_placed(d, key)
+        .filter_map(|p| Some((ids.iter().position(|&id| id == p.pod)?, p.blocks)))
+        .max_by_key(|&(_, blocks)| blocks)
+        .map(|(at, _)| at)
 }
 
 /// Stage 5: the request's features, with the pods other gateway replicas probably warmed for
@@ -97,11 +114,26 @@ pub(super) fn features<'r>(
             let credit = replica_prior::credit(n, known, share)?;
             Some((c.home(key)?, credit))
         });
-        let conversation = req.history_bytes().and_then(|bytes| {
-            let credit = replica_prior::credit((bytes / block_chars).min(n), known, share)?;
+        let history = req
+            .history_bytes()
+            .map(|bytes| (bytes / block_chars).min(n));
+        if c.hashes.keyed && view.derived.is_some_and(|d| d.peers) {
+            credits.conversation = Some(history);
+        }
+        // Where other replicas sent the conversation's latest turn, when their notes say: a
+        // fact, its whole history; otherwise where they probably sent it, its key's home.
+        let unknown = history.filter(|&h| (known as usize) < h);
+        credits.peer_turn = unknown
+            .filter(|_| c.hashes.keyed)
+            .zip(view.derived)
+            .and_then(|(_, d)| peer_turn(d, c.hashes.key, &c.ids));
+        let noted = credits.peer_turn.zip(unknown.map(|h| h as u32));
+        let conversation = unknown.filter(|_| noted.is_none()).and_then(|h| {
+            let credit = replica_prior::credit(h, known, share)?;
             Some((key_home?, credit))
         });
-        for (home, credit) in placed.into_iter().chain(context).chain(conversation) {
+        let credited = placed.into_iter().chain(context).chain(noted);
+        for (home, credit) in credited.chain(conversation) {
             if let Some(cand) = c.cands.get_mut(home) {
                 if !credits.credited.iter().any(|&(j, _)| j == home) {
                     credits.credited.push((home, cand.prefix_blocks));

@@ -140,4 +140,22 @@ fn record_prompt<S: SharedStore>(
             );
         }
     }
+    // A conversation's turn that starts it, or goes where neither this replica's records nor
+    // the others' notes put its history (it moved), is noted under the conversation's key, so
+    // the others send its next turns there instead of guessing.
+    if let Some(history) = credits.conversation {
+        let moved = history.is_none_or(|h| (known as usize) < h);
+        if moved && credits.peer_turn != Some(i) {
+            let blocks = c.hashes.blocks.len() as u32;
+            crate::placed::note_placed(
+                store,
+                &pool.name,
+                PeerContext {
+                    key: c.hashes.key,
+                    pod: id,
+                    blocks,
+                },
+            );
+        }
+    }
 }

@@ -124,7 +124,7 @@ fn keys_and_placed(
             .filter(|_| replica_prior::credit(n, known, share).is_some())
             .map(|(k, _)| k),
     );
-    let placed: Vec<u32> = anchored
+    let mut placed: Vec<u32> = anchored
         .zip(view.derived)
         .map(|((key, _), d)| {
             peer_placed(d, key)
@@ -132,6 +132,16 @@ fn keys_and_placed(
                 .collect()
         })
         .unwrap_or_default();
+    // And the pods other replicas sent the conversation's turns to, when this replica knows
+    // less than its history.
+    let block_chars = view.pool.prefix.block_chars.max(1);
+    let unknown = hashes.keyed
+        && req
+            .history_bytes()
+            .is_some_and(|b| (known as usize) < (b / block_chars).min(n));
+    if let Some(d) = view.derived.filter(|_| unknown) {
+        placed.extend(peer_placed(d, hashes.key).filter_map(|p| sl.position_of_id(p.pod)));
+    }
     (keys, placed)
 }
 

@@ -1307,6 +1307,76 @@ fn replicas_keep_a_conversation_on_one_pod_when_its_turns_alternate() {
     }
 }
 
+#[test]
+fn a_conversation_one_replica_started_is_found_by_the_others() {
+    let r = router(CONFIG);
+    // Replica one sees other replicas at work and has sent long prompts to pods 1 and 3 since
+    // its snapshot: it starts conversations by load, wherever their keys' homes are.
+    let (one_fleet, one) = replica_among_others(&r);
+    inflight::update(&one, "llama", |t| {
+        for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                load.pending_tokens = 40_000;
+            }
+        }
+    });
+    route_and_finish(&r, &one, &one_fleet, &conversation_turn(99, 0), 7);
+    let started: Vec<String> = (0..8)
+        .map(|c| route_and_finish(&r, &one, &one_fleet, &conversation_turn(c, 0), c as u64))
+        .map(|out| out.endpoints[0].clone())
+        .collect();
+    let contexts = inflight::tally(&one, ["llama"], 1100).pools[0]
+        .contexts
+        .clone();
+    // One note per conversation started (the first request's included), and the system
+    // prompt's first copy (a long context's).
+    assert_eq!(contexts.len(), 10, "{contexts:?}");
+
+    // Replica two gets each conversation's second turn, knowing only the system prompt. With
+    // replica one's notes it sends each where its first turn went; by the keys' homes alone
+    // it moves those replica one started by load.
+    let followed = |contexts: Vec<llm_router_snapshot::PeerContext>| {
+        let (fleet, two) = replica(&r, 4, Some(2), &[0.2; 4]);
+        let two_fleet = refleet(&r, &fleet, &two, |snap| {
+            snap.pools[0].peer_contexts = contexts
+        });
+        route_and_finish(&r, &two, &two_fleet, &conversation_turn(99, 1), 7);
+        (0..8)
+            .filter(|&c| {
+                let body = conversation_turn(c, 1);
+                let out = route_and_finish(&r, &two, &two_fleet, &body, 100 + c as u64);
+                out.endpoints[0] == started[c]
+            })
+            .count()
+    };
+    assert_eq!(
+        followed(contexts),
+        8,
+        "where replica one started them: {started:?}"
+    );
+    assert!(followed(Vec::new()) < 8, "by the homes alone: {started:?}");
+
+    // A turn that goes where the notes put its conversation writes nothing.
+    let (fleet, three) = replica_among_others(&r);
+    let notes = inflight::tally(&one, ["llama"], 1100).pools[0]
+        .contexts
+        .clone();
+    let keys: Vec<u64> = notes.iter().map(|c| c.key).collect();
+    let three_fleet = refleet(&r, &fleet, &three, |snap| {
+        snap.pools[0].peer_contexts = notes
+    });
+    let out = route_and_finish(&r, &three, &three_fleet, &conversation_turn(2, 1), 3);
+    assert_eq!(out.endpoints[0], started[2]);
+    let tally = inflight::tally(&three, ["llama"], 1100);
+    assert!(
+        tally.pools[0]
+            .contexts
+            .iter()
+            .all(|c| !keys.contains(&c.key)),
+        "{tally:?}"
+    );
+}
+
 /// A pod that reports itself the best of the pool but answers every request with a server
 /// error: after a run of errors it goes behind the others (Envoy's outlier ejection does not
 /// stop `override_host` from sending it what the filter names), then one request probes it.
