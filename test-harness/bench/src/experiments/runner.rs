@@ -471,7 +471,8 @@ pub async fn run_windowed(
 
 /// Set to a folder: every run writes its window's requests there as JSON lines
 /// (`<scenario>-<router>-<seed>.jsonl`: the sample — pod, TTFT, prompt and cached tokens —
-/// with the request's prefix group and prompt size), to study a tail request by request.
+/// with the request's prefix group, prompt size and, for a chat turn, its `conv` "N turn T" as
+/// the workload wrote it), to study a tail request, or a conversation's moves, request by request.
 pub const SAMPLES_ENV: &str = "LLMR_BENCH_SAMPLES";
 
 fn dump_samples(
@@ -497,6 +498,16 @@ fn dump_samples(
                 "prompt_chars".into(),
                 serde_json::json!(spec.map(|r| r.prompt_chars)),
             );
+            // The workload's "[conversation N turn T]" marker, the last in the body (its latest
+            // user turn).
+            let conv = spec.and_then(|r| {
+                let b = std::str::from_utf8(&r.body).ok()?;
+                let at = b.rfind("[conversation ")?;
+                let rest = &b[at + 14..];
+                let end = rest.find(']')?;
+                Some(rest[..end].to_string())
+            });
+            o.insert("conv".into(), serde_json::json!(conv));
         }
         writeln!(out, "{v}")?;
     }
