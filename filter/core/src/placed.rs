@@ -54,6 +54,24 @@ pub fn note_placed(store: &impl SharedStore, pool: &str, placed: PeerContext) ->
     })
 }
 
+/// This replica's own note of `key` with the most blocks (its deepest placement), read
+/// without decoding the ring.
+pub fn own_deepest(store: &impl SharedStore, pool: &str, key: u64) -> Option<PeerContext> {
+    let (bytes, _) = store.get(&placed_key(pool))?;
+    let mut r = Reader(&bytes);
+    let n = r.u16().map_or(0, usize::from).min(PLACED_RING);
+    let mut best: Option<PeerContext> = None;
+    for _ in 0..n {
+        let (Some(k), Some(pod), Some(blocks)) = (r.u64(), r.u32(), r.u32()) else {
+            break;
+        };
+        if k == key && best.is_none_or(|b| b.blocks < blocks) {
+            best = Some(PeerContext { key, pod, blocks });
+        }
+    }
+    best
+}
+
 /// The pool's ring of placements, oldest first.
 pub fn placed(store: &impl SharedStore, pool: &str) -> Vec<PeerContext> {
     store

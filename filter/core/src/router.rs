@@ -194,7 +194,7 @@ impl Router {
         // Owned here: the features borrow it while `view` moves into [`record`].
         let served = view.served_model.clone();
         let model = served.as_deref().unwrap_or(req.model.as_ref());
-        let (features, credits) = features(&view, &mut cands, req, model, ctx);
+        let (features, credits) = features(store, &view, &mut cands, req, model, ctx);
         let ranked = self.rank(&view, &cands, &features, admitted.fits())?;
         Ok(Decision::Routed(record(
             store,

@@ -8,6 +8,7 @@ use crate::config::PoolConfig;
 use crate::prefix;
 use crate::replica_prior;
 use crate::request::ParsedRequest;
+use crate::store::SharedStore;
 use llm_router_snapshot::PeerContext;
 
 /// The anchor of a long context ([`replica_prior::anchor_depth`]): its chained block hash and
@@ -57,11 +58,18 @@ pub(super) struct Credits {
     pub(super) peer_turn: Option<usize>,
 }
 
-/// Where other gateway replicas sent a conversation's latest turn, when their notes say: the
-/// candidate (by `ids`) of the note with the most blocks (each turn is longer than the last, so
-/// the deepest note is the newest placement).
-pub(super) fn peer_turn(d: &PoolIndex, key: u64, ids: &[u32]) -> Option<usize> {
+/// Where the gateway replicas sent a conversation's latest turn, when their notes say: the
+/// candidate (by `ids`) of the note with the most blocks among the others' and this replica's
+/// own (`own`; each turn is longer than the last, so the deepest note is the newest
+/// placement: a turn that went elsewhere since was noted there with more).
+pub(super) fn peer_turn(
+    d: &PoolIndex,
+    own: Option<PeerContext>,
+    key: u64,
+    ids: &[u32],
+) -> Option<usize> {
     peer_placed(d, key)
+        .chain(own.as_ref())
         .filter_map(|p| Some((ids.iter().position(|&id| id == p.pod)?, p.blocks)))
         .max_by_key(|&(_, blocks)| blocks)
         .map(|(at, _)| at)
@@ -74,7 +82,8 @@ pub(super) fn peer_turn(d: &PoolIndex, key: u64, ids: &[u32]) -> Option<usize> {
 /// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
 /// The credits raise the candidates' `prefix_blocks`; what they replaced comes back in
 /// [`Credits`].
-pub(super) fn features<'r>(
+pub(super) fn features<'r, S: SharedStore>(
+    store: &S,
     view: &PoolView<'_>,
     c: &mut Candidates<'_>,
     req: &ParsedRequest<'_>,
@@ -120,13 +129,17 @@ pub(super) fn features<'r>(
         if c.hashes.keyed && view.derived.is_some_and(|d| d.peers) {
             credits.conversation = Some(history);
         }
-        // Where other replicas sent the conversation's latest turn, when their notes say: a
-        // fact, its whole history; otherwise where they probably sent it, its key's home.
+        // Where the replicas sent the conversation's latest turn, when their notes (the
+        // others', and this replica's own of a turn it started or moved) say: a fact, its whole
+        // history; otherwise where the others probably sent it, its key's home.
         let unknown = history.filter(|&h| (known as usize) < h);
         credits.peer_turn = unknown
             .filter(|_| c.hashes.keyed)
-            .zip(view.derived)
-            .and_then(|(_, d)| peer_turn(d, c.hashes.key, &c.ids));
+            .zip(view.derived.filter(|d| d.peers))
+            .and_then(|(_, d)| {
+                let own = crate::placed::own_deepest(store, &pool.name, c.hashes.key);
+                peer_turn(d, own, c.hashes.key, &c.ids)
+            });
         let noted = credits.peer_turn.zip(unknown.map(|h| h as u32));
         let conversation = unknown.filter(|_| noted.is_none()).and_then(|h| {
             let credit = replica_prior::credit(h, known, share)?;

@@ -140,13 +140,18 @@ fn record_prompt<S: SharedStore>(
             );
         }
     }
-    // A conversation's turn that starts it, or goes where neither this replica's records nor
-    // the others' notes put its history (it moved), is noted under the conversation's key, so
-    // the others send its next turns there instead of guessing.
+    // A conversation's turn that starts it (a prompt of a page or more: a shorter history
+    // costs little to move, and the turn that moves it is noted), or goes where neither this
+    // replica's records nor the notes put its history (it moved), is noted under the
+    // conversation's key, so the replicas send its next turns there instead of guessing.
     if let Some(history) = credits.conversation {
-        let moved = history.is_none_or(|h| (known as usize) < h);
-        if moved && credits.peer_turn != Some(i) {
-            let blocks = c.hashes.blocks.len() as u32;
+        let blocks = c.hashes.blocks.len();
+        let noteworthy = match history {
+            None => blocks >= pool.prefix.page_blocks.max(1),
+            Some(h) => (known as usize) < h,
+        };
+        if noteworthy && credits.peer_turn != Some(i) {
+            let blocks = blocks as u32;
             crate::placed::note_placed(
                 store,
                 &pool.name,

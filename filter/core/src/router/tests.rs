@@ -1356,6 +1356,22 @@ fn a_conversation_one_replica_started_is_found_by_the_others() {
     );
     assert!(followed(Vec::new()) < 8, "by the homes alone: {started:?}");
 
+    // Replica one gets each conversation's third turn, the second having gone (with its note)
+    // where the first did, unnoted: knowing only the first turn, it finds the conversation by
+    // its own note, not the key's home, now that the load is gone.
+    inflight::update(&one, "llama", |t| {
+        t.entries
+            .iter_mut()
+            .for_each(|(_, load)| load.pending_tokens = 0)
+    });
+    let kept = (0..8)
+        .filter(|&c| {
+            let out = route_and_finish(&r, &one, &one_fleet, &conversation_turn(c, 2), c as u64);
+            out.endpoints[0] == started[c]
+        })
+        .count();
+    assert_eq!(kept, 8, "where replica one started them: {started:?}");
+
     // A turn that goes where the notes put its conversation writes nothing.
     let (fleet, three) = replica_among_others(&r);
     let notes = inflight::tally(&one, ["llama"], 1100).pools[0]
