@@ -80,6 +80,8 @@ pub(super) fn peer_turn(
 /// the pod where other replicas put it: credit that pod with the blocks it would save, weighed
 /// by the other replicas' share of the pool's traffic. Two places are expected: a long context's
 /// anchor home, and a conversation's home (its key's) for the history its earlier turns left.
+/// Where the replicas' notes say where a context or a conversation went, that pod is credited
+/// instead, in full (a fact, not a guess).
 /// The credits raise the candidates' `prefix_blocks`; what they replaced comes back in
 /// [`Credits`].
 pub(super) fn features<'r, S: SharedStore>(
