@@ -53,11 +53,11 @@ pub struct Hashes {
     /// a model server that caches only full blocks), at most `max_blocks`.
     pub blocks: Vec<u64>,
     /// Hash of the prompt up to the end of its first user message (or of its first
-    /// [`KEY_BLOCKS`] blocks when it has no messages): the same on every turn of a conversation
+    /// `KEY_BLOCKS` blocks when it has no messages): the same on every turn of a conversation
     /// and on every gateway replica, so replicas can agree on a home pod for it without sharing
     /// state.
     pub key: u64,
-    /// `key` ends with the first user message (not the [`KEY_BLOCKS`] fallback, which prompts
+    /// `key` ends with the first user message (not the `KEY_BLOCKS` fallback, which prompts
     /// sharing their opening blocks share): a conversation's own key.
     pub keyed: bool,
 }
