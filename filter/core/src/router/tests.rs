@@ -1102,6 +1102,17 @@ fn replica_among_others(r: &Router) -> (Fleet, MemoryStore) {
     (with_peer, store)
 }
 
+/// Long prompts this replica sent to pods 1 and 3 (the even indices) since its snapshot.
+fn pending_on_even_pods(store: &MemoryStore) {
+    inflight::update(store, "llama", |t| {
+        for (i, (_, load)) in t.entries.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                load.pending_tokens = 40_000;
+            }
+        }
+    });
+}
+
 #[test]
 fn a_context_one_replica_placed_is_found_by_the_others() {
     let r = router(CONFIG);
@@ -1110,13 +1121,7 @@ fn a_context_one_replica_placed_is_found_by_the_others() {
     let (one_fleet, one) = replica_among_others(&r);
     // Since that snapshot replica one has sent long prompts to pods 1 and 3 that replica two
     // does not know of: it avoids them for a while.
-    inflight::update(&one, "llama", |t| {
-        for (i, (_, load)) in t.entries.iter_mut().enumerate() {
-            if i % 2 == 0 {
-                load.pending_tokens = 40_000;
-            }
-        }
-    });
+    pending_on_even_pods(&one);
     route_and_finish(&r, &one, &one_fleet, &doc_question(99, 0), 7);
     let placed: Vec<String> = (0..8)
         .map(|doc| route_and_finish(&r, &one, &one_fleet, &doc_question(doc, 1), doc as u64))
@@ -1313,13 +1318,7 @@ fn a_conversation_one_replica_started_is_found_by_the_others() {
     // Replica one sees other replicas at work and has sent long prompts to pods 1 and 3 since
     // its snapshot: it starts conversations by load, wherever their keys' homes are.
     let (one_fleet, one) = replica_among_others(&r);
-    inflight::update(&one, "llama", |t| {
-        for (i, (_, load)) in t.entries.iter_mut().enumerate() {
-            if i % 2 == 0 {
-                load.pending_tokens = 40_000;
-            }
-        }
-    });
+    pending_on_even_pods(&one);
     route_and_finish(&r, &one, &one_fleet, &conversation_turn(99, 0), 7);
     let started: Vec<String> = (0..8)
         .map(|c| route_and_finish(&r, &one, &one_fleet, &conversation_turn(c, 0), c as u64))
