@@ -54,7 +54,8 @@ pub(super) struct Credits {
     /// where a turn goes when it starts the conversation or moves it
     /// ([`crate::placed::note_placed`]).
     pub(super) conversation: Option<Option<usize>>,
-    /// The candidate other replicas' notes put the conversation's latest turn on.
+    /// The candidate the notes (the other replicas', or this one's own) put the conversation's
+    /// latest turn on ([`peer_turn`]).
     pub(super) peer_turn: Option<usize>,
 }
 
