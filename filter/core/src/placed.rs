@@ -16,17 +16,21 @@ pub fn placed_key(pool: &str) -> String {
     format!("llmr/placed/{pool}")
 }
 
-fn decode_placed(bytes: &[u8]) -> Vec<PeerContext> {
+/// The ring's notes, oldest first, read in place.
+fn entries(bytes: &[u8]) -> impl Iterator<Item = PeerContext> + '_ {
     let mut r = Reader(bytes);
     let n = r.u16().map_or(0, usize::from).min(PLACED_RING);
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let (Some(key), Some(pod), Some(blocks)) = (r.u64(), r.u32(), r.u32()) else {
-            break;
-        };
-        out.push(PeerContext { key, pod, blocks });
-    }
-    out
+    (0..n).map_while(move |_| {
+        Some(PeerContext {
+            key: r.u64()?,
+            pod: r.u32()?,
+            blocks: r.u32()?,
+        })
+    })
+}
+
+fn decode_placed(bytes: &[u8]) -> Vec<PeerContext> {
+    entries(bytes).collect()
 }
 
 fn encode_placed(ring: &[PeerContext]) -> Vec<u8> {
@@ -54,22 +58,13 @@ pub fn note_placed(store: &impl SharedStore, pool: &str, placed: PeerContext) ->
     })
 }
 
-/// This replica's own note of `key` with the most blocks (its deepest placement), read
-/// without decoding the ring.
+/// This replica's own note of `key` with the most blocks (its deepest placement; the newest
+/// of equals), read without decoding the ring.
 pub fn own_deepest(store: &impl SharedStore, pool: &str, key: u64) -> Option<PeerContext> {
     let (bytes, _) = store.get(&placed_key(pool))?;
-    let mut r = Reader(&bytes);
-    let n = r.u16().map_or(0, usize::from).min(PLACED_RING);
-    let mut best: Option<PeerContext> = None;
-    for _ in 0..n {
-        let (Some(k), Some(pod), Some(blocks)) = (r.u64(), r.u32(), r.u32()) else {
-            break;
-        };
-        if k == key && best.is_none_or(|b| b.blocks < blocks) {
-            best = Some(PeerContext { key, pod, blocks });
-        }
-    }
-    best
+    entries(&bytes)
+        .filter(|c| c.key == key)
+        .max_by_key(|c| c.blocks)
 }
 
 /// The pool's ring of placements, oldest first.

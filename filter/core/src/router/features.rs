@@ -26,6 +26,18 @@ pub(super) fn anchor(
     Some((key, depth))
 }
 
+/// A later chat turn's history (everything before its last user message) in blocks, at most
+/// the `n` hashed; `None` for a first turn or a request without messages.
+pub(super) fn history_blocks(
+    pool: &PoolConfig,
+    req: &ParsedRequest<'_>,
+    n: usize,
+) -> Option<usize> {
+    let block_chars = pool.prefix.block_chars.max(1);
+    req.history_bytes()
+        .map(|bytes| (bytes / block_chars).min(n))
+}
+
 /// The contexts other gateway replicas placed under `key` ([`crate::placed::note_placed`]).
 pub(super) fn peer_placed(d: &PoolIndex, key: u64) -> impl Iterator<Item = &PeerContext> {
     let from = d.peer_contexts.partition_point(|p| p.key < key);
@@ -100,7 +112,6 @@ pub(super) fn features<'r, S: SharedStore>(
     let prompt_chars = req.prompt_chars();
     if full {
         let known = c.cands.iter().map(|c| c.prefix_blocks).max().unwrap_or(0);
-        let block_chars = pool.prefix.block_chars.max(1);
         let share = view.derived.map_or(1.0, |d| d.own_share);
         let n = c.hashes.blocks.len();
         credits.anchor = anchor(pool, &c.hashes, prompt_chars);
@@ -126,9 +137,7 @@ pub(super) fn features<'r, S: SharedStore>(
             let credit = replica_prior::credit(n, known, share)?;
             Some((c.home(key)?, credit))
         });
-        let history = req
-            .history_bytes()
-            .map(|bytes| (bytes / block_chars).min(n));
+        let history = history_blocks(pool, req, n);
         if c.hashes.keyed && view.derived.is_some_and(|d| d.peers) {
             credits.conversation = Some(history);
         }

@@ -1,5 +1,5 @@
 use super::candidates::{floored, put_errors_behind, room_of};
-use super::features::{anchor, peer_placed};
+use super::features::{anchor, history_blocks, peer_placed};
 use super::view::PoolView;
 use super::Context;
 use crate::candidate::Candidate;
@@ -134,11 +134,8 @@ fn keys_and_placed(
         .unwrap_or_default();
     // And the pods other replicas sent the conversation's turns to, when this replica knows
     // less than its history.
-    let block_chars = view.pool.prefix.block_chars.max(1);
-    let unknown = hashes.keyed
-        && req
-            .history_bytes()
-            .is_some_and(|b| (known as usize) < (b / block_chars).min(n));
+    let unknown =
+        hashes.keyed && history_blocks(&view.pool, req, n).is_some_and(|h| (known as usize) < h);
     if let Some(d) = view.derived.filter(|_| unknown) {
         placed.extend(peer_placed(d, hashes.key).filter_map(|p| sl.position_of_id(p.pod)));
     }
