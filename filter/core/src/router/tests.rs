@@ -1113,6 +1113,29 @@ fn pending_on_even_pods(store: &MemoryStore) {
     });
 }
 
+/// How many of `expected.len()` requests (`body(i)`) a second replica sends to `expected[i]`,
+/// every pod alike, with `contexts` (another replica's notes, the hub's merge) in its snapshot
+/// and `warm` routed first (what it knows of the shared prefix).
+fn second_replica_agrees(
+    r: &Router,
+    contexts: Vec<llm_router_snapshot::PeerContext>,
+    warm: &str,
+    expected: &[String],
+    body: impl Fn(usize) -> String,
+) -> usize {
+    let (fleet, two) = replica(r, 4, Some(2), &[0.2; 4]);
+    let two_fleet = refleet(r, &fleet, &two, |snap| {
+        snap.pools[0].peer_contexts = contexts
+    });
+    route_and_finish(r, &two, &two_fleet, warm, 7);
+    (0..expected.len())
+        .filter(|&i| {
+            let out = route_and_finish(r, &two, &two_fleet, &body(i), 100 + i as u64);
+            expected.get(i) == out.endpoints.first()
+        })
+        .count()
+}
+
 #[test]
 fn a_context_one_replica_placed_is_found_by_the_others() {
     let r = router(CONFIG);
@@ -1135,24 +1158,10 @@ fn a_context_one_replica_placed_is_found_by_the_others() {
     // Replica two, later: every pod alike, the system prompt known, the documents not. With
     // replica one's notes in its snapshot (the hub's merge) it finds each document where it
     // went; with none it can only expect each on its home, and misses those placed by load.
-    let agreed = |contexts: Vec<llm_router_snapshot::PeerContext>| {
-        let (fleet, two) = replica(&r, 4, Some(2), &[0.2; 4]);
-        let two_fleet = refleet(&r, &fleet, &two, |snap| {
-            snap.pools[0].peer_contexts = contexts
-        });
-        route_and_finish(&r, &two, &two_fleet, &doc_question(99, 1), 7);
-        (0..8)
-            .filter(|&doc| {
-                let out = route_and_finish(
-                    &r,
-                    &two,
-                    &two_fleet,
-                    &doc_question(doc, 2),
-                    100 + doc as u64,
-                );
-                out.endpoints[0] == placed[doc]
-            })
-            .count()
+    let agreed = |contexts| {
+        second_replica_agrees(&r, contexts, &doc_question(99, 1), &placed, |doc| {
+            doc_question(doc, 2)
+        })
     };
     assert_eq!(
         agreed(contexts),
@@ -1334,19 +1343,10 @@ fn a_conversation_one_replica_started_is_found_by_the_others() {
     // Replica two gets each conversation's second turn, knowing only the system prompt. With
     // replica one's notes it sends each where its first turn went; by the keys' homes alone
     // it moves those replica one started by load.
-    let followed = |contexts: Vec<llm_router_snapshot::PeerContext>| {
-        let (fleet, two) = replica(&r, 4, Some(2), &[0.2; 4]);
-        let two_fleet = refleet(&r, &fleet, &two, |snap| {
-            snap.pools[0].peer_contexts = contexts
-        });
-        route_and_finish(&r, &two, &two_fleet, &conversation_turn(99, 1), 7);
-        (0..8)
-            .filter(|&c| {
-                let body = conversation_turn(c, 1);
-                let out = route_and_finish(&r, &two, &two_fleet, &body, 100 + c as u64);
-                out.endpoints[0] == started[c]
-            })
-            .count()
+    let followed = |contexts| {
+        second_replica_agrees(&r, contexts, &conversation_turn(99, 1), &started, |c| {
+            conversation_turn(c, 1)
+        })
     };
     assert_eq!(
         followed(contexts),
