@@ -109,8 +109,9 @@ pub struct HubConfig {
     /// Mode `sidecar`: connect and answer timeout of a subscription (ms).
     #[serde(default = "d_hub_timeout")]
     pub timeout_ms: u64,
-    /// Mode `sidecar` with upstreams: read the proxy's tally (its work in flight per pod) this
-    /// often (ms) and send it to every hub, so the other gateway replicas count it; 0 = never
+    /// Mode `sidecar` with upstreams: read the proxy's tally (its work in flight per pod) and
+    /// send it to every hub, so the other gateway replicas count it: each read is held by the
+    /// proxy until the tally changes, and reads start at most this often (ms); 0 = never
     /// (the other replicas then see this one's work only through the engines' gauges).
     #[serde(default = "d_hub_share")]
     pub share_ms: u64,

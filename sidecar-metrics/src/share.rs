@@ -1,6 +1,7 @@
 //! Gateway replicas' work, shared through the hubs so that every replica counts the others'.
 //!
-//! Each gateway sidecar that follows hubs reads its proxy's tally every `hub.share_ms`
+//! Each gateway sidecar that follows hubs reads its proxy's tally — a long poll the proxy
+//! answers when the tally moves, reads starting at most every `hub.share_ms` ([`share`])
 //! (`GET {push.tally_path}` on the internal listener: the requests in flight and the prompt
 //! tokens still to prefill per pod, [`llm_router_snapshot::Tally`]), stamps it with its replica
 //! id (random per process) and POSTs it, signed like a push, to every hub address its upstreams
@@ -9,8 +10,10 @@
 //! it streams carries the board, and each subscriber sums the tallies of the *other* replicas
 //! into the snapshot it pushes (`llm_router_snapshot::tally::merge_peers`), never its own.
 //!
-//! How old the others' work is when a proxy sees it: at most one `share_ms` (the read) plus the
-//! wait for the hub's next frame (one scrape interval) plus the push; the subscriber measures it
+//! How old the others' work is when a proxy sees it: the read (about a millisecond after the
+//! change, or up to one `share_ms` when the last read started less than that before; a whole
+//! `share_ms` with a proxy that predates the long poll) plus the wait for the hub's next frame
+//! (`hub.tally_frame_ms`) plus the push; the subscriber measures it
 //! per frame from the oldest tally it merged (`llm_router_sidecar_peer_work_age_seconds`).
 
 use std::collections::HashMap;
@@ -25,7 +28,9 @@ use hyper::{StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llm_router_snapshot::tally::{MAX_CLOCK_SKEW_MS, MAX_TALLIES};
+use llm_router_snapshot::tally::{
+    MAX_CLOCK_SKEW_MS, MAX_TALLIES, TALLY_AFTER_PARAM, TALLY_VERSION_HEADER, TALLY_WAIT_PARAM,
+};
 use llm_router_snapshot::{Tally, SIGNATURE_HEADER};
 use tokio::sync::watch;
 
@@ -215,8 +220,33 @@ async fn resolve(hubs: &[Uri]) -> Vec<(SocketAddr, String)> {
     out
 }
 
-async fn read_tally(c: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Tally, String> {
-    let req = hyper::Request::get(uri.clone())
+/// How long a read of the tally is held at most while nothing changes: renewals of a busy
+/// replica's unchanged tally come this often, well inside the hubs' default
+/// `hub.tally_ttl_ms` (500).
+pub const HOLD: Duration = Duration::from_millis(200);
+
+/// The proxy's tally and the version it named (none from a filter without the long poll); held
+/// until the tally moves past `after`, when given.
+async fn read_tally(
+    c: &HttpClient,
+    uri: &Uri,
+    timeout: Duration,
+    after: Option<u64>,
+) -> Result<(Tally, Option<u64>), String> {
+    let (uri, timeout) = match after {
+        Some(v) => {
+            let held = format!(
+                "{uri}?{TALLY_AFTER_PARAM}={v}&{TALLY_WAIT_PARAM}={}",
+                HOLD.as_millis()
+            );
+            (
+                held.parse::<Uri>().map_err(|e| e.to_string())?,
+                timeout + HOLD,
+            )
+        }
+        None => (uri.clone(), timeout),
+    };
+    let req = hyper::Request::get(uri)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
     let resp = tokio::time::timeout(timeout, c.request(req))
@@ -224,6 +254,10 @@ async fn read_tally(c: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Tall
         .map_err(|_| format!("no answer within {timeout:?}"))?
         .map_err(|e| e.to_string())?;
     let status = resp.status();
+    let version = resp
+        .headers()
+        .get(TALLY_VERSION_HEADER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let body = tokio::time::timeout(timeout, resp.into_body().collect())
         .await
         .map_err(|_| "body timed out".to_string())?
@@ -232,7 +266,7 @@ async fn read_tally(c: &HttpClient, uri: &Uri, timeout: Duration) -> Result<Tall
     if status != StatusCode::OK {
         return Err(format!("answered {status}"));
     }
-    Tally::decode(&body).map_err(|e| e.to_string())
+    Ok((Tally::decode(&body).map_err(|e| e.to_string())?, version))
 }
 
 async fn send(
@@ -269,9 +303,12 @@ async fn send(
     }
 }
 
-/// Reads the proxy's tally every interval and sends it, stamped with the credential's replica
-/// id and the next sequence number and signed with its own tally key, to every hub until
-/// `shutdown`. An empty
+/// Reads the proxy's tally and sends it, stamped with the credential's replica id and the next
+/// sequence number and signed with its own tally key, to every hub until `shutdown`. Reads
+/// start at most once per interval; a proxy that names its tally's version
+/// ([`TALLY_VERSION_HEADER`]) is asked to hold each read until the tally moves past the
+/// version last read, or [`HOLD`] passes (a long poll: a change goes out about a millisecond
+/// after it happens, unless the last read started less than an interval ago). An empty
 /// tally is sent once after work ends (so the hubs clear it at once), then not again until
 /// there is work: a replica without work needs no heartbeat, its last tally expiring means the
 /// same.
@@ -289,6 +326,7 @@ pub async fn share(
     let mut last_empty = true;
     let mut logged = false;
     let mut seq = 0u64;
+    let mut version: Option<u64> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -298,9 +336,17 @@ pub async fn share(
             hubs = resolve(&opts.hubs).await;
             resolved_at = Some(Instant::now());
         }
-        let mut t = match read_tally(&c, &opts.tally_uri, opts.timeout).await {
-            Ok(t) => t,
+        let read = tokio::select! {
+            r = read_tally(&c, &opts.tally_uri, opts.timeout, version) => r,
+            _ = shutdown.changed() => return,
+        };
+        let mut t = match read {
+            Ok((t, v)) => {
+                version = v;
+                t
+            }
             Err(e) => {
+                version = None;
                 stats.tally_shared("proxy_error");
                 if !logged {
                     tracing::warn!(proxy = %opts.tally_uri, error = %e, "cannot read the proxy's tally; other replicas will not count this one's work");

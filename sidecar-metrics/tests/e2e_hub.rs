@@ -362,6 +362,32 @@ async fn gateways_follow_two_hubs_and_survive_losing_them() {
 
 /// The pods' in-flight and pending work as gateway `envoy`'s filter sees it from the other
 /// replicas (its state page): `(peer_in_flight, peer_pending_tokens)` per pod address.
+/// A read of the proxy's tally, held with `(after, wait_ms)`: the version it names and the
+/// requests in flight it lists.
+async fn tally_read(internal: SocketAddr, held: Option<(u64, u64)>) -> (u64, u32) {
+    use llm_router_snapshot::tally::TALLY_VERSION_HEADER;
+    let path = match held {
+        Some((v, ms)) => format!("/__llm_router/tally?after={v}&wait_ms={ms}"),
+        None => "/__llm_router/tally".to_string(),
+    };
+    let r = testkit::get(internal, &path, &[]).await.unwrap();
+    assert_eq!(r.status, 200);
+    let version = r
+        .headers
+        .iter()
+        .find(|(k, _)| k == TALLY_VERSION_HEADER)
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("the tally names its version");
+    let t = llm_router_snapshot::Tally::decode(&r.body).unwrap();
+    let n = t
+        .pools
+        .iter()
+        .flat_map(|p| &p.pods)
+        .map(|p| p.in_flight)
+        .sum();
+    (version, n)
+}
+
 async fn peer_work(envoy: &EnvoyProcess) -> Vec<(String, u64, u64)> {
     let r = testkit::get(envoy.push_addr(), "/__llm_router/state", &[])
         .await
@@ -406,6 +432,18 @@ async fn every_gateway_counts_the_others_work_through_the_hub() {
     for g in &gws {
         until("the gateway on the hub", async || frames(g.face).await >= 3).await;
     }
+    // The tally's long poll in a real Envoy (what each gateway's sidecar reads): before any
+    // traffic a read naming the current version is answered only when its wait ends, with the
+    // same version; one held while requests start is answered with a newer version that
+    // counts them, before its wait ends.
+    let internal = gws[0].envoy.push_addr();
+    let (v0, _) = tally_read(internal, None).await;
+    assert_eq!(
+        tally_read(internal, Some((v0, 100))).await.0,
+        v0,
+        "nothing moved"
+    );
+    let poll = tokio::spawn(async move { tally_read(internal, Some((v0, 1_000))).await });
     // Three long requests through gateway 0, held open.
     let listen = gws[0].envoy.listen_addr;
     let mut held = Vec::new();
@@ -415,6 +453,15 @@ async fn every_gateway_counts_the_others_work_through_the_hub() {
             testkit::post_json(listen, "/v1/chat/completions", &[], &body).await
         }));
     }
+    let (v1, counted) = poll.await.unwrap();
+    assert_ne!(
+        v1, v0,
+        "the held read was answered by a change, not by its wait's end"
+    );
+    assert!(
+        counted >= 1,
+        "the answer carries the requests that moved it"
+    );
     let total = |w: &[(String, u64, u64)]| w.iter().map(|(_, n, _)| n).sum::<u64>();
     for g in &gws[1..] {
         until(

@@ -285,6 +285,25 @@ pub fn tally<'a>(
     }
 }
 
+/// A number that changes whenever what [`tally`] returns for `pools` may have changed: the
+/// compare-and-swap tokens of each pool's live table and ring of placed contexts, mixed with
+/// the pool names (a new snapshot of the same pools does not move it: the sidecar pushes one
+/// per hub frame, and a tally read answered per push would be the polling it replaces).
+/// Nothing is decoded,
+/// so a worker holding a sidecar's tally read checks it on every tick
+/// ([`llm_router_snapshot::tally::TALLY_VERSION_HEADER`]). It may change with no change to the
+/// tally (a learned rate moves with a first byte), never the other way round.
+pub fn tally_version<'a>(
+    store: &impl SharedStore,
+    pools: impl IntoIterator<Item = &'a str>,
+) -> u64 {
+    let cas = |k: &str| store.get(k).map_or(0, |(_, c)| u64::from(c) + 1);
+    pools.into_iter().fold(0, |v, name| {
+        let tokens = (cas(&key(name)) << 32) ^ cas(&crate::placed::placed_key(name));
+        crate::score::mix(v ^ xxhash_rust::xxh64::xxh64(name.as_bytes(), 0), tokens)
+    })
+}
+
 /// Reads a pool's live table with its compare-and-swap token, for a later
 /// [`routed_after_read`] that writes without reading the key again.
 pub fn read_for_update(store: &impl SharedStore, pool: &str) -> (Table, Option<u32>) {
@@ -612,6 +631,37 @@ mod tests {
             pods,
             vec![("10.0.0.1:8000", 2, 400), ("10.0.0.2:8000", 1, 0)]
         );
+    }
+
+    #[test]
+    fn the_tally_version_moves_with_every_change_a_tally_can_show_and_only_for_its_pools() {
+        let s = MemoryStore::new();
+        let v = |_: u8| tally_version(&s, ["p", "q"]);
+        let idle = v(7);
+        assert_eq!(v(7), idle, "nothing changed, nothing moves");
+        assert_ne!(tally_version(&s, ["p"]), idle, "other pools");
+        let mut seen = vec![idle];
+        let mut moved = |what: &str| {
+            let now = v(7);
+            assert!(!seen.contains(&now), "{what}: the version did not move");
+            seen.push(now);
+        };
+        routed(&s, "p", "10.0.0.1:8000", 100);
+        moved("routed");
+        first_byte(&s, "p", "10.0.0.1:8000", 100, None);
+        moved("first byte");
+        finished(&s, "p", "10.0.0.1:8000", 0);
+        moved("finished");
+        let ctx = llm_router_snapshot::PeerContext {
+            key: 9,
+            pod: 1,
+            blocks: 4,
+        };
+        crate::placed::note_placed(&s, "q", ctx);
+        moved("a placed context");
+        let before = v(7);
+        routed(&s, "elsewhere", "10.0.0.1:8000", 100);
+        assert_eq!(v(7), before, "a pool the tally does not list");
     }
 
     #[test]

@@ -57,6 +57,21 @@ pub const PEER_MAX_TOKENS_PER_REQUEST: u32 = 32_768;
 /// Most tallies in one list (gateway replicas a hub merges).
 pub const MAX_TALLIES: usize = 256;
 
+/// Response header on the filter's tally: a number that changes whenever the tally may have
+/// (a routed request, a first byte, an end, a placed context). A reader that sends it back as
+/// the query parameter [`TALLY_AFTER_PARAM`] with [`TALLY_WAIT_PARAM`] is answered as soon as
+/// the number differs, or when the wait ends — a long poll: the others see this replica's work
+/// about a millisecond after it changes instead of up to one polling interval later, and an
+/// idle proxy is asked once per wait. A filter that predates the header answers at once.
+pub const TALLY_VERSION_HEADER: &str = "x-llm-router-tally-version";
+/// Query parameter of the tally: the version the reader last saw.
+pub const TALLY_AFTER_PARAM: &str = "after";
+/// Query parameter of the tally: how long (ms) to hold the read while the version is still
+/// `after`; the filter holds it at most [`MAX_TALLY_WAIT_MS`].
+pub const TALLY_WAIT_PARAM: &str = "wait_ms";
+/// Longest the filter holds a tally read.
+pub const MAX_TALLY_WAIT_MS: u64 = 1_000;
+
 /// One pod's share of a replica's work.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TallyPod {

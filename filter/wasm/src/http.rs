@@ -67,6 +67,8 @@ pub struct Http {
     route: RouteState,
     /// A push's signature header, kept from the request headers for the body.
     pub signature: Option<String>,
+    /// A tally read held until the tally moves ([`crate::tally`]).
+    pub tally_held: bool,
     /// What the body's decision needs from the request headers (read once, with all the
     /// others, at the headers).
     saved: SavedHeaders,
@@ -117,6 +119,7 @@ impl Http {
             body_size: 0,
             route: RouteState::default(),
             signature: None,
+            tally_held: false,
             saved: SavedHeaders::default(),
             waiting_in: None,
         }
@@ -384,6 +387,9 @@ impl Http {
     /// count released, its token usage counted.
     fn release(&mut self) {
         self.take_dispatched();
+        if std::mem::take(&mut self.tally_held) {
+            crate::tally::forget(&mut self.worker.borrow_mut(), self.id);
+        }
         if let Some(pool) = self.waiting_in.take() {
             // Hung up while waiting: nothing of it stays in the queue.
             waiting::leave(&mut self.worker.borrow_mut(), &pool, self.id);

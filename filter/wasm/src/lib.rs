@@ -20,6 +20,7 @@
 //! | `route.rs` | applies a decision to a stream (routing headers, model rewrite, metrics) or sends its rejection |
 //! | `waiting.rs` | the waiting room: requests flow control holds, their dispatch from the root context, waking other workers |
 //! | `push.rs` | the snapshot endpoints on the internal listener: signed push, state, tally |
+//! | `tally.rs` | the tally's long poll: a sidecar's read held until the tally moves |
 //! | `worker.rs` | what one worker (VM) keeps between callbacks |
 //! | `stream.rs` | what a stream carries between callbacks: its route state, or its request while it waits |
 //! | `fleet.rs` | the snapshot in shared data: accepting a push, the decoded fleet per worker, the state JSON |
@@ -34,6 +35,7 @@ mod push;
 mod root;
 mod route;
 mod stream;
+mod tally;
 mod waiting;
 mod worker;
 

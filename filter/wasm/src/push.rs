@@ -1,5 +1,6 @@
 //! The snapshot endpoints on the internal listener (`snapshot.endpoints`): the sidecar's signed
-//! snapshot push, the state (`GET {state_path}`) and the tally (`GET {tally_path}`). An
+//! snapshot push, the state (`GET {state_path}`) and the tally (`GET {tally_path}`, answered or
+//! held by [`crate::tally`]). An
 //! instance without `snapshot.endpoints` answers 404 on those paths. What is stored and how a
 //! push is checked against the stored generation is [`crate::fleet`]'s.
 
@@ -39,15 +40,7 @@ impl Http {
                 self.answer(200, &json)
             }
             Endpoint::Tally => {
-                let bytes = fleet::tally_bytes(&HostStore, host::now_ms());
-                host::send_response(
-                    200,
-                    &[
-                        ("content-type", "application/x-llm-router-tally"),
-                        ("cache-control", "no-store"),
-                    ],
-                    &bytes,
-                );
+                self.tally_held = crate::tally::read(&mut self.worker.borrow_mut(), self.id, query);
                 self.kind = Kind::Done;
                 Action::Pause
             }

@@ -4,6 +4,7 @@
 
 use crate::host::{self, HostStore};
 use crate::http::Http;
+use crate::tally;
 use crate::waiting::{self, TICK};
 use crate::worker::Worker;
 use llm_router_core::{inflight, Config};
@@ -59,18 +60,19 @@ impl RootContext for Root {
         }
     }
 
-    /// Dispatches what waits, then sets the gauges (at most once a second while the fast tick
-    /// is on).
+    /// Answers the tally reads due, dispatches what waits, then sets the gauges (at most once a
+    /// second while a faster tick is on).
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else {
             return;
         };
         let mut w = worker.borrow_mut();
         let now_ms = host::now_ms();
+        tally::on_tick(&mut w, self.id);
         if w.fast || w.soon || !w.waiting.is_empty() {
             waiting::dispatch(&mut w, self.id);
         }
-        if w.fast && now_ms.saturating_sub(w.gauges_ms) < 1000 {
+        if (w.fast || w.tally_tick) && now_ms.saturating_sub(w.gauges_ms) < 1000 {
             return;
         }
         w.gauges_ms = now_ms;

@@ -377,17 +377,33 @@ fn set_waiting_gauges(w: &mut Worker) {
     }
 }
 
-/// The fast tick while anything waits, [`TICK`] once nothing does (and after a [`WAKE`]).
+/// The fast tick while anything waits, [`TICK`] once nothing does (and after a [`WAKE`]);
+/// never slower than [`crate::tally::TICK`] while a tally read is held here.
 fn set_tick(w: &mut Worker, cfg: &FlowConfig) {
+    set_tick_ms(w, cfg.tick_ms);
+}
+
+/// [`set_tick`] after a tally read was held or answered.
+pub fn retick(w: &mut Worker) {
+    let tick_ms = w.router.config.flow.tick_ms;
+    set_tick_ms(w, tick_ms);
+}
+
+fn set_tick_ms(w: &mut Worker, tick_ms: u64) {
     let want_fast = !w.waiting.is_empty();
-    if want_fast != w.fast || w.soon {
-        let period = if want_fast {
-            Duration::from_millis(cfg.tick_ms)
+    let want_tally = !w.tally_held.is_empty();
+    if want_fast != w.fast || want_tally != w.tally_tick || w.soon {
+        let mut period = if want_fast {
+            Duration::from_millis(tick_ms)
         } else {
             TICK
         };
+        if want_tally {
+            period = period.min(crate::tally::TICK);
+        }
         if host::set_tick_period(period) {
             w.fast = want_fast;
+            w.tally_tick = want_tally;
             w.soon = false;
         }
     }

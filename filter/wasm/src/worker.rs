@@ -34,6 +34,10 @@ pub struct Worker {
     pub others: HashMap<String, Vec<summary::Slot>>,
     /// Whether the fast tick (`flow.tick_ms`) is on.
     pub fast: bool,
+    /// Sidecars' tally reads held here until the tally moves ([`crate::tally`]) …
+    pub tally_held: Vec<crate::tally::Held>,
+    /// … and whether the tick is [`crate::tally::TICK`] for them.
+    pub tally_tick: bool,
     /// Whether the next tick was brought forward ([`crate::waiting::WAKE`]): a stream of this
     /// worker freed room while requests wait here, or another worker's did
     /// ([`crate::waiting::wake_others`]).
@@ -73,6 +77,8 @@ impl Worker {
             id,
             others: HashMap::new(),
             fast: false,
+            tally_held: Vec::new(),
+            tally_tick: false,
             soon: false,
             vm_id: host::property(&["plugin_vm_id"]).unwrap_or_default(),
             wake_queues: HashMap::new(),

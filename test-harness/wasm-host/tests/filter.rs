@@ -1402,6 +1402,112 @@ fn the_tally_serves_this_proxys_work_and_the_state_shows_the_other_replicas() {
     assert_eq!(closed.local_response().map(|l| l.status), Some(404));
 }
 
+/// A tally read with the version its reader saw is held until the tally moves (a request
+/// routed on another VM of the same proxy) or its wait ends, and the root context ticks every
+/// millisecond only while a read is held.
+#[test]
+fn a_tally_read_is_held_until_the_tally_moves_or_its_wait_ends() {
+    use llm_router_snapshot::tally::TALLY_VERSION_HEADER;
+    use std::time::Duration;
+    let host = host();
+    let public = host.vm(&public_config()).unwrap();
+    let internal = host.vm(&internal_config()).unwrap();
+    let bytes = snapshot(
+        &host,
+        5,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.7:8000", 0, 0, 0.1)],
+        )],
+    );
+    push_ok(&internal, &bytes);
+    let version = |r: &proxy_wasm_host::Request| -> u64 {
+        let lr = r.local_response().expect("answered");
+        assert_eq!(lr.status, 200, "{}", r.explain());
+        lr.headers
+            .iter()
+            .find(|(k, _)| k == TALLY_VERSION_HEADER)
+            .and_then(|(_, v)| v.parse().ok())
+            .expect("a version header")
+    };
+    let in_flight = |r: &proxy_wasm_host::Request| -> u32 {
+        let body = r.local_response().expect("answered").body;
+        let t = llm_router_snapshot::Tally::decode(&body).expect("a tally");
+        t.pools
+            .iter()
+            .flat_map(|p| &p.pods)
+            .map(|p| p.in_flight)
+            .sum()
+    };
+    let held = |after: u64, wait_ms: u64| {
+        let mut r = internal.request();
+        r.headers(&[
+            (":method", "GET"),
+            (
+                ":path",
+                &format!("{TALLY_PATH}?after={after}&wait_ms={wait_ms}"),
+            ),
+        ])
+        .property("source.address", "127.0.0.1:5000");
+        r.send().unwrap();
+        r
+    };
+    // A plain read is answered at once, with the version.
+    let mut first = tally_request(&internal);
+    first.send().unwrap();
+    let v0 = version(&first);
+    assert_eq!(in_flight(&first), 0);
+    // A stale version: answered at once.
+    let stale = held(v0.wrapping_add(1), 200);
+    assert_eq!(version(&stale), v0);
+    // The current one: held while nothing changes, the tick at a millisecond.
+    let waiting = held(v0, 200);
+    assert!(waiting.local_response().is_none(), "{}", waiting.explain());
+    assert_eq!(internal.tick_period(), Some(Duration::from_millis(1)));
+    internal.advance(Duration::from_millis(50)).unwrap();
+    assert!(waiting.local_response().is_none(), "nothing changed");
+    // A new snapshot of the same pools (one per hub frame) is no change to the tally.
+    let again = snapshot(
+        &host,
+        6,
+        vec![pool(
+            "llama",
+            "pool_llama",
+            &[LLAMA],
+            vec![pod("10.0.0.7:8000", 0, 0, 0.1)],
+        )],
+    );
+    push_ok(&internal, &again);
+    internal.advance(Duration::from_millis(5)).unwrap();
+    assert!(waiting.local_response().is_none(), "a push is no change");
+    // A request routed by the other VM moves the tally: answered on the next tick.
+    let routed = chat(&public, LLAMA, "hello");
+    assert_routed(&routed);
+    internal.advance(Duration::from_millis(2)).unwrap();
+    let v1 = version(&waiting);
+    assert_ne!(v1, v0);
+    assert_eq!(in_flight(&waiting), 1, "the answer carries the change");
+    assert_eq!(internal.tick_period(), Some(Duration::from_secs(1)));
+    // Nothing moves: answered when the wait ends, with the same version.
+    let idle = held(v1, 100);
+    internal.advance(Duration::from_millis(60)).unwrap();
+    assert!(idle.local_response().is_none());
+    internal.advance(Duration::from_millis(60)).unwrap();
+    assert_eq!(version(&idle), v1);
+    // A reader that hangs up is forgotten: the tick slows down again.
+    let mut gone = held(v1, 500);
+    assert_eq!(internal.tick_period(), Some(Duration::from_millis(1)));
+    gone.finish().unwrap();
+    assert_eq!(internal.tick_period(), Some(Duration::from_secs(1)));
+    assert!(
+        internal.violations().is_empty(),
+        "{:?}",
+        internal.violations()
+    );
+}
+
 #[test]
 fn a_push_of_bad_bytes_is_400_with_the_decode_error_and_keeps_the_old_snapshot() {
     let host = host();

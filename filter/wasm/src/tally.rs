@@ -1,0 +1,152 @@
+//! The tally's long poll: a sidecar's read of `GET {tally_path}?after=V&wait_ms=W` is held
+//! until this proxy's tally moves past version `V` or `W` ms pass (at most
+//! [`MAX_TALLY_WAIT_MS`]), then answered with the tally and its version
+//! ([`TALLY_VERSION_HEADER`]).
+//!
+//! Read every `hub.share_ms` instead, the other gateway replicas saw a request this one routed
+//! only up to one interval later, and a prefill shorter than that was invisible to them (the
+//! bench's mixed fleet: replicas met each other's pending prefills in a third of their slowest
+//! requests). Held, a read is answered on the root context's next tick after the change
+//! ([`TICK`], while a read is held: the version is a few shared-data reads, nothing decoded),
+//! and an idle proxy is read once per wait.
+//!
+//! The version is [`inflight::tally_version`] of the current snapshot's pools; each worker holds
+//! the reads that reached it and checks them on its own tick, whichever worker's stream changed
+//! the tally.
+
+use crate::fleet;
+use crate::host::{self, HostStore};
+use crate::worker::Worker;
+use llm_router_core::inflight;
+use llm_router_snapshot::tally::{
+    MAX_TALLY_WAIT_MS, TALLY_AFTER_PARAM, TALLY_VERSION_HEADER, TALLY_WAIT_PARAM,
+};
+use std::time::Duration;
+
+/// The root context's tick while a read is held here.
+pub const TICK: Duration = Duration::from_millis(1);
+/// Reads one worker holds at most; more are answered at once (one sidecar holds one).
+pub const MAX_HELD: usize = 8;
+
+/// A held read: its stream, the version its reader saw, and when it is answered regardless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub context: u32,
+    pub after: u64,
+    pub until_ms: u64,
+}
+
+/// `(after, wait_ms)` from a tally read's query, when it asks to be held (both present and
+/// numbers, a wait above zero); the wait capped at [`MAX_TALLY_WAIT_MS`].
+pub fn wanted(query: &str) -> Option<(u64, u64)> {
+    let (mut after, mut wait) = (None, None);
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some((k, v)) if k == TALLY_AFTER_PARAM => after = v.parse::<u64>().ok(),
+            Some((k, v)) if k == TALLY_WAIT_PARAM => wait = v.parse::<u64>().ok(),
+            _ => {}
+        }
+    }
+    Some((after?, wait.filter(|w| *w > 0)?.min(MAX_TALLY_WAIT_MS)))
+}
+
+/// The tally's version now: of the pools of the snapshot this worker decoded last.
+fn version(w: &mut Worker) -> u64 {
+    let fleet = w.fleet();
+    fleet.as_deref().map_or(0, |f| {
+        inflight::tally_version(&HostStore, f.snapshot.pools.iter().map(|p| p.name.as_str()))
+    })
+}
+
+/// Answers the effective stream with the tally and its version (read first: a change while the
+/// bytes are built shows as a newer version at the next read, never as a missed one).
+fn answer(w: &mut Worker) {
+    let v = version(w).to_string();
+    let bytes = fleet::tally_bytes(&HostStore, host::now_ms());
+    host::send_response(
+        200,
+        &[
+            ("content-type", "application/x-llm-router-tally"),
+            ("cache-control", "no-store"),
+            (TALLY_VERSION_HEADER, &v),
+        ],
+        &bytes,
+    );
+}
+
+/// A read of the tally on stream `context` with `query`: answered now (false) or held (true).
+pub fn read(w: &mut Worker, context: u32, query: &str) -> bool {
+    let Some((after, wait_ms)) = wanted(query) else {
+        answer(w);
+        return false;
+    };
+    if w.tally_held.len() >= MAX_HELD || version(w) != after {
+        answer(w);
+        return false;
+    }
+    w.tally_held.push(Held {
+        context,
+        after,
+        until_ms: host::now_ms().saturating_add(wait_ms),
+    });
+    crate::waiting::retick(w);
+    true
+}
+
+/// The root context's tick: answers the held reads whose version moved or whose wait ended.
+pub fn on_tick(w: &mut Worker, root: u32) {
+    if w.tally_held.is_empty() {
+        return;
+    }
+    let (now, v) = (host::now_ms(), version(w));
+    let due: Vec<Held> = w
+        .tally_held
+        .iter()
+        .filter(|h| h.after != v || now >= h.until_ms)
+        .copied()
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    w.tally_held.retain(|h| !due.contains(h));
+    for h in due {
+        if host::set_effective_context(h.context) {
+            answer(w);
+        }
+    }
+    host::set_effective_context(root);
+    crate::waiting::retick(w);
+}
+
+/// Stream `context` ended (its reader gave up): its read is no longer held.
+pub fn forget(w: &mut Worker, context: u32) {
+    let before = w.tally_held.len();
+    w.tally_held.retain(|h| h.context != context);
+    if w.tally_held.len() != before {
+        crate::waiting::retick(w);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_is_held_only_when_it_names_a_version_and_a_wait() {
+        assert_eq!(wanted("after=12&wait_ms=200"), Some((12, 200)));
+        assert_eq!(wanted("wait_ms=200&x=1&after=0"), Some((0, 200)));
+        assert_eq!(
+            wanted("after=12&wait_ms=60000"),
+            Some((12, MAX_TALLY_WAIT_MS))
+        );
+        for q in [
+            "",
+            "after=12",
+            "wait_ms=200",
+            "after=x&wait_ms=200",
+            "after=1&wait_ms=0",
+        ] {
+            assert_eq!(wanted(q), None, "{q}");
+        }
+    }
+}
