@@ -211,6 +211,11 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// The fleet last decoded here, not refreshed (no shared-data read at all).
+    pub fn last(&self) -> Option<Rc<Fleet>> {
+        self.fleet.clone()
+    }
+
     /// The current fleet, refreshed from shared data when the generation moved.
     pub fn current(&mut self, store: &impl SharedStore, config: &Config) -> Option<Rc<Fleet>> {
         let Some(meta) = Meta::read(store) else {

@@ -10,14 +10,15 @@
 //! ([`TICK`], while a read is held: the version is a few shared-data reads, nothing decoded),
 //! and an idle proxy is read once per wait.
 //!
-//! The version is [`inflight::tally_version`] of the current snapshot's pools; each worker holds
+//! The version is [`inflight::tally_version`] of the snapshot's pools (as this worker last decoded
+//! them: a tick decodes nothing); each worker holds
 //! the reads that reached it and checks them on its own tick, whichever worker's stream changed
 //! the tally.
 
 use crate::fleet;
 use crate::host::{self, HostStore};
 use crate::worker::Worker;
-use llm_router_core::inflight;
+use llm_router_core::{inflight, Fleet};
 use llm_router_snapshot::tally::{
     MAX_TALLY_WAIT_MS, TALLY_AFTER_PARAM, TALLY_VERSION_HEADER, TALLY_WAIT_PARAM,
 };
@@ -50,18 +51,26 @@ pub fn wanted(query: &str) -> Option<(u64, u64)> {
     Some((after?, wait.filter(|w| *w > 0)?.min(MAX_TALLY_WAIT_MS)))
 }
 
-/// The tally's version now: of the pools of the snapshot this worker decoded last.
-fn version(w: &mut Worker) -> u64 {
-    let fleet = w.fleet();
-    fleet.as_deref().map_or(0, |f| {
+/// The tally's version now, over the pools of `fleet`.
+fn version(fleet: Option<&Fleet>) -> u64 {
+    fleet.map_or(0, |f| {
         inflight::tally_version(&HostStore, f.snapshot.pools.iter().map(|p| p.name.as_str()))
     })
+}
+
+/// The version a tick compares: over the fleet this worker decoded last, not refreshed — the
+/// sidecar pushes a snapshot per hub frame, and a tick that decoded each one would decode
+/// snapshots no request needs (the next answer, or any request here, refreshes it).
+fn version_now(w: &mut Worker) -> u64 {
+    let fleet = w.cache.last().or_else(|| w.fleet());
+    version(fleet.as_deref())
 }
 
 /// Answers the effective stream with the tally and its version (read first: a change while the
 /// bytes are built shows as a newer version at the next read, never as a missed one).
 fn answer(w: &mut Worker) {
-    let v = version(w).to_string();
+    let fleet = w.fleet();
+    let v = version(fleet.as_deref()).to_string();
     let bytes = fleet::tally_bytes(&HostStore, host::now_ms());
     host::send_response(
         200,
@@ -80,7 +89,7 @@ pub fn read(w: &mut Worker, context: u32, query: &str) -> bool {
         answer(w);
         return false;
     };
-    if w.tally_held.len() >= MAX_HELD || version(w) != after {
+    if w.tally_held.len() >= MAX_HELD || version_now(w) != after {
         answer(w);
         return false;
     }
@@ -98,7 +107,7 @@ pub fn on_tick(w: &mut Worker, root: u32) {
     if w.tally_held.is_empty() {
         return;
     }
-    let (now, v) = (host::now_ms(), version(w));
+    let (now, v) = (host::now_ms(), version_now(w));
     let due: Vec<Held> = w
         .tally_held
         .iter()
