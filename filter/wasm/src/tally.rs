@@ -7,7 +7,7 @@
 //! only up to one interval later, and a prefill shorter than that was invisible to them (the
 //! bench's mixed fleet: replicas met each other's pending prefills in a third of their slowest
 //! requests). Held, a read is answered on the root context's next tick after the change
-//! ([`TICK`], while a read is held: the version is a few shared-data reads, nothing decoded),
+//! ([`HELD_READ_TICK`], while a read is held: the version is a few shared-data reads, nothing decoded),
 //! and an idle proxy is read once per wait.
 //!
 //! The version is [`inflight::tally_version`] of the snapshot's pools (as this worker last decoded
@@ -17,25 +17,16 @@
 
 use crate::fleet;
 use crate::host::{self, HostStore};
-use crate::worker::Worker;
+#[cfg(doc)]
+use crate::worker::HELD_READ_TICK;
+use crate::worker::{HeldRead as Held, Worker};
 use llm_router_core::{inflight, Fleet};
 use llm_router_snapshot::tally::{
     MAX_TALLY_WAIT_MS, TALLY_AFTER_PARAM, TALLY_VERSION_HEADER, TALLY_WAIT_PARAM,
 };
-use std::time::Duration;
 
-/// The root context's tick while a read is held here.
-pub const TICK: Duration = Duration::from_millis(1);
 /// Reads one worker holds at most; more are answered at once (one sidecar holds one).
 pub const MAX_HELD: usize = 8;
-
-/// A held read: its stream, the version its reader saw, and when it is answered regardless.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Held {
-    pub context: u32,
-    pub after: u64,
-    pub until_ms: u64,
-}
 
 /// `(after, wait_ms)` from a tally read's query, when it asks to be held (both present and
 /// numbers, a wait above zero); the wait capped at [`MAX_TALLY_WAIT_MS`].

@@ -12,7 +12,7 @@
 use crate::host::{self, HostStore};
 use crate::route;
 use crate::stream::{RouteState, WaitingRequest};
-use crate::worker::{self, Worker};
+use crate::worker::{self, Worker, HELD_READ_TICK};
 use llm_router_core::flow::queue::Entry;
 use llm_router_core::flow::{self as flowctl, summary, FlowConfig, Pushed, Queue};
 use llm_router_core::priority::Class;
@@ -378,7 +378,7 @@ fn set_waiting_gauges(w: &mut Worker) {
 }
 
 /// The fast tick while anything waits, [`TICK`] once nothing does (and after a [`WAKE`]);
-/// never slower than [`crate::tally::TICK`] while a tally read is held here.
+/// never slower than [`HELD_READ_TICK`] while a tally read is held here (`tally.rs`).
 fn set_tick(w: &mut Worker, cfg: &FlowConfig) {
     set_tick_ms(w, cfg.tick_ms);
 }
@@ -399,7 +399,7 @@ fn set_tick_ms(w: &mut Worker, tick_ms: u64) {
             TICK
         };
         if want_tally {
-            period = period.min(crate::tally::TICK);
+            period = period.min(HELD_READ_TICK);
         }
         if host::set_tick_period(period) {
             w.fast = want_fast;

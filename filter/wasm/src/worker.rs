@@ -12,6 +12,18 @@ use proxy_wasm::types::LogLevel;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// The root context's tick while a tally read is held (`tally.rs`).
+pub const HELD_READ_TICK: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// A tally read held until the tally moves (`tally.rs`): its stream, the version its reader
+/// saw, and when it is answered regardless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldRead {
+    pub context: u32,
+    pub after: u64,
+    pub until_ms: u64,
+}
+
 /// What one worker (one VM) keeps: the router, its decoded fleet and its metric ids.
 pub struct Worker {
     pub router: Router,
@@ -34,9 +46,9 @@ pub struct Worker {
     pub others: HashMap<String, Vec<summary::Slot>>,
     /// Whether the fast tick (`flow.tick_ms`) is on.
     pub fast: bool,
-    /// Sidecars' tally reads held here until the tally moves ([`crate::tally`]) …
-    pub tally_held: Vec<crate::tally::Held>,
-    /// … and whether the tick is [`crate::tally::TICK`] for them.
+    /// Sidecars' tally reads held here until the tally moves (`tally.rs`) …
+    pub tally_held: Vec<HeldRead>,
+    /// … and whether the tick is [`HELD_READ_TICK`] for them.
     pub tally_tick: bool,
     /// Whether the next tick was brought forward ([`crate::waiting::WAKE`]): a stream of this
     /// worker freed room while requests wait here, or another worker's did
