@@ -1412,17 +1412,12 @@ fn a_tally_read_is_held_until_the_tally_moves_or_its_wait_ends() {
     let host = host();
     let public = host.vm(&public_config()).unwrap();
     let internal = host.vm(&internal_config()).unwrap();
-    let bytes = snapshot(
-        &host,
-        5,
-        vec![pool(
-            "llama",
-            "pool_llama",
-            &[LLAMA],
-            vec![pod("10.0.0.7:8000", 0, 0, 0.1)],
-        )],
-    );
-    push_ok(&internal, &bytes);
+    // One pod, at snapshot generation `g`.
+    let one_pod = |g| {
+        let pods = vec![pod("10.0.0.7:8000", 0, 0, 0.1)];
+        snapshot(&host, g, vec![pool("llama", "pool_llama", &[LLAMA], pods)])
+    };
+    push_ok(&internal, &one_pod(5));
     let version = |r: &proxy_wasm_host::Request| -> u64 {
         let lr = r.local_response().expect("answered");
         assert_eq!(lr.status, 200, "{}", r.explain());
@@ -1469,17 +1464,7 @@ fn a_tally_read_is_held_until_the_tally_moves_or_its_wait_ends() {
     internal.advance(Duration::from_millis(50)).unwrap();
     assert!(waiting.local_response().is_none(), "nothing changed");
     // A new snapshot of the same pools (one per hub frame) is no change to the tally.
-    let again = snapshot(
-        &host,
-        6,
-        vec![pool(
-            "llama",
-            "pool_llama",
-            &[LLAMA],
-            vec![pod("10.0.0.7:8000", 0, 0, 0.1)],
-        )],
-    );
-    push_ok(&internal, &again);
+    push_ok(&internal, &one_pod(6));
     internal.advance(Duration::from_millis(5)).unwrap();
     assert!(waiting.local_response().is_none(), "a push is no change");
     // A request routed by the other VM moves the tally: answered on the next tick.
