@@ -236,22 +236,6 @@ impl Cache {
     }
 }
 
-/// The bytes for `GET /__llm_router/tally`: this proxy's work in flight in the pools of the
-/// current snapshot ([`inflight::tally`]); an empty tally before any snapshot.
-pub fn tally_bytes(store: &impl SharedStore, now_ms: u64) -> Vec<u8> {
-    let snap = store
-        .get(SNAPSHOT_KEY)
-        .and_then(|(v, _)| Snapshot::decode(&v).ok());
-    let names = snap
-        .iter()
-        .flat_map(|s| s.pools.iter())
-        .map(|p| p.name.as_str());
-    // Bounded by the snapshot's own limits, so encoding cannot fail; empty if it ever did.
-    inflight::tally(store, names, now_ms)
-        .encode()
-        .unwrap_or_default()
-}
-
 /// JSON for `GET /__llm_router/state?summary`: the stored generation and its age only, from
 /// the 16-byte meta key (no snapshot decode: cheap enough to poll at any fleet size).
 pub fn state_summary_json(store: &impl SharedStore, now_ms: u64) -> String {

@@ -15,7 +15,6 @@
 //! the reads that reached it and checks them on its own tick, whichever worker's stream changed
 //! the tally.
 
-use crate::fleet;
 use crate::host::{self, HostStore};
 #[cfg(doc)]
 use crate::worker::HELD_READ_TICK;
@@ -57,12 +56,21 @@ fn version_now(w: &mut Worker) -> u64 {
     version(fleet.as_deref())
 }
 
-/// Answers the effective stream with the tally and its version (read first: a change while the
-/// bytes are built shows as a newer version at the next read, never as a missed one).
+/// Answers the effective stream with the tally of the current snapshot's pools (an empty one
+/// before any snapshot) and its version, read first: a change while the bytes are built shows
+/// as a newer version at the next read, never as a missed one. The worker's decoded fleet names
+/// the pools (decoded once per generation), the same for the version and the bytes.
 fn answer(w: &mut Worker) {
     let fleet = w.fleet();
     let v = version(fleet.as_deref()).to_string();
-    let bytes = fleet::tally_bytes(&HostStore, host::now_ms());
+    let names = fleet
+        .iter()
+        .flat_map(|f| f.snapshot.pools.iter())
+        .map(|p| p.name.as_str());
+    // Bounded by the snapshot's own limits, so encoding cannot fail; empty if it ever did.
+    let bytes = inflight::tally(&HostStore, names, host::now_ms())
+        .encode()
+        .unwrap_or_default();
     host::send_response(
         200,
         &[
