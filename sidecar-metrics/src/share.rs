@@ -221,9 +221,10 @@ async fn resolve(hubs: &[Uri]) -> Vec<(SocketAddr, String)> {
 }
 
 /// How long a read of the tally is held at most while nothing changes: renewals of a busy
-/// replica's unchanged tally come this often, well inside the hubs' default
-/// `hub.tally_ttl_ms` (500).
-pub const HOLD: Duration = Duration::from_millis(200);
+/// replica's unchanged tally come this often, a fifth of the hubs' default `hub.tally_ttl_ms`
+/// (500), so a loaded machine that delays a renewal or two does not let the hubs drop a
+/// replica that still has work.
+pub const HOLD: Duration = Duration::from_millis(100);
 
 /// The proxy's tally and the version it named (none from a filter without the long poll); held
 /// until the tally moves past `after`, when given.
