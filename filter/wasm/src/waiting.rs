@@ -169,7 +169,7 @@ pub fn dispatch(w: &mut Worker, root: u32) {
         dispatch_pool(w, root, pool, fleet.as_deref(), &cfg, now_ns);
     }
     set_waiting_gauges(w);
-    set_tick(w, &cfg);
+    retick(w);
 }
 
 /// [`dispatch`] for one pool: the requests here, and the other workers' as published.
@@ -377,19 +377,11 @@ fn set_waiting_gauges(w: &mut Worker) {
     }
 }
 
-/// The fast tick while anything waits, [`TICK`] once nothing does (and after a [`WAKE`]);
-/// never slower than [`HELD_READ_TICK`] while a tally read is held here (`tally.rs`).
-fn set_tick(w: &mut Worker, cfg: &FlowConfig) {
-    set_tick_ms(w, cfg.tick_ms);
-}
-
-/// [`set_tick`] after a tally read was held or answered.
+/// The fast tick (`flow.tick_ms`) while anything waits, [`TICK`] once nothing does (and after a
+/// [`WAKE`]); never slower than [`HELD_READ_TICK`] while a tally read is held here
+/// (`tally.rs`, which calls it when it holds or answers one).
 pub fn retick(w: &mut Worker) {
     let tick_ms = w.router.config.flow.tick_ms;
-    set_tick_ms(w, tick_ms);
-}
-
-fn set_tick_ms(w: &mut Worker, tick_ms: u64) {
     let want_fast = !w.waiting.is_empty();
     let want_tally = !w.tally_held.is_empty();
     if want_fast != w.fast || want_tally != w.tally_tick || w.soon {
