@@ -193,7 +193,7 @@ pub fn safe_ratio(a: f64, b: f64) -> Option<f64> {
 }
 
 /// A ratio with its interval over seeds.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RatioCi {
     /// Point estimate: the geometric mean of the per-seed ratios when every seed's ratio is
     /// finite and positive, else pooled(a) ÷ pooled(b).
@@ -203,6 +203,9 @@ pub struct RatioCi {
     pub ci95: Option<[f64; 2]>,
     /// Seeds behind the figure.
     pub seeds: usize,
+    /// Each pair's own ratio, in the order of the pairs (`None`: undefined, e.g. a baseline of
+    /// zero; infinite: a failed percentile): what lets later runs be pooled with this one.
+    pub per_seed: Vec<Option<f64>>,
 }
 
 /// The two-sided 95 % quantile of Student's t with `df` degrees of freedom.
@@ -274,6 +277,7 @@ pub fn ratio_cis(a: &[RunData], b: &[RunData], stats: &[Stat]) -> Vec<RatioCi> {
                         ratio: Some(point),
                         ci95,
                         seeds: v.len(),
+                        per_seed,
                     }
                 }
                 // A seed whose percentile failed (+∞) makes the ratio
@@ -282,11 +286,13 @@ pub fn ratio_cis(a: &[RunData], b: &[RunData], stats: &[Stat]) -> Vec<RatioCi> {
                     ratio: Some(f64::INFINITY),
                     ci95: None,
                     seeds: pa.len(),
+                    per_seed,
                 },
                 None => RatioCi {
                     ratio: safe_ratio(pooled(*s, &pa), pooled(*s, &pb)),
                     ci95: None,
                     seeds: pa.len(),
+                    per_seed,
                 },
             }
         })
@@ -479,7 +485,7 @@ mod tests {
         // Router a is exactly 0.5× router b on every request of every seed: 0.5, no spread.
         let b: Vec<RunData> = (0..5).map(|s| noisy(s, 400, 100.0)).collect();
         let a: Vec<RunData> = b.iter().map(|r| scaled(r, 0.5)).collect();
-        let c = ratio_cis(&a, &b, &[Stat::Ttft(95.0)])[0];
+        let c = ratio_cis(&a, &b, &[Stat::Ttft(95.0)])[0].clone();
         assert!((c.ratio.unwrap() - 0.5).abs() < 1e-12);
         let [lo, hi] = c.ci95.unwrap();
         assert!((lo - 0.5).abs() < 1e-12 && (hi - 0.5).abs() < 1e-12);
@@ -487,7 +493,7 @@ mod tests {
 
         // Per-seed ratios 0.5 and 2: geometric mean 1, interval exp(±12.706 · ln 2 · √2 / √2).
         let a2 = vec![scaled(&b[0], 0.5), scaled(&b[1], 2.0)];
-        let c = ratio_cis(&a2, &b[..2], &[Stat::Ttft(95.0)])[0];
+        let c = ratio_cis(&a2, &b[..2], &[Stat::Ttft(95.0)])[0].clone();
         assert!((c.ratio.unwrap() - 1.0).abs() < 1e-9);
         let [lo, hi] = c.ci95.unwrap();
         let half = 12.706_f64 * 2f64.ln();
@@ -501,10 +507,10 @@ mod tests {
         let ks = [0.7, 0.9, 0.75, 0.85, 0.8, 0.72, 0.88, 0.78, 0.82, 0.8];
         let b10: Vec<RunData> = (0..10).map(|s| noisy(s, 200, 100.0)).collect();
         let a10: Vec<RunData> = b10.iter().zip(ks).map(|(r, k)| scaled(r, k)).collect();
-        let ten = ratio_cis(&a10, &b10, &[Stat::Ttft(50.0)])[0];
+        let ten = ratio_cis(&a10, &b10, &[Stat::Ttft(50.0)])[0].clone();
         let [lo, hi] = ten.ci95.unwrap();
         assert!(lo < 0.8 && hi > 0.8 && hi < 0.9 && lo > 0.7, "{lo} {hi}");
-        let two = ratio_cis(&a10[..2], &b10[..2], &[Stat::Ttft(50.0)])[0];
+        let two = ratio_cis(&a10[..2], &b10[..2], &[Stat::Ttft(50.0)])[0].clone();
         let [lo2, hi2] = two.ci95.unwrap();
         assert!(
             hi2 / lo2 > 3.0 * (hi / lo),
@@ -516,7 +522,7 @@ mod tests {
     fn one_seed_or_a_failed_percentile_gives_no_interval() {
         let b = vec![noisy(1, 100, 10.0), noisy(2, 100, 10.0)];
         let a: Vec<RunData> = b.iter().map(|r| scaled(r, 0.9)).collect();
-        let one = ratio_cis(&a[..1], &b[..1], &[Stat::Ttft(95.0)])[0];
+        let one = ratio_cis(&a[..1], &b[..1], &[Stat::Ttft(95.0)])[0].clone();
         assert!((one.ratio.unwrap() - 0.9).abs() < 1e-9 && one.ci95.is_none());
         // A seed whose p99 is a failure (+∞): that ratio is infinite, so no interval; the
         // point is ∞.
@@ -524,7 +530,7 @@ mod tests {
         v[99] = f64::INFINITY;
         v[98] = f64::INFINITY;
         let failed = vec![run(1, &v, 10.0), scaled(&b[1], 0.9)];
-        let c = ratio_cis(&failed, &b, &[Stat::Ttft(99.0)])[0];
+        let c = ratio_cis(&failed, &b, &[Stat::Ttft(99.0)])[0].clone();
         assert!(c.ci95.is_none() && c.ratio == Some(f64::INFINITY));
     }
 
@@ -540,11 +546,11 @@ mod tests {
             r.scalars.insert("adapter_loads".into(), 40.0);
         }
         let s = [Stat::Scalar("adapter_loads")];
-        let two = ratio_cis(&a, &b, &s)[0];
+        let two = ratio_cis(&a, &b, &s)[0].clone();
         // Per seed 0.25 and 0.5: geometric mean √(0.125).
         assert!((two.ratio.unwrap() - 0.125f64.sqrt()).abs() < 1e-12);
         assert!(two.ci95.is_some());
-        let one = ratio_cis(&a[..1], &b[..1], &s)[0];
+        let one = ratio_cis(&a[..1], &b[..1], &s)[0].clone();
         assert!(one.ratio.is_some() && one.ci95.is_none());
     }
 

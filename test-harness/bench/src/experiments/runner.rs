@@ -18,7 +18,9 @@ use crate::experiments::scenarios::{scenario, scenario_at, Mode, Scenario};
 use crate::loadgen::workload::{generate, RequestSpec};
 use crate::loadgen::{run, RunOptions, RunResult, Sample};
 use crate::report::verdicts::check_targets;
-use crate::report::{markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult};
+use crate::report::{
+    markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult, SeedRatio,
+};
 use crate::stack::fleet::{PodEngine, MODEL};
 use crate::stack::{heterogeneous, start_stack, RouterKind};
 use std::collections::BTreeMap;
@@ -738,6 +740,11 @@ pub fn scenario_ratios(
                     ratio: c.ratio,
                     ci95: c.ci95,
                     seeds: seeds.len(),
+                    per_seed: seeds
+                        .iter()
+                        .zip(&c.per_seed)
+                        .map(|(&seed, &ratio)| SeedRatio { seed, ratio })
+                        .collect(),
                 });
             }
         }
@@ -1624,8 +1631,48 @@ mod tests {
             .find(|r| r.router == "filter" && r.metric == "ttft_p95_ms")
             .unwrap();
         assert_eq!((p95.seeds, p95.ratio), (1, Some(0.5)));
-        // One seed: a direction, no interval.
+        // One seed: a direction, no interval; the seed's own ratio kept for pooling.
         assert_eq!(p95.ci95, None);
+        assert_eq!(
+            p95.per_seed,
+            [SeedRatio {
+                seed: 1,
+                ratio: Some(0.5)
+            }]
+        );
+    }
+
+    #[test]
+    fn each_seeds_own_ratio_is_kept_with_its_seed() {
+        let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        by.insert(
+            "round_robin",
+            vec![
+                outcome(7, &[200.0; 20], None),
+                outcome(3, &[400.0; 20], None),
+                outcome(5, &[100.0; 20], None),
+            ],
+        );
+        by.insert(
+            "filter",
+            vec![
+                outcome(3, &[100.0; 20], None),
+                outcome(7, &[150.0; 20], None),
+            ],
+        );
+        let rows = scenario_ratios("uniform", &by);
+        let p95 = rows
+            .iter()
+            .find(|r| r.router == "filter" && r.metric == "ttft_p95_ms")
+            .unwrap();
+        let got: Vec<(u64, f64)> = p95
+            .per_seed
+            .iter()
+            .map(|s| (s.seed, s.ratio.unwrap()))
+            .collect();
+        assert_eq!(got, [(3, 0.25), (7, 0.75)]);
+        // The point is their geometric mean.
+        assert!((p95.ratio.unwrap() - (0.25f64 * 0.75).sqrt()).abs() < 1e-12);
     }
 
     #[test]

@@ -216,6 +216,17 @@ pub struct RatioRow {
     pub ci95: Option<[f64; 2]>,
     /// Seeds both routers had valid runs for.
     pub seeds: usize,
+    /// Each of those seeds with its own ratio (`null`: undefined or a failed percentile), so
+    /// that runs on further seeds can be pooled with this one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_seed: Vec<SeedRatio>,
+}
+
+/// One seed's ratio in a [`RatioRow`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SeedRatio {
+    pub seed: u64,
+    pub ratio: Option<f64>,
 }
 
 /// The machine the figures were measured on.
@@ -1004,6 +1015,7 @@ mod tests {
                         ratio: Some(x),
                         ci95: Some([x * 0.999, x * 1.001]),
                         seeds: 5,
+                        per_seed: Vec::new(),
                     });
                 }
             }
@@ -1037,6 +1049,7 @@ mod tests {
             ratio: Some(h / 0.9),
             ci95: Some([h / 0.9 - 0.01, h / 0.9 + 0.01]),
             seeds: 5,
+            per_seed: Vec::new(),
         };
         let judged = |h: f64| {
             let mut sc = scenarios.clone();
@@ -1173,6 +1186,7 @@ mod tests {
             ratio: Some(2.0),
             ci95: Some([1.0, 3.0]),
             seeds: 5,
+            per_seed: Vec::new(),
         });
         let w = ci_width_summary(&rep);
         assert_eq!(w["ttft_p95_ms"].ratios, 4);
@@ -1201,6 +1215,7 @@ mod tests {
             ratio: Some(0.04),
             ci95: Some([lo, hi]),
             seeds: 5,
+            per_seed: Vec::new(),
         };
         let p95 = |ratios: &[RatioRow]| {
             find(
@@ -1259,6 +1274,7 @@ mod tests {
                     ratio: Some(0.9),
                     ci95: Some([0.89, 0.91]),
                     seeds: 10,
+                    per_seed: Vec::new(),
                 })
                 .collect();
             let mut judged: Vec<(String, String, Option<bool>)> = check_targets(&scenarios, &rows)
@@ -1304,6 +1320,7 @@ mod tests {
             ratio: Some(0.05),
             ci95: Some([0.04, 0.06]),
             seeds: 5,
+            per_seed: Vec::new(),
         };
         let t = check_targets(&scenarios, std::slice::from_ref(&row));
         let p99 = find(&t, "bursty", "filter", "ttft_p99_ms", "round_robin");
@@ -1389,6 +1406,7 @@ mod tests {
             ratio: Some(0.8),
             ci95: Some([0.7, 0.95]),
             seeds: 10,
+            per_seed: Vec::new(),
         }];
         let rep = Report {
             scenarios,
