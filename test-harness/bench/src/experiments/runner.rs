@@ -14,12 +14,12 @@ use crate::analysis::diagnostics::{
 use crate::analysis::podmetrics::{self, PodWindow};
 use crate::analysis::procfs::cpu_seconds;
 use crate::analysis::stats::{summarize, Summary};
-use crate::experiments::scenarios::{scenario, scenario_at, Mode, Scenario};
+use crate::experiments::scenarios::{floor_ttfts, scenario, scenario_at, Mode, Scenario};
 use crate::loadgen::workload::{generate, RequestSpec};
 use crate::loadgen::{run, RunOptions, RunResult, Sample};
 use crate::report::verdicts::check_targets;
 use crate::report::{
-    markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult, SeedRatio,
+    markdown, GoodputSweep, Machine, Probe, RatioRow, Report, ScenarioResult, SeedRatio, FLOOR,
 };
 use crate::stack::fleet::{PodEngine, MODEL};
 use crate::stack::{heterogeneous, start_stack, RouterKind};
@@ -752,6 +752,76 @@ pub fn scenario_ratios(
     out
 }
 
+/// The TTFT percentiles the floor is compared at.
+pub const FLOOR_METRICS: [&str; 4] = ["ttft_p50_ms", "ttft_p90_ms", "ttft_p95_ms", "ttft_p99_ms"];
+
+/// One seed's floor as a run: each request's TTFT served alone on an idle pod
+/// ([`floor_ttfts`]), emulated ms (`k`: the fleet's speed-up), keyed by request id like a
+/// router's window, so that [`ratio_cis`] pairs it with a router's run on the same requests.
+pub fn floor_run(sc: &Scenario, reqs: &[RequestSpec], k: f64) -> RunData {
+    RunData {
+        seed: sc.workload.seed,
+        obs: floor_ttfts(&sc.fleet, reqs)
+            .into_iter()
+            .map(|(r, ttft_s)| {
+                let ms = ttft_s * 1000.0 * k;
+                let obs = Obs {
+                    ttft_ms: ms,
+                    e2e_ms: ms,
+                    ok: true,
+                    tokens: 1.0,
+                };
+                (r.id, obs)
+            })
+            .collect(),
+        window_s: 0.0,
+        scalars: BTreeMap::new(),
+    }
+}
+
+/// The floor ÷ every other router that ran ([`crate::report::is_other`]), per seed at the TTFT
+/// percentiles of [`FLOOR_METRICS`], as rows of router `floor`: how far below a router the best
+/// any router could do lies, with the interval those seeds allow. A target on a ratio to the best
+/// other router that the floor's own ratio does not meet is below what any router can reach.
+pub fn floor_ratios(
+    scenario: &str,
+    floors: &BTreeMap<u64, RunData>,
+    runs: &BTreeMap<&'static str, Vec<RunOutcome>>,
+) -> Vec<RatioRow> {
+    let stats: Vec<Stat> = FLOOR_METRICS.iter().map(|m| Stat::from_metric(m)).collect();
+    let mut out = Vec::new();
+    for (router, outcomes) in runs.iter().filter(|(r, _)| crate::report::is_other(r)) {
+        let (xa, xb): (Vec<RunData>, Vec<RunData>) = outcomes
+            .iter()
+            .filter(|o| o.invalid.is_none())
+            .filter_map(|o| Some((floors.get(&o.seed)?.clone(), o.data.clone())))
+            .unzip();
+        if xa.is_empty() {
+            continue;
+        }
+        for (m, c) in FLOOR_METRICS.iter().zip(ratio_cis(&xa, &xb, &stats)) {
+            out.push(RatioRow {
+                scenario: scenario.into(),
+                router: FLOOR.into(),
+                baseline: router.to_string(),
+                metric: m.to_string(),
+                ratio: c.ratio,
+                ci95: c.ci95,
+                seeds: xa.len(),
+                per_seed: xa
+                    .iter()
+                    .zip(&c.per_seed)
+                    .map(|(d, &ratio)| SeedRatio {
+                        seed: d.seed,
+                        ratio,
+                    })
+                    .collect(),
+            });
+        }
+    }
+    out
+}
+
 /// Pool the valid runs of one router: figures over every valid seed's window, diagnostics.
 pub fn aggregate(runs: &[RunOutcome], w: Windows, offered_rps: f64) -> Option<Summary> {
     let valid: Vec<&RunOutcome> = runs.iter().filter(|o| o.invalid.is_none()).collect();
@@ -1062,6 +1132,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             );
         }
         let mut runs: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        let mut floors: BTreeMap<u64, RunData> = BTreeMap::new();
         let mut windows = None;
         let mut cold = Vec::new();
         for seed in &seeds {
@@ -1078,6 +1149,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
             wl.horizon = w.warmup + w.window + w.tail;
             wl.max_requests = wl.max_requests.max(1_000_000);
             let reqs = generate(&wl);
+            floors.insert(*seed, floor_run(&sc, &reqs, k));
             cold.push(sc.cold_read_fraction());
             eprintln!(
                 "bench: scenario {name} seed {seed} — {} ({} requests, {:.2} req/s)",
@@ -1138,6 +1210,7 @@ pub async fn run_bench(cfg: &BenchConfig, stem: &str) -> Result<Report, RunError
         );
         entry.best_other = crate::report::best_other(&entry, "ttft_p95_ms");
         rep.ratios.extend(scenario_ratios(name, &runs));
+        rep.ratios.extend(floor_ratios(name, &floors, &runs));
         rep.scenarios.insert(name.to_string(), entry);
     }
     rep.targets = check_targets(&rep.scenarios, &rep.ratios);
@@ -1640,6 +1713,79 @@ mod tests {
                 ratio: Some(0.5)
             }]
         );
+    }
+
+    #[test]
+    fn the_floor_is_compared_with_every_other_router_on_its_seeds_and_requests() {
+        // Floor runs: 50 ms for every request of seeds 1 and 2 (ids 0..20), plus a request the
+        // routers never saw (id 99), which the pairing must leave out.
+        let floor = |seed: u64| {
+            let mut d = outcome(seed, &[50.0; 20], None).data;
+            d.obs.insert(
+                99,
+                Obs {
+                    ttft_ms: 1e6,
+                    e2e_ms: 1e6,
+                    ok: true,
+                    tokens: 1.0,
+                },
+            );
+            d
+        };
+        let floors: BTreeMap<u64, RunData> = [(1, floor(1)), (2, floor(2))].into();
+        let mut by: BTreeMap<&'static str, Vec<RunOutcome>> = BTreeMap::new();
+        by.insert(
+            "round_robin",
+            vec![
+                outcome(1, &[100.0; 20], None),
+                outcome(2, &[200.0; 20], None),
+            ],
+        );
+        // An invalid seed is left out, as it is of the routers' own ratios.
+        by.insert(
+            "least_request_full",
+            vec![
+                outcome(1, &[50.0; 20], None),
+                outcome(2, &[10.0; 20], Some("late")),
+            ],
+        );
+        by.insert("filter", vec![outcome(1, &[60.0; 20], None)]);
+        let rows = floor_ratios("bursty", &floors, &by);
+        assert!(rows
+            .iter()
+            .all(|r| r.router == FLOOR && r.baseline != "filter"));
+        assert_eq!(rows.len(), 2 * FLOOR_METRICS.len());
+        let get = |b: &str| {
+            rows.iter()
+                .find(|r| r.baseline == b && r.metric == "ttft_p95_ms")
+                .unwrap()
+        };
+        let rr = get("round_robin");
+        assert_eq!(rr.seeds, 2);
+        let per: Vec<Option<f64>> = rr.per_seed.iter().map(|x| x.ratio).collect();
+        assert_eq!(per, [Some(0.5), Some(0.25)]);
+        assert!((rr.ratio.unwrap() - (0.5f64 * 0.25).sqrt()).abs() < 1e-12);
+        let lr = get("least_request_full");
+        assert_eq!((lr.seeds, lr.ratio), (1, Some(1.0)));
+    }
+
+    #[test]
+    fn a_seeds_floor_run_holds_its_requests_in_emulated_ms() {
+        let sc = scenario("uniform", Mode::quick(42)).unwrap();
+        let reqs = generate(&sc.workload);
+        let k = sc.fleet.speedup;
+        let d = floor_run(&sc, &reqs, k);
+        assert_eq!(d.seed, 42);
+        assert!(!d.obs.is_empty() && d.obs.len() <= reqs.len());
+        assert!(d.obs.keys().all(|id| reqs.iter().any(|r| r.id == *id)));
+        // The scenario's floor (wall ms, from the warm-up on) is the same computation.
+        let after: Vec<f64> = reqs
+            .iter()
+            .filter(|r| r.at >= sc.warmup)
+            .filter_map(|r| d.obs.get(&r.id).map(|o| o.ttft_ms / k))
+            .collect();
+        let p95 = crate::analysis::stats::percentile(&after, 95.0);
+        assert!((p95 - sc.floor_ms).abs() < 1e-6, "{p95} vs {}", sc.floor_ms);
     }
 
     #[test]

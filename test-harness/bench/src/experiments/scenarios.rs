@@ -959,6 +959,22 @@ pub fn floor_percentile_ms(
     warmup: Duration,
     percentile: f64,
 ) -> f64 {
+    let ttfts: Vec<f64> = floor_ttfts(fleet, reqs)
+        .into_iter()
+        .filter(|(r, _)| r.at >= warmup)
+        .map(|(_, ttft)| ttft)
+        .collect();
+    if ttfts.is_empty() {
+        return 0.0;
+    }
+    crate::analysis::stats::percentile(&ttfts, percentile) * 1000.0
+}
+
+/// Each request's time to first token (wall-clock seconds) as [`floor_ms`] counts it: served
+/// alone on an idle pod of the fleet's fastest profile, every prefix seen before cached, every
+/// adapter resident. Requests the engine cannot parse or take are left out. The per-request
+/// form lets a run compare the floor with a router seed by seed, on the same request ids.
+pub fn floor_ttfts<'a>(fleet: &FleetSpec, reqs: &'a [RequestSpec]) -> Vec<(&'a RequestSpec, f64)> {
     let profiles: Vec<Profile> = fleet
         .pods
         .iter()
@@ -968,7 +984,7 @@ pub fn floor_percentile_ms(
         .iter()
         .min_by(|a, b| a.prefill_per_token_s.total_cmp(&b.prefill_per_token_s))
     else {
-        return 0.0;
+        return Vec::new();
     };
     let mut p = best.scaled(fleet.speedup);
     p.num_gpu_blocks = profiles.iter().map(|x| x.num_gpu_blocks).sum();
@@ -976,7 +992,7 @@ pub fn floor_percentile_ms(
     p.lora_cpu_load_s = 0.0;
     let mut e = Engine::new(p, 4096);
     let mut t = 0.0;
-    let mut ttfts = Vec::new();
+    let mut out = Vec::new();
     let mut events = Vec::new();
     for r in reqs {
         let Ok(parsed) = parse(Api::Chat, &r.body) else {
@@ -1002,18 +1018,13 @@ pub fn floor_percentile_ms(
                 Event::Finished { ttft, .. } => Some(*ttft),
                 _ => None,
             }) {
-                if r.at >= warmup {
-                    ttfts.push(ttft);
-                }
+                out.push((r, ttft));
                 break;
             }
         }
         t += 1.0;
     }
-    if ttfts.is_empty() {
-        return 0.0;
-    }
-    crate::analysis::stats::percentile(&ttfts, percentile) * 1000.0
+    out
 }
 
 #[cfg(test)]

@@ -151,6 +151,10 @@ pub struct ScenarioResult {
 /// Whether `router` is one the filter is compared with: any router but the filter's own
 /// (Envoy's balancers, weighted round robin and full-scan least request included, and the
 /// field's routers).
+/// The `router` of the [`RatioRow`]s that compare the scenario's floor (each request alone on an
+/// idle pod of the fastest profile: no router can beat it) with the routers that ran.
+pub const FLOOR: &str = "floor";
+
 pub fn is_other(router: &str) -> bool {
     !CHECKED_ROUTERS.contains(&router) && !REPLICA_ROUTERS.contains(&router)
 }
@@ -541,6 +545,43 @@ fn best_other_table(out: &mut String, rep: &Report) {
         }
         let _ = writeln!(out);
     }
+    // The floor, on the same seeds and requests: the lowest ratio any router could show.
+    let mut floors = 0;
+    for (s, x) in all_scenarios().filter_map(|s| Some((s, rep.scenarios.get(s)?))) {
+        if !rep
+            .ratios
+            .iter()
+            .any(|r| r.scenario == s && r.router == FLOOR)
+        {
+            continue;
+        }
+        floors += 1;
+        let _ = write!(out, "| {s} | *floor: each request alone on an idle pod* |");
+        for (_, m) in metrics {
+            let best = best_other(x, m);
+            for baseline in ["round_robin", best.as_deref().unwrap_or("–")] {
+                match find_ratio(&rep.ratios, s, FLOOR, baseline, m) {
+                    Some(row) => {
+                        let _ = write!(out, " {}{}", fmt_ratio(row.ratio), fmt_ci(row.ci95));
+                        if baseline != "round_robin" {
+                            let _ = write!(out, " ({baseline})");
+                        }
+                        let _ = write!(out, " |");
+                    }
+                    None => {
+                        let _ = write!(out, " – |");
+                    }
+                }
+            }
+        }
+        let _ = writeln!(out);
+    }
+    if floors > 0 {
+        let _ = writeln!(
+            out,
+            "\nThe floor's row divides, seed by seed and on the same requests, each request's TTFT served alone on an idle pod of the fleet's fastest profile (every prefix cached, every adapter resident; nothing waits) by the router's: no router can show a lower ratio, so a target the floor's ratio (or its interval's worse end) misses is below what any router can reach with these seeds."
+        );
+    }
 }
 
 fn opt(v: Option<f64>, k: f64, digits: usize) -> String {
@@ -632,7 +673,7 @@ fn goodput_table(out: &mut String, rep: &Report) {
 /// Relative widths (hi − lo) ÷ ratio of the intervals obtained, by metric.
 pub fn ci_width_summary(rep: &Report) -> BTreeMap<String, CiWidth> {
     let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for r in &rep.ratios {
+    for r in rep.ratios.iter().filter(|r| r.router != FLOOR) {
         if let (Some(x), Some([lo, hi])) = (r.ratio, r.ci95) {
             let w = (hi - lo) / x;
             if w.is_finite() && x > 0.0 {
@@ -1408,6 +1449,14 @@ mod tests {
             seeds: 10,
             per_seed: Vec::new(),
         }];
+        // The floor's rows (the run adds one per other router and percentile).
+        let floor = RatioRow {
+            router: FLOOR.into(),
+            ratio: Some(0.5),
+            ci95: Some([0.4, 0.62]),
+            ..ratios[0].clone()
+        };
+        let ratios = [ratios, vec![floor]].concat();
         let rep = Report {
             scenarios,
             ratios,
@@ -1428,8 +1477,21 @@ mod tests {
             row.contains("| 0.20× | 0.80× [0.70, 0.95] (vllm_router_cache_aware) |"),
             "{row}"
         );
-        // Only the filter routers are rows of it.
+        // Only the filter routers are rows of it, and the floor, against the same best other.
         assert!(!table.contains("| smg_cache_aware |"));
+        let floor_row = table
+            .lines()
+            .find(|l| l.starts_with("| shared_prefix | *floor"))
+            .unwrap();
+        assert!(
+            floor_row.contains("| – | 0.50× [0.40, 0.62] (vllm_router_cache_aware) |"),
+            "{floor_row}"
+        );
+        // The floor is no router: no target judges it, no interval width counts it.
+        assert!(check_targets(&rep.scenarios, &rep.ratios)
+            .iter()
+            .all(|x| x.router != FLOOR));
+        assert_eq!(ci_width_summary(&rep)["ttft_p95_ms"].ratios, 1);
         let v = serde_json::to_value(&rep).unwrap();
         assert_eq!(
             v["scenarios"]["shared_prefix"]["best_other"],
