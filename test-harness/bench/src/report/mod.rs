@@ -238,6 +238,10 @@ pub struct SeedRatio {
 pub struct Machine {
     /// CPU model name.
     pub cpu: String,
+    /// What tells two hosts with one model name apart: family, model, stepping and the vector
+    /// extensions the engines' kernels use (a virtual CPU may be named only "AMD EPYC").
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub cpu_id: String,
     /// Logical CPUs available to the process.
     pub cpus: usize,
     /// Kernel release.
@@ -260,11 +264,13 @@ impl Machine {
             .and_then(|l| l.split(':').nth(1))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|| "unknown".into());
+        let cpu_id = cpu_id(&cpuinfo);
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
         Machine {
             cpu,
+            cpu_id,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             kernel,
             envoy,
@@ -272,6 +278,36 @@ impl Machine {
             setup,
         }
     }
+}
+
+/// `family F model M stepping S, AVX-512 yes|no, AMX yes|no` from `/proc/cpuinfo`'s first
+/// processor (empty when the file says none of it).
+pub fn cpu_id(cpuinfo: &str) -> String {
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|v| v.trim().to_string())
+    };
+    let (Some(family), Some(model)) = (field("cpu family"), field("model")) else {
+        return String::new();
+    };
+    let flags = field("flags").unwrap_or_default();
+    let has = |f: &str| {
+        if flags.split_whitespace().any(|x| x == f) {
+            "yes"
+        } else {
+            "no"
+        }
+    };
+    format!(
+        "family {family} model {model} stepping {}, AVX-512 {}, AMX {}",
+        field("stepping").unwrap_or_else(|| "?".into()),
+        has("avx512f"),
+        has("amx_tile")
+    )
 }
 
 /// Current UTC time as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, no extra crate).
@@ -804,8 +840,18 @@ pub fn markdown(rep: &Report) -> String {
     let _ = writeln!(out, "## Benchmark results ({} mode)\n", rep.mode);
     let _ = writeln!(
         out,
-        "Machine: {} ({} CPUs), kernel {}, Envoy {}, run {}.  \n{}\n",
-        m.cpu, m.cpus, m.kernel, m.envoy, m.date_utc, m.setup
+        "Machine: {}{} ({} CPUs), kernel {}, Envoy {}, run {}.  \n{}\n",
+        m.cpu,
+        if m.cpu_id.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", m.cpu_id)
+        },
+        m.cpus,
+        m.kernel,
+        m.envoy,
+        m.date_utc,
+        m.setup
     );
     if !rep.protocol.is_empty() {
         let _ = writeln!(out, "{}\n", rep.protocol);
@@ -1516,6 +1562,21 @@ mod tests {
             .iter()
             .filter(|x| x.baseline.starts_with("best other"))
             .all(|x| x.router == "filter"));
+    }
+
+    #[test]
+    fn the_cpu_id_tells_hosts_of_one_model_name_apart() {
+        let zen3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: fpu avx avx2\n\nprocessor\t: 1\ncpu family\t: 99\n";
+        assert_eq!(
+            cpu_id(zen3),
+            "family 25 model 1 stepping 1, AVX-512 no, AMX no"
+        );
+        let xeon = "cpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel(R) Xeon(R)\nstepping\t: 8\nflags\t\t: avx2 avx512f amx_tile\n";
+        assert_eq!(
+            cpu_id(xeon),
+            "family 6 model 143 stepping 8, AVX-512 yes, AMX yes"
+        );
+        assert_eq!(cpu_id(""), "");
     }
 
     #[test]
