@@ -7,7 +7,7 @@
 //! of every process (Envoy, pods, sidecar, this load generator) is recorded so the report can
 //! show that neither Envoy nor the load generator was the bottleneck.
 
-use crate::analysis::confidence::{ratio_cis, Bisection, Obs, RunData, Stat};
+use crate::analysis::confidence::{ratio_cis, Bisection, Obs, RatioCi, RunData, Stat};
 use crate::analysis::diagnostics::{
     condition_met, lateness_check, Diagnostics, InvalidRun, RunView,
 };
@@ -732,24 +732,36 @@ pub fn scenario_ratios(
                 .collect();
             let stats: Vec<Stat> = metrics.iter().map(|m| Stat::from_metric(m)).collect();
             for (m, c) in metrics.iter().zip(ratio_cis(&xa, &xb, &stats)) {
-                out.push(RatioRow {
-                    scenario: scenario.into(),
-                    router: router.to_string(),
-                    baseline: baseline.to_string(),
-                    metric: m.to_string(),
-                    ratio: c.ratio,
-                    ci95: c.ci95,
-                    seeds: seeds.len(),
-                    per_seed: seeds
-                        .iter()
-                        .zip(&c.per_seed)
-                        .map(|(&seed, &ratio)| SeedRatio { seed, ratio })
-                        .collect(),
-                });
+                out.push(ratio_row(scenario, router, baseline, m, &seeds, c));
             }
         }
     }
     out
+}
+
+/// One row of the report from a ratio and its interval over `seeds` (in the order of its pairs).
+fn ratio_row(
+    scenario: &str,
+    router: &str,
+    baseline: &str,
+    metric: &str,
+    seeds: &[u64],
+    c: RatioCi,
+) -> RatioRow {
+    RatioRow {
+        scenario: scenario.into(),
+        router: router.into(),
+        baseline: baseline.into(),
+        metric: metric.into(),
+        ratio: c.ratio,
+        ci95: c.ci95,
+        seeds: seeds.len(),
+        per_seed: seeds
+            .iter()
+            .zip(&c.per_seed)
+            .map(|(&seed, &ratio)| SeedRatio { seed, ratio })
+            .collect(),
+    }
 }
 
 /// The TTFT percentiles the floor is compared at.
@@ -799,24 +811,9 @@ pub fn floor_ratios(
         if xa.is_empty() {
             continue;
         }
+        let seeds: Vec<u64> = xa.iter().map(|d| d.seed).collect();
         for (m, c) in FLOOR_METRICS.iter().zip(ratio_cis(&xa, &xb, &stats)) {
-            out.push(RatioRow {
-                scenario: scenario.into(),
-                router: FLOOR.into(),
-                baseline: router.to_string(),
-                metric: m.to_string(),
-                ratio: c.ratio,
-                ci95: c.ci95,
-                seeds: xa.len(),
-                per_seed: xa
-                    .iter()
-                    .zip(&c.per_seed)
-                    .map(|(d, &ratio)| SeedRatio {
-                        seed: d.seed,
-                        ratio,
-                    })
-                    .collect(),
-            });
+            out.push(ratio_row(scenario, FLOOR, router, m, &seeds, c));
         }
     }
     out

@@ -148,13 +148,13 @@ pub struct ScenarioResult {
     pub best_other: Option<String>,
 }
 
-/// Whether `router` is one the filter is compared with: any router but the filter's own
-/// (Envoy's balancers, weighted round robin and full-scan least request included, and the
-/// field's routers).
 /// The `router` of the [`RatioRow`]s that compare the scenario's floor (each request alone on an
 /// idle pod of the fastest profile: no router can beat it) with the routers that ran.
 pub const FLOOR: &str = "floor";
 
+/// Whether `router` is one the filter is compared with: any router but the filter's own
+/// (Envoy's balancers, weighted round robin and full-scan least request included, and the
+/// field's routers).
 pub fn is_other(router: &str) -> bool {
     !CHECKED_ROUTERS.contains(&router) && !REPLICA_ROUTERS.contains(&router)
 }
@@ -529,8 +529,14 @@ fn ratio_table(out: &mut String, rep: &Report, baseline: &str, only: Option<&[&s
 }
 
 /// Per scenario, the filter routers against round robin and against the best other router at
-/// each metric (every router but the filter's that ran), side by side.
+/// each metric (every router but the filter's that ran), side by side; then the scenario's
+/// floor against the same routers, where the run computed it.
 fn best_other_table(out: &mut String, rep: &Report) {
+    let has_floor = |s: &str| {
+        rep.ratios
+            .iter()
+            .any(|r| r.scenario == s && r.router == FLOOR)
+    };
     let rows: Vec<(&str, &ScenarioResult, &str)> = all_scenarios()
         .filter_map(|s| Some((s, rep.scenarios.get(s)?)))
         .filter(|(_, x)| x.best_other.is_some())
@@ -539,7 +545,9 @@ fn best_other_table(out: &mut String, rep: &Report) {
                 .iter()
                 .chain(&REPLICA_ROUTERS)
                 .filter(|r| x.contains_key(**r))
-                .map(move |r| (s, x, *r))
+                .copied()
+                .chain(has_floor(s).then_some(FLOOR))
+                .map(move |r| (s, x, r))
         })
         .collect();
     if rows.is_empty() {
@@ -563,8 +571,13 @@ fn best_other_table(out: &mut String, rep: &Report) {
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "|---|---|{}", "---|---|".repeat(metrics.len()));
-    for (s, x, r) in rows {
-        let _ = write!(out, "| {s} | {r} |");
+    for &(s, x, r) in &rows {
+        let label = if r == FLOOR {
+            "*floor: each request alone on an idle pod*"
+        } else {
+            r
+        };
+        let _ = write!(out, "| {s} | {label} |");
         for (_, m) in metrics {
             let best = best_other(x, m);
             for baseline in ["round_robin", best.as_deref().unwrap_or("–")] {
@@ -581,38 +594,7 @@ fn best_other_table(out: &mut String, rep: &Report) {
         }
         let _ = writeln!(out);
     }
-    // The floor, on the same seeds and requests: the lowest ratio any router could show.
-    let mut floors = 0;
-    for (s, x) in all_scenarios().filter_map(|s| Some((s, rep.scenarios.get(s)?))) {
-        if !rep
-            .ratios
-            .iter()
-            .any(|r| r.scenario == s && r.router == FLOOR)
-        {
-            continue;
-        }
-        floors += 1;
-        let _ = write!(out, "| {s} | *floor: each request alone on an idle pod* |");
-        for (_, m) in metrics {
-            let best = best_other(x, m);
-            for baseline in ["round_robin", best.as_deref().unwrap_or("–")] {
-                match find_ratio(&rep.ratios, s, FLOOR, baseline, m) {
-                    Some(row) => {
-                        let _ = write!(out, " {}{}", fmt_ratio(row.ratio), fmt_ci(row.ci95));
-                        if baseline != "round_robin" {
-                            let _ = write!(out, " ({baseline})");
-                        }
-                        let _ = write!(out, " |");
-                    }
-                    None => {
-                        let _ = write!(out, " – |");
-                    }
-                }
-            }
-        }
-        let _ = writeln!(out);
-    }
-    if floors > 0 {
+    if rows.iter().any(|&(_, _, r)| r == FLOOR) {
         let _ = writeln!(
             out,
             "\nThe floor's row divides, seed by seed and on the same requests, each request's TTFT served alone on an idle pod of the fleet's fastest profile (every prefix cached, every adapter resident; nothing waits) by the router's: no router can show a lower ratio, so a target the floor's ratio (or its interval's worse end) misses is below what any router can reach with these seeds."
